@@ -1,0 +1,5 @@
+import sys
+
+from tgdist.cli import main
+
+sys.exit(main())

@@ -1,0 +1,53 @@
+"""``tgdist <command> [args]``: a thin dispatcher to each command's own ``main``.
+
+Commands that take Hydra overrides (train, partition) see ``sys.argv`` without the command word,
+exactly as ``python -m tgdist.train`` would.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from tgdist.errors import TgdistError
+
+COMMANDS = {
+    "train": ("tgdist.train", "train a model: tgdist train [hydra overrides], e.g. model=jodie data.path=FILE"),
+    "data": ("tgdist.runtime.datacli", "inspect a data set or write a synthetic one: tgdist data --help"),
+    "partition": ("tgdist.partition.cli", "partition node memory across trainers: tgdist partition [overrides]"),
+    "plan": ("tgdist.launcher.planner", "choose i x j x k for a cluster: tgdist plan --help"),
+    "launch": ("tgdist.launcher.launch", "run torchrun on this machine: tgdist launch --help"),
+}
+
+
+def usage() -> str:
+    lines = ["usage: tgdist <command> [args]", "", "commands:"]
+    lines += [f"  {name:<10} {text}" for name, (_, text) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    if argv[0] in ("-V", "--version"):
+        from tgdist import __version__
+        print(f"tgdist {__version__}")
+        return 0
+    name = argv[0]
+    if name not in COMMANDS:
+        print(f"tgdist: error: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[name][0])
+    sys.argv = [f"tgdist {name}", *argv[1:]]
+    try:
+        rc = module.main()
+    except TgdistError as e:
+        print(f"tgdist {name}: error: {e}", file=sys.stderr)
+        return 2
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
