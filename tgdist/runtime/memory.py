@@ -1,0 +1,119 @@
+"""Node memory stores: one interface, several backends (DESIGN.md "Memory stores").
+
+State per node: memory ``mem [N, mem_dim]``, its time ``mem_ts [N]``, and a mailbox of ``S`` slots
+``mail [N, S, mail_dim]``, ``mail_ts [N, S]`` written as a ring (``head [N]`` is the next slot).
+TGN and JODIE use ``S = 1`` (COMB = latest); APAN uses several slots. Empty slots have
+``mail_ts = -inf``. Times are float64 seconds relative to the first event of the graph.
+
+Invariant used by the updaters: a stored mail is never already applied. Write-back applies a
+node's pending mail to its memory and stores the new mail in the same step, so "the mail is newer
+than the memory" is simply "the node has a mail". (Comparing ``mail_ts > mem_ts``, as TGL does,
+silently drops mails whenever consecutive events of a node share a timestamp.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass
+class MemoryRead:
+    """Memory of ``num_ids`` nodes: ``mem [num_ids, mem_dim]``, ``mem_ts [num_ids]`` (float64),
+    ``mail [num_ids, S, mail_dim]``, ``mail_ts [num_ids, S]`` (float64, -inf where empty)."""
+
+    mem: torch.Tensor
+    mem_ts: torch.Tensor
+    mail: torch.Tensor
+    mail_ts: torch.Tensor
+
+
+class MemoryStore(nn.Module):
+    """Interface: read(ids) -> MemoryRead; write_memory; write_mail; reset_state; state in buffers."""
+
+    def read(self, ids: torch.Tensor) -> MemoryRead:
+        raise NotImplementedError
+
+    def write_memory(self, ids: torch.Tensor, mem: torch.Tensor, mem_ts: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def write_mail(self, ids: torch.Tensor, mail: torch.Tensor, mail_ts: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def reset_state(self) -> None:
+        raise NotImplementedError
+
+
+class LocalMemory(MemoryStore):
+    """All node memory as tensors of this process (one trainer)."""
+
+    def __init__(self, num_nodes: int, mem_dim: int, mail_dim: int, mailbox_size: int = 1):
+        super().__init__()
+        self.num_nodes, self.mem_dim, self.mail_dim, self.mailbox_size = num_nodes, mem_dim, mail_dim, mailbox_size
+        self.register_buffer("mem", torch.zeros(num_nodes, mem_dim))
+        self.register_buffer("mem_ts", torch.zeros(num_nodes, dtype=torch.float64))
+        self.register_buffer("mail", torch.zeros(num_nodes, mailbox_size, mail_dim))
+        self.register_buffer("mail_ts", torch.full((num_nodes, mailbox_size), float("-inf"), dtype=torch.float64))
+        self.register_buffer("head", torch.zeros(num_nodes, dtype=torch.int64))
+
+    def reset_state(self) -> None:
+        self.mem.zero_()
+        self.mem_ts.zero_()
+        self.mail.zero_()
+        self.mail_ts.fill_(float("-inf"))
+        self.head.zero_()
+
+    def read(self, ids: torch.Tensor) -> MemoryRead:
+        return MemoryRead(self.mem.index_select(0, ids), self.mem_ts.index_select(0, ids),
+                          self.mail.index_select(0, ids), self.mail_ts.index_select(0, ids))
+
+    def write_memory(self, ids: torch.Tensor, mem: torch.Tensor, mem_ts: torch.Tensor) -> None:
+        """``ids`` unique ``[n]``; ``mem [n, mem_dim]`` (detached); ``mem_ts [n]``."""
+        self.mem.index_copy_(0, ids, mem.detach().to(self.mem.dtype))
+        self.mem_ts.index_copy_(0, ids, mem_ts.to(torch.float64))
+
+    def write_mail(self, ids: torch.Tensor, mail: torch.Tensor, mail_ts: torch.Tensor) -> None:
+        """Append one mail per id to its ring. ``ids`` must be unique within one call; callers that
+        deliver several mails to a node do so in rounds, oldest first (see ``mail_rounds``)."""
+        slot = self.head.index_select(0, ids)
+        self.mail[ids, slot] = mail.detach().to(self.mail.dtype)
+        self.mail_ts[ids, slot] = mail_ts.to(torch.float64)
+        self.head.index_copy_(0, ids, (slot + 1) % self.mailbox_size)
+
+
+def mail_rounds(ids: torch.Tensor, order_key: torch.Tensor, keep: int) -> list[torch.Tensor]:
+    """Split deliveries into rounds of unique recipients, keeping each recipient's last ``keep``.
+
+    ``ids [n]`` recipients (with repeats); ``order_key [n]`` their delivery order (time, then
+    position). Returns a list of index tensors into ``ids``: round r holds, for every recipient
+    with at least ``keep - r`` (clipped) deliveries, its r-th oldest kept delivery. Appending the
+    rounds in order leaves the newest ``keep`` mails in each ring, in time order.
+    """
+    if ids.numel() == 0:
+        return []
+    # Sort by (recipient, order) with two stable sorts.
+    perm = torch.argsort(order_key, stable=True)
+    perm = perm[torch.argsort(ids[perm], stable=True)]
+    sid = ids[perm]
+    n = sid.numel()
+    start = torch.ones(n, dtype=torch.bool)
+    start[1:] = sid[1:] != sid[:-1]
+    group_start = torch.cummax(torch.where(start, torch.arange(n), torch.zeros(n, dtype=torch.long)), 0).values
+    rank = torch.arange(n) - group_start  # 0 = oldest
+    ends = torch.nonzero(torch.cat([start[1:], torch.tensor([True])])).squeeze(1)
+    count = torch.zeros(n, dtype=torch.long)
+    sizes = ends - torch.nonzero(start).squeeze(1) + 1
+    count[start] = sizes
+    count = count[group_start]
+    from_end = count - 1 - rank  # 0 = newest
+    kept = from_end < keep
+    first_kept = torch.clamp(count - keep, min=0)
+    round_of = rank - first_kept
+    rounds = []
+    for r in range(keep):
+        sel = kept & (round_of == r)
+        if sel.any():
+            rounds.append(perm[sel])
+    return rounds

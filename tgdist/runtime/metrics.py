@@ -1,0 +1,68 @@
+"""Evaluation metrics in NumPy (no scikit-learn at run time)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """1-based ranks with ties given their average rank."""
+    order = np.argsort(x, kind="mergesort")
+    xs = x[order]
+    ranks = np.empty(len(x), dtype=np.float64)
+    i = 0
+    n = len(x)
+    # group boundaries of equal values
+    bounds = np.flatnonzero(np.diff(xs)) + 1
+    starts = np.concatenate([[0], bounds])
+    ends = np.concatenate([bounds, [n]])
+    avg = (starts + ends + 1) / 2.0
+    ranks[order] = np.repeat(avg, ends - starts)
+    del i
+    return ranks
+
+
+def roc_auc(y_true: np.ndarray, score: np.ndarray) -> float:
+    """Area under the ROC curve (Mann-Whitney U with tie correction)."""
+    y = np.asarray(y_true).astype(bool)
+    npos, nneg = int(y.sum()), int((~y).sum())
+    if npos == 0 or nneg == 0:
+        return float("nan")
+    r = _ranks(np.asarray(score, dtype=np.float64))
+    return float((r[y].sum() - npos * (npos + 1) / 2) / (npos * nneg))
+
+
+def average_precision(y_true: np.ndarray, score: np.ndarray) -> float:
+    """AP = sum_k (R_k - R_{k-1}) P_k over distinct score thresholds (scikit-learn's definition)."""
+    y = np.asarray(y_true).astype(bool)
+    npos = int(y.sum())
+    if npos == 0:
+        return float("nan")
+    order = np.argsort(-np.asarray(score, dtype=np.float64), kind="mergesort")
+    s, yy = np.asarray(score, dtype=np.float64)[order], y[order]
+    tp = np.cumsum(yy)
+    fp = np.cumsum(~yy)
+    last = np.r_[np.flatnonzero(np.diff(s)), len(s) - 1]  # last index of each threshold
+    tp, fp = tp[last], fp[last]
+    precision = tp / (tp + fp)
+    recall = tp / npos
+    return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
+
+
+def mrr(pos_score: np.ndarray, neg_score: np.ndarray) -> float:
+    """Mean reciprocal rank of each positive among its negatives ``[n, num_neg]``; ties count half."""
+    pos = np.asarray(pos_score)[:, None]
+    neg = np.asarray(neg_score)
+    rank = 1 + (neg > pos).sum(1) + 0.5 * (neg == pos).sum(1)
+    return float(np.mean(1.0 / rank))
+
+
+def f1_multilabel(y_true: np.ndarray, y_pred: np.ndarray) -> dict:
+    """Micro and macro F1 for multi-label 0/1 arrays ``[n, num_classes]``."""
+    y, p = np.asarray(y_true).astype(bool), np.asarray(y_pred).astype(bool)
+    tp = (y & p).sum(0).astype(np.float64)
+    fp = (~y & p).sum(0).astype(np.float64)
+    fn = (y & ~p).sum(0).astype(np.float64)
+    micro = 2 * tp.sum() / max(2 * tp.sum() + fp.sum() + fn.sum(), 1e-12)
+    per = np.where(2 * tp + fp + fn > 0, 2 * tp / np.maximum(2 * tp + fp + fn, 1e-12), 0.0)
+    return {"f1_micro": float(micro), "f1_macro": float(per.mean())}

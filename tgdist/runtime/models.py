@@ -1,0 +1,342 @@
+"""M-TGNN building blocks. TGN, JODIE and APAN differ only by the modules they are given.
+
+A ``TemporalModel`` holds an ``updater`` (memory update from pending mails, DistTGL eq. 3 / 8), an
+``embedding`` (temporal attention for TGN, eq. 4-7; time projection for JODIE; identity for APAN),
+optional static node memory (DistTGL section 3.1) and a link predictor. All node terms are computed
+once per unique node of the batch: the memory update depends only on the node, and the linear maps
+over concatenations ``W [h || e || phi(dt)]`` are split into ``W_h h + W_e e + W_t phi(dt)`` so the
+``W_h h`` part is a per-node product gathered into the ``[num_roots, K]`` layout.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tgdist.runtime.memory import MemoryRead
+
+
+class TimeEncoder(nn.Module):
+    """phi(dt) = cos(w dt + b) with w initialised to 1 / 10^linspace(0, 9, dim) (TGAT / TGN)."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dim = dim
+        self.lin = nn.Linear(1, dim)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.lin.weight.copy_((1.0 / 10 ** torch.linspace(0, 9, self.dim)).view(-1, 1))
+            self.lin.bias.zero_()
+
+    def forward(self, dt: torch.Tensor) -> torch.Tensor:
+        """``dt [...]`` float32 -> ``[..., dim]``."""
+        return torch.cos(self.lin(dt.unsqueeze(-1)))
+
+
+# ----------------------------------------------------------------------------------------------
+# Memory updaters: (memory read of unique nodes) -> (updated memory, its time, updated mask)
+
+
+@dataclass
+class MemoryUpdate:
+    """Updated memory of unique nodes: ``mem [n, mem_dim]``, ``mem_ts [n]`` float64 (time of the
+    newest applied mail, or the old memory time when no mail was pending), ``updated [n]`` bool."""
+
+    mem: torch.Tensor
+    mem_ts: torch.Tensor
+    updated: torch.Tensor
+
+
+class _CellUpdater(nn.Module):
+    """s' = CELL([mail || phi(mail_ts - mem_ts)], s) for nodes with a pending mail (one slot)."""
+
+    def __init__(self, cell: nn.Module, time_enc: TimeEncoder):
+        super().__init__()
+        self.cell = cell
+        self.time_enc = time_enc
+
+    def forward(self, read: MemoryRead) -> MemoryUpdate:
+        mail, mail_ts = read.mail[:, -1], read.mail_ts[:, -1]  # S == 1: the one slot
+        has = torch.isfinite(mail_ts)
+        if not bool(has.any()):
+            return MemoryUpdate(read.mem, read.mem_ts, has)
+        idx = torch.nonzero(has).squeeze(1)
+        dt = (mail_ts[idx] - read.mem_ts[idx]).float()
+        new = self.cell(torch.cat([mail[idx], self.time_enc(dt)], dim=1), read.mem[idx])
+        mem = read.mem.index_copy(0, idx, new)
+        return MemoryUpdate(mem, torch.where(has, mail_ts, read.mem_ts), has)
+
+
+class GRUUpdater(_CellUpdater):
+    """TGN: a GRU cell (DistTGL eq. 3 with UPDT = GRU)."""
+
+    def __init__(self, mem_dim: int, mail_dim: int, time_dim: int):
+        te = TimeEncoder(time_dim)
+        super().__init__(nn.GRUCell(mail_dim + time_dim, mem_dim), te)
+
+
+class RNNUpdater(_CellUpdater):
+    """JODIE: a vanilla tanh RNN cell."""
+
+    def __init__(self, mem_dim: int, mail_dim: int, time_dim: int):
+        te = TimeEncoder(time_dim)
+        super().__init__(nn.RNNCell(mail_dim + time_dim, mem_dim), te)
+
+
+class MailboxAttentionUpdater(nn.Module):
+    """APAN: attention from the memory over the node's mailbox, s' = LN(s + W_o attn).
+
+    Keys and values are ``[mail_j || phi(newest_ts - mail_ts_j)]``: the age of a mail relative to
+    the newest one, so the update depends only on the node (not on the querying root).
+    """
+
+    def __init__(self, mem_dim: int, mail_dim: int, time_dim: int, num_heads: int = 2):
+        super().__init__()
+        self.time_enc = TimeEncoder(time_dim)
+        self.num_heads = num_heads
+        self.q = nn.Linear(mem_dim, mem_dim)
+        self.kv = nn.Linear(mail_dim + time_dim, 2 * mem_dim)
+        self.out = nn.Linear(mem_dim, mem_dim)
+        self.norm = nn.LayerNorm(mem_dim)
+
+    def forward(self, read: MemoryRead) -> MemoryUpdate:
+        valid = torch.isfinite(read.mail_ts)  # [n, S]
+        has = valid.any(1)
+        if not bool(has.any()):
+            return MemoryUpdate(read.mem, read.mem_ts, has)
+        idx = torch.nonzero(has).squeeze(1)
+        mail, mts, v = read.mail[idx], read.mail_ts[idx], valid[idx]
+        newest = torch.where(v, mts, torch.full_like(mts, float("-inf"))).max(1).values
+        age = torch.where(v, newest[:, None] - mts, torch.zeros_like(mts)).float()
+        kv = self.kv(torch.cat([mail, self.time_enc(age)], dim=2))
+        k, val = kv.chunk(2, dim=2)
+        mem = read.mem[idx]
+        attn = _masked_attention(self.q(mem), k, val, v, self.num_heads)
+        new = self.norm(mem + self.out(attn))
+        return MemoryUpdate(read.mem.index_copy(0, idx, new), read.mem_ts.index_copy(0, idx, newest), has)
+
+
+def _masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                      num_heads: int) -> torch.Tensor:
+    """Multi-head attention of one query per row over K keys.
+
+    ``q [n, d]``, ``k, v [n, K, d]``, ``mask [n, K]`` -> ``[n, d]``; rows with no valid key give 0.
+    """
+    n, kk, d = k.shape
+    dh = d // num_heads
+    qh = q.view(n, 1, num_heads, dh)
+    kh = k.view(n, kk, num_heads, dh)
+    scores = (qh * kh).sum(-1) / math.sqrt(dh)  # [n, K, H]
+    scores = scores.masked_fill(~mask.unsqueeze(-1), float("-inf"))
+    any_valid = mask.any(1)
+    scores = torch.where(any_valid.view(n, 1, 1), scores, torch.zeros_like(scores))
+    w = torch.softmax(scores, dim=1) * mask.unsqueeze(-1)
+    return (w.unsqueeze(-1) * v.view(n, kk, num_heads, dh)).sum(1).reshape(n, d)
+
+
+# ----------------------------------------------------------------------------------------------
+# Embeddings
+
+
+@dataclass
+class EmbedInput:
+    """What an embedding module sees for one batch.
+
+    ``h [num_unique, dim]``: node representation (updated memory + static memory + node features)
+    of the batch's unique nodes; ``mem_ts [num_unique]`` their (updated) memory times;
+    ``root [num_roots]`` indices into the unique nodes; ``root_t [num_roots]`` float64 times;
+    ``hops``: per hop, ``(nbr [n_l, K_l]`` unique indices (0 where masked), ``mask``, ``dt``
+    float32, ``edge_feat [n_l, K_l, edge_dim]`` or None); hop l+1's rows are hop l's flattened
+    neighbours.
+    """
+
+    h: torch.Tensor
+    mem_ts: torch.Tensor
+    root: torch.Tensor
+    root_t: torch.Tensor
+    hops: list
+
+
+class TemporalAttentionLayer(nn.Module):
+    """One temporal attention layer (DistTGL eq. 4-7, TGAT), with the W [h || e || phi] split."""
+
+    def __init__(self, in_dim: int, edge_dim: int, time_dim: int, out_dim: int, num_heads: int = 2,
+                 dropout: float = 0.1):
+        super().__init__()
+        self.num_heads = num_heads
+        self.time_enc = TimeEncoder(time_dim)
+        self.q_h = nn.Linear(in_dim, out_dim)  # bias holds W_q phi(0) + b_q after training
+        self.q_t = nn.Linear(time_dim, out_dim, bias=False)
+        self.kv_h = nn.Linear(in_dim, 2 * out_dim)
+        self.kv_e = nn.Linear(edge_dim, 2 * out_dim, bias=False) if edge_dim else None
+        self.kv_t = nn.Linear(time_dim, 2 * out_dim, bias=False)
+        self.out = nn.Linear(out_dim + in_dim, out_dim)
+        self.norm = nn.LayerNorm(out_dim)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, h_query: torch.Tensor, kv_node: torch.Tensor, hop_nbr: torch.Tensor, mask: torch.Tensor,
+                dt: torch.Tensor, edge_feat: torch.Tensor | None) -> torch.Tensor:
+        """``h_query [n, in]``; ``kv_node [m, 2*out]`` per-node key/value terms (``kv_h`` of the
+        neighbour table); ``hop_nbr [n, K]`` rows of that table; ``mask, dt [n, K]``."""
+        zero = self.time_enc(torch.zeros(1, device=dt.device))
+        q = self.q_h(h_query) + self.q_t(zero)
+        kv = kv_node[hop_nbr] + self.kv_t(self.time_enc(dt))
+        if self.kv_e is not None and edge_feat is not None:
+            kv = kv + self.kv_e(edge_feat)
+        k, v = kv.chunk(2, dim=2)
+        attn = self.dropout(_masked_attention(q, k, v, mask, self.num_heads))
+        return self.norm(F.relu(self.dropout(self.out(torch.cat([attn, h_query], dim=1)))))
+
+
+class AttentionEmbedding(nn.Module):
+    """TGN's embedding: ``num_layers`` temporal attention layers over sampled neighbours.
+
+    With one layer the per-node key/value products run once per unique node. With two (TGAT),
+    layer 1 embeds the roots and their hop-1 neighbours, and layer 2 attends from the roots' layer-1
+    embedding over the neighbours' layer-1 embeddings.
+    """
+
+    def __init__(self, dim: int, edge_dim: int, time_dim: int, num_layers: int = 1, num_heads: int = 2,
+                 dropout: float = 0.1):
+        super().__init__()
+        self.layers = nn.ModuleList(TemporalAttentionLayer(dim, edge_dim, time_dim, dim, num_heads, dropout)
+                                    for _ in range(num_layers))
+        self.num_layers = num_layers
+
+    @property
+    def num_hops(self) -> int:
+        return self.num_layers
+
+    def forward(self, x: EmbedInput) -> torch.Tensor:
+        if self.num_layers == 1:
+            nbr, mask, dt, ef = x.hops[0]
+            layer = self.layers[0]
+            return layer(x.h[x.root], layer.kv_h(x.h), nbr, mask, dt, ef)
+        # Two layers (TGAT): layer 1 on roots (over hop 1) and on hop-1 neighbours (over hop 2).
+        (nbr1, mask1, dt1, ef1), (nbr2, mask2, dt2, ef2) = x.hops[0], x.hops[1]
+        l1, l2 = self.layers
+        kv1 = l1.kv_h(x.h)
+        z_root = l1(x.h[x.root], kv1, nbr1, mask1, dt1, ef1)
+        z_nbr = l1(x.h[nbr1.reshape(-1)], kv1, nbr2, mask2, dt2, ef2)  # [n*K1, dim]
+        kv2 = l2.kv_h(z_nbr)
+        rows = torch.arange(nbr1.numel(), device=nbr1.device).view_as(nbr1)
+        return l2(z_root, kv2, rows, mask1, dt1, ef1)
+
+
+class TimeProjectionEmbedding(nn.Module):
+    """JODIE: h(t) = s' * (1 + w * (t - mem_ts) / time_scale); no neighbours."""
+
+    num_hops = 0
+
+    def __init__(self, dim: int, time_scale: float = 1.0):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(dim))
+        self.time_scale = float(time_scale)
+
+    def forward(self, x: EmbedInput) -> torch.Tensor:
+        dt = ((x.root_t - x.mem_ts[x.root]) / self.time_scale).float().unsqueeze(1)
+        return x.h[x.root] * (1 + dt * self.w)
+
+
+class IdentityEmbedding(nn.Module):
+    """APAN: the (updated) node representation is the embedding; neighbours only receive mails."""
+
+    num_hops = 0
+
+    def forward(self, x: EmbedInput) -> torch.Tensor:
+        return x.h[x.root]
+
+
+# ----------------------------------------------------------------------------------------------
+# Heads
+
+
+class EdgePredictor(nn.Module):
+    """score(u, v) = W_o relu(W_s h_u + W_d h_v) (TGL / TGN link predictor)."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.src = nn.Linear(dim, dim)
+        self.dst = nn.Linear(dim, dim)
+        self.out = nn.Linear(dim, 1)
+
+    def forward(self, h_src: torch.Tensor, h_dst: torch.Tensor) -> torch.Tensor:
+        """``h_src [n, dim]``, ``h_dst [n, m, dim]`` -> logits ``[n, m]``."""
+        return self.out(F.relu(self.src(h_src).unsqueeze(1) + self.dst(h_dst))).squeeze(-1)
+
+
+class MLPClassifier(nn.Module):
+    """Decoder for node / edge classification: ``[n, in_dim] -> [n, num_classes]`` logits."""
+
+    def __init__(self, in_dim: int, num_classes: int, hidden: int = 100, dropout: float = 0.1):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+# ----------------------------------------------------------------------------------------------
+# The model
+
+
+class TemporalModel(nn.Module):
+    """An M-TGNN assembled from injected parts (STYLE.md 5).
+
+    ``mail_dim = 2 * mem_dim + edge_dim``: the mail of an event (u, v) at u is
+    ``[s'_u || s'_v || e_uv]`` (DESIGN.md step 7); the time encoding is added at update time.
+    """
+
+    def __init__(self, num_nodes: int, mem_dim: int, edge_dim: int, node_dim: int, updater: nn.Module,
+                 embedding: nn.Module, mailbox_size: int = 1, static_memory: bool = False,
+                 deliver_to_neighbors: bool = False):
+        super().__init__()
+        self.num_nodes, self.mem_dim, self.edge_dim = num_nodes, mem_dim, edge_dim
+        self.mail_dim = 2 * mem_dim + edge_dim
+        self.mailbox_size = mailbox_size
+        self.deliver_to_neighbors = deliver_to_neighbors
+        self.updater = updater
+        self.embedding = embedding
+        self.node_proj = nn.Linear(node_dim, mem_dim) if node_dim else None
+        self.static = nn.Embedding(num_nodes, mem_dim) if static_memory else None
+        if self.static is not None:
+            nn.init.normal_(self.static.weight, std=0.1)
+        self.predictor = EdgePredictor(mem_dim)
+
+    @property
+    def num_hops(self) -> int:
+        return max(getattr(self.embedding, "num_hops", 0), 1 if self.deliver_to_neighbors else 0)
+
+    def node_repr(self, nodes: torch.Tensor, upd: MemoryUpdate, node_feat: torch.Tensor | None) -> torch.Tensor:
+        """``h = s' + static[v] + W x_v`` for the unique nodes ``nodes [n]``."""
+        h = upd.mem
+        if self.static is not None:
+            h = h + self.static(nodes)
+        if self.node_proj is not None and node_feat is not None:
+            h = h + self.node_proj(node_feat)
+        return h
+
+
+def build_model(name: str, *, num_nodes: int, mem_dim: int = 100, time_dim: int = 100, edge_dim: int = 0,
+                node_dim: int = 0, num_layers: int = 1, num_heads: int = 2, dropout: float = 0.1,
+                mailbox_size: int = 10, static_memory: bool = False, time_scale: float = 1.0) -> TemporalModel:
+    """TGN, JODIE or APAN from parts (the config's ``model.name`` picks the parts, not the loop)."""
+    mail_dim = 2 * mem_dim + edge_dim
+    if name == "tgn":
+        return TemporalModel(num_nodes, mem_dim, edge_dim, node_dim, GRUUpdater(mem_dim, mail_dim, time_dim),
+                             AttentionEmbedding(mem_dim, edge_dim, time_dim, num_layers, num_heads, dropout),
+                             1, static_memory)
+    if name == "jodie":
+        return TemporalModel(num_nodes, mem_dim, edge_dim, node_dim, RNNUpdater(mem_dim, mail_dim, time_dim),
+                             TimeProjectionEmbedding(mem_dim, time_scale), 1, static_memory)
+    if name == "apan":
+        return TemporalModel(num_nodes, mem_dim, edge_dim, node_dim,
+                             MailboxAttentionUpdater(mem_dim, mail_dim, time_dim, num_heads), IdentityEmbedding(),
+                             mailbox_size, static_memory, deliver_to_neighbors=True)
+    raise ValueError(f"unknown model {name!r}: choose tgn, jodie or apan")

@@ -1,0 +1,274 @@
+"""The single-process training loop: one iteration as in DESIGN.md, written once with named phases.
+
+sample -> features -> memory read -> compute (update, embed, loss, backward, step) -> memory write.
+Every distributed or pipelined mode is a controlled change of ``Trainer.step``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from tgdist.runtime import kernels
+from tgdist.runtime.data import Split, TemporalGraph
+from tgdist.runtime.memory import LocalMemory, MemoryStore, mail_rounds
+from tgdist.runtime.metrics import average_precision, mrr, roc_auc
+from tgdist.runtime.models import EmbedInput, TemporalModel
+from tgdist.runtime.sampler import NegativeSampler, TemporalSampler
+
+log = logging.getLogger(__name__)
+
+STAGES = ("sample", "features", "memory_read", "compute", "memory_write")
+
+
+@dataclass
+class BatchOutput:
+    """Result of one iteration over events ``[lo, hi)``: ``pos [b]`` and ``neg [b, num_neg]`` logits."""
+
+    lo: int
+    hi: int
+    loss: float
+    pos: torch.Tensor
+    neg: torch.Tensor
+
+
+@dataclass
+class StageTimer:
+    """Accumulated seconds per stage (MSPipe Table 1 style breakdown)."""
+
+    seconds: dict = field(default_factory=lambda: defaultdict(float))
+
+    def add(self, stage: str, dt: float) -> None:
+        self.seconds[stage] += dt
+
+    def table(self, events: int) -> str:
+        total = sum(self.seconds.values()) or 1e-12
+        rows = [f"{'stage':<13}{'seconds':>9}{'share':>8}{'ms/1k ev':>10}"]
+        for s in STAGES:
+            v = self.seconds.get(s, 0.0)
+            rows.append(f"{s:<13}{v:9.2f}{100 * v / total:7.1f}%{1000 * v / max(events, 1) * 1000:10.2f}")
+        rows.append(f"{'total':<13}{total:9.2f}{'':>8}{1000 * total / max(events, 1) * 1000:10.2f}")
+        return "\n".join(rows)
+
+
+class Progress:
+    """A rank-0 progress line with events/s on stderr (redrawn on a TTY, every ~10 s otherwise)."""
+
+    def __init__(self, total: int, desc: str, enabled: bool = True):
+        self.total, self.desc, self.enabled = total, desc, enabled
+        self.done = 0
+        self.start = self.last = time.perf_counter()
+        self.tty = sys.stderr.isatty()
+
+    def update(self, n: int, **info) -> None:
+        self.done += n
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        if (self.tty and now - self.last > 0.2) or now - self.last > 10 or self.done >= self.total:
+            self.last = now
+            rate = self.done / max(now - self.start, 1e-9)
+            extra = " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in info.items())
+            line = (f"{self.desc}: {self.done:,}/{self.total:,} events "
+                    f"({100 * self.done / max(self.total, 1):5.1f}%) {rate:,.0f} ev/s {extra}")
+            sys.stderr.write(("\r" + line + ("\n" if self.done >= self.total else "")) if self.tty else line + "\n")
+            sys.stderr.flush()
+
+
+class Trainer:
+    """Owns one model, one memory store, the sampler and the optimizer; runs epochs and evaluation."""
+
+    def __init__(self, graph: TemporalGraph, split: Split, model: TemporalModel, memory: MemoryStore,
+                 sampler: TemporalSampler | None, negatives: NegativeSampler, *, batch_size: int = 200,
+                 lr: float = 1e-4, num_neg_eval: int = 49, device: str = "cpu", progress: bool = True):
+        self.g, self.split, self.model, self.memory = graph, split, model, memory
+        self.sampler, self.negatives = sampler, negatives
+        self.batch_size, self.num_neg_eval = batch_size, num_neg_eval
+        self.device = torch.device(device)
+        self.progress = progress
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+        # Model times are float64 seconds since the first event: exact for int64 spans below 2**53.
+        self.t_rel = (graph.t - graph.t[0]).astype(np.float64)
+        self.edge_feat = None if graph.edge_feat is None else torch.from_numpy(graph.edge_feat).to(self.device)
+        self.node_feat = None if graph.node_feat is None else torch.from_numpy(graph.node_feat).to(self.device)
+        self.timer = StageTimer()
+        self.writes_enabled = True
+
+    # ------------------------------------------------------------------------------------------
+    # One iteration
+
+    def step(self, lo: int, hi: int, neg: np.ndarray, train: bool) -> BatchOutput:
+        """Events ``[lo, hi)`` with negatives ``neg [hi - lo, num_neg]``."""
+        g, model, dev, tm = self.g, self.model, self.device, self.timer
+        b, num_neg = hi - lo, neg.shape[1]
+
+        # sample: roots are [src (b) | dst (b) | neg column 0 (b) | neg column 1 (b) | ...]
+        t0 = time.perf_counter()
+        roots = np.concatenate([g.src[lo:hi], g.dst[lo:hi], neg.T.reshape(-1)])
+        root_t = np.tile(g.t[lo:hi], 2 + num_neg)
+        hops = self.sampler.sample(roots, root_t) if model.num_hops else []
+        t1 = time.perf_counter()
+        tm.add("sample", t1 - t0)
+
+        # features: unique nodes of the batch and index tables into them
+        parts = [roots] + [h.nbr[h.mask] for h in hops]
+        unique, psi, _ = kernels.organize(np.concatenate(parts) if len(parts) > 1 else roots)
+        offset = roots.shape[0]
+        root_idx = torch.from_numpy(psi[:offset]).to(dev)
+        hop_tables = []
+        for h in hops:
+            idx = np.zeros(h.nbr.shape, dtype=np.int64)
+            cnt = int(h.mask.sum())
+            idx[h.mask] = psi[offset:offset + cnt]
+            offset += cnt
+            ef = None
+            if self.edge_feat is not None:
+                ef = self.edge_feat[torch.from_numpy(np.where(h.mask, h.eid, 0)).to(dev)]
+            hop_tables.append((torch.from_numpy(idx).to(dev), torch.from_numpy(h.mask).to(dev),
+                               torch.from_numpy(h.dt).to(dev), ef))
+        ids = torch.from_numpy(unique).to(dev)
+        t2 = time.perf_counter()
+        tm.add("features", t2 - t1)
+
+        # memory read
+        read = self.memory.read(ids)
+        t3 = time.perf_counter()
+        tm.add("memory_read", t3 - t2)
+
+        # compute: update memory once per unique node, embed the roots, score, learn
+        with torch.set_grad_enabled(train):
+            upd = model.updater(read)
+            h = model.node_repr(ids, upd, None if self.node_feat is None else self.node_feat[ids])
+            root_t_rel = torch.from_numpy(np.tile(self.t_rel[lo:hi], 2 + num_neg)).to(dev)
+            emb = model.embedding(EmbedInput(h, upd.mem_ts, root_idx, root_t_rel, hop_tables))
+            h_src, h_dst = emb[:b], emb[b:2 * b]
+            h_neg = emb[2 * b:].view(num_neg, b, -1).transpose(0, 1)
+            pos = model.predictor(h_src, h_dst.unsqueeze(1)).squeeze(1)
+            negl = model.predictor(h_src, h_neg)
+            loss = (F.binary_cross_entropy_with_logits(pos, torch.ones_like(pos))
+                    + F.binary_cross_entropy_with_logits(negl, torch.zeros_like(negl)))
+            if train:
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                self.optimizer.step()
+        t4 = time.perf_counter()
+        tm.add("compute", t4 - t3)
+
+        # memory write: positive roots only, with values from this forward pass (detached)
+        if self.writes_enabled:
+            self.write_back(lo, hi, upd, root_idx[:2 * b], hops)
+        tm.add("memory_write", time.perf_counter() - t4)
+        return BatchOutput(lo, hi, float(loss.detach()), pos.detach(), negl.detach())
+
+    @torch.no_grad()
+    def write_back(self, lo: int, hi: int, upd, pos_idx: torch.Tensor, hops) -> None:
+        """memory <- s' and mem_ts <- applied mail time for src/dst; new mail [s'_u || s'_v || e_uv]
+        at the event time; COMB = latest per node (DESIGN.md step 7)."""
+        g, dev = self.g, self.device
+        b = hi - lo
+        # Interleave as [src_0, dst_0, src_1, dst_1, ...] so "latest position" is "latest event".
+        inter = torch.stack([pos_idx[:b], pos_idx[b:]], 1).reshape(-1)  # unique-node indices
+        nodes_np = np.stack([g.src[lo:hi], g.dst[lo:hi]], 1).reshape(-1)
+        other = torch.stack([pos_idx[b:], pos_idx[:b]], 1).reshape(-1)
+        mem = upd.mem.detach()
+        mail = torch.cat([mem[inter], mem[other]], 1)
+        if self.edge_feat is not None:
+            mail = torch.cat([mail, self.edge_feat[lo:hi].repeat_interleave(2, 0)], 1)
+        ts = torch.from_numpy(np.repeat(self.t_rel[lo:hi], 2)).to(dev)
+
+        uniq, _, phi = kernels.organize(nodes_np)
+        last = torch.from_numpy(phi).to(dev)
+        node_ids = torch.from_numpy(uniq).to(dev)
+        uidx = inter[last]
+        self.memory.write_memory(node_ids, mem[uidx], upd.mem_ts[uidx])
+        if not self.model.deliver_to_neighbors:
+            self.memory.write_mail(node_ids, mail[last], ts[last])
+            return
+        # APAN: each positive root's mail also goes to its sampled hop-1 neighbours.
+        h1 = hops[0]
+        nb = torch.from_numpy(h1.nbr[: 2 * b]).to(dev)
+        mk = torch.from_numpy(h1.mask[: 2 * b]).to(dev)
+        # hop rows follow roots order [src | dst]; map to interleaved positions 2*i (+1 for dst)
+        pos_of_row = torch.cat([torch.arange(b) * 2, torch.arange(b) * 2 + 1]).to(dev)
+        rows = pos_of_row.unsqueeze(1).expand_as(nb)[mk]
+        recip = torch.cat([torch.from_numpy(nodes_np).to(dev), nb[mk]])
+        src_pos = torch.cat([torch.arange(2 * b, device=dev), rows])
+        order = src_pos.to(torch.float64)  # positions are in event order already
+        for r in mail_rounds(recip, order, self.model.mailbox_size):
+            self.memory.write_mail(recip[r], mail[src_pos[r]], ts[src_pos[r]])
+
+    # ------------------------------------------------------------------------------------------
+    # Epochs
+
+    def batches(self, part: str):
+        lo, hi = self.split.range(part)
+        for s in range(lo, hi, self.batch_size):
+            yield s, min(s + self.batch_size, hi)
+
+    def train_epoch(self, epoch: int, start_batch: int = 0, on_batch=None) -> dict:
+        self.model.train()
+        lo, hi = self.split.range("train")
+        prog = Progress(hi - lo, f"epoch {epoch} train", self.progress)
+        losses, n_events = [], 0
+        t0 = time.perf_counter()
+        for i, (s, e) in enumerate(self.batches("train")):
+            if i < start_batch:
+                continue
+            out = self.step(s, e, self.negatives.train(e - s, 1), train=True)
+            losses.append(out.loss * (e - s))
+            n_events += e - s
+            prog.update(e - s, loss=out.loss)
+            if on_batch is not None:
+                on_batch(epoch, i + 1)
+        el = time.perf_counter() - t0
+        return {"loss": float(np.sum(losses) / max(n_events, 1)), "train_events": n_events,
+                "train_seconds": el, "events_per_s": n_events / max(el, 1e-9)}
+
+    @torch.no_grad()
+    def evaluate(self, part: str) -> dict:
+        """AP and ROC-AUC against the first fixed negative, MRR against ``num_neg_eval`` negatives.
+        Memory is updated by the evaluated events (evaluation continues the stream)."""
+        self.model.eval()
+        lo, hi = self.split.range(part)
+        if hi <= lo:
+            return {}
+        num_neg = max(1, self.num_neg_eval)
+        pos_all, neg_all = [], []
+        prog = Progress(hi - lo, f"  {part}", self.progress)
+        for s, e in self.batches(part):
+            out = self.step(s, e, self.negatives.fixed(part, s, e, num_neg), train=False)
+            pos_all.append(out.pos.cpu().numpy())
+            neg_all.append(out.neg.cpu().numpy())
+            prog.update(e - s)
+        pos, neg = np.concatenate(pos_all), np.concatenate(neg_all)
+        y = np.r_[np.ones(len(pos)), np.zeros(len(pos))]
+        sc = np.r_[pos, neg[:, 0]]
+        res = {f"{part}_ap": average_precision(y, sc), f"{part}_auc": roc_auc(y, sc)}
+        if self.num_neg_eval > 1:
+            res[f"{part}_mrr"] = mrr(pos, neg)
+        mask = self.split.new_node_mask[lo:hi]
+        if mask.any() and (~mask).any():
+            yi = np.r_[np.ones(mask.sum()), np.zeros(mask.sum())]
+            res[f"{part}_ap_inductive"] = average_precision(yi, np.r_[pos[mask], neg[mask, 0]])
+        return res
+
+
+def time_scale(graph: TemporalGraph) -> float:
+    """Median gap between consecutive events of the same node (JODIE's time-projection scale)."""
+    order = np.argsort(np.concatenate([graph.src, graph.dst]), kind="stable")
+    nodes = np.concatenate([graph.src, graph.dst])[order]
+    t = np.concatenate([graph.t, graph.t])[order].astype(np.float64)
+    gaps = np.diff(t)[nodes[1:] == nodes[:-1]]
+    gaps = gaps[gaps > 0]
+    return float(np.median(gaps)) if gaps.size else 1.0
+
+
+def memory_for(model: TemporalModel, num_nodes: int) -> LocalMemory:
+    return LocalMemory(num_nodes, model.mem_dim, model.mail_dim, model.mailbox_size)
