@@ -83,3 +83,63 @@ def load_data(cfg: DataConfig):
 
 def register(name: str, node: Any, group: Optional[str] = None) -> None:
     ConfigStore.instance().store(name=name, node=node, group=group)
+
+
+@dataclass
+class ModelConfig:
+    """Which M-TGNN and its sizes; ``name`` selects the injected updater/embedding parts."""
+
+    name: str = "tgn"  # tgn | jodie | apan
+    mem_dim: int = 100
+    time_dim: int = 100
+    num_layers: int = 1  # attention layers (TGN); 2 = TGAT-style second layer
+    num_heads: int = 2
+    dropout: float = 0.1
+    mailbox_size: int = 1  # APAN: mails kept per node
+    static_memory: bool = False  # DistTGL section 3.1: learnable per-node embedding
+    static_pretrain_epochs: int = 0  # pre-train the static memory on the same task first
+
+
+@dataclass
+class TrainConfig:
+    task: str = "link"  # link | node (dynamic node classification) | edge (edge classification)
+    epochs: int = 5
+    batch_size: int = 200
+    lr: float = 1e-4
+    lr_scaling: str = "linear"  # with the global batch in parallel runs: linear | sqrt | none
+    num_neg_eval: int = 49  # MRR against this many fixed negatives; AP/AUC use the first
+    seed: int = 0
+    deterministic: bool = False  # bit-identical reruns on CPU (torch deterministic algorithms)
+    num_threads: int = 2  # torch intra-op threads; 0 = leave torch's default
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    test_every_epoch: bool = True
+    checkpoint_every: int = 0  # also checkpoint every N training batches (0: at epoch ends only)
+    resume: Optional[str] = None  # a checkpoint file, or a run directory (its latest checkpoint)
+    stop_after_batches: Optional[int] = None  # stop early after this many training batches (tests)
+    progress: bool = True
+    node_class_epochs: int = 10  # task=node/edge: decoder epochs
+
+
+@dataclass
+class ParallelConfig:
+    """DistTGL i x j x k (mini-batch x epoch x memory). 1 x 1 x 1 is the single-process loop."""
+
+    i: int = 1
+    j: int = 1
+    k: int = 1
+
+
+@dataclass
+class TrainApp:
+    data: DataConfig = field(default_factory=DataConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    run_dir: str = "runs/${now:%Y%m%d-%H%M%S}-${data.name}-${model.name}"
+
+
+register("train_schema", TrainApp)
+register("data_schema", DataConfig, group="data")
+register("model_schema", ModelConfig, group="model")
+register("train_schema", TrainConfig, group="train")

@@ -21,22 +21,27 @@ from tgdist.runtime.memory import MemoryRead
 
 
 class TimeEncoder(nn.Module):
-    """phi(dt) = cos(w dt + b) with w initialised to 1 / 10^linspace(0, 9, dim) (TGAT / TGN)."""
+    """phi(dt) = cos(w dt + b) with w initialised to 1 / 10^linspace(0, 9, dim) (TGAT / TGN).
+
+    Trainable like TGN's; written as one fused multiply-add rather than ``Linear(1, dim)``, whose
+    rank-1 matmul is slow on CPU.
+    """
 
     def __init__(self, dim: int):
         super().__init__()
         self.dim = dim
-        self.lin = nn.Linear(1, dim)
+        self.w = nn.Parameter(torch.empty(dim))
+        self.b = nn.Parameter(torch.empty(dim))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         with torch.no_grad():
-            self.lin.weight.copy_((1.0 / 10 ** torch.linspace(0, 9, self.dim)).view(-1, 1))
-            self.lin.bias.zero_()
+            self.w.copy_(1.0 / 10 ** torch.linspace(0, 9, self.dim))
+            self.b.zero_()
 
     def forward(self, dt: torch.Tensor) -> torch.Tensor:
         """``dt [...]`` float32 -> ``[..., dim]``."""
-        return torch.cos(self.lin(dt.unsqueeze(-1)))
+        return torch.cos(torch.addcmul(self.b, dt.unsqueeze(-1), self.w))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -130,18 +135,34 @@ def _masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     """
     n, kk, d = k.shape
     dh = d // num_heads
-    qh = q.view(n, 1, num_heads, dh)
-    kh = k.view(n, kk, num_heads, dh)
-    scores = (qh * kh).sum(-1) / math.sqrt(dh)  # [n, K, H]
+    scores = torch.einsum("nhd,nkhd->nkh", q.view(n, num_heads, dh), k.view(n, kk, num_heads, dh)) / math.sqrt(dh)
     scores = scores.masked_fill(~mask.unsqueeze(-1), float("-inf"))
-    any_valid = mask.any(1)
-    scores = torch.where(any_valid.view(n, 1, 1), scores, torch.zeros_like(scores))
-    w = torch.softmax(scores, dim=1) * mask.unsqueeze(-1)
-    return (w.unsqueeze(-1) * v.view(n, kk, num_heads, dh)).sum(1).reshape(n, d)
+    # rows without any neighbour: uniform weights over zeros instead of NaN from softmax(-inf)
+    scores = scores.masked_fill(~mask.any(1).view(n, 1, 1), 0.0)
+    w = torch.softmax(scores, dim=1).masked_fill(~mask.unsqueeze(-1), 0.0)
+    return torch.einsum("nkh,nkhd->nhd", w, v.view(n, kk, num_heads, dh)).reshape(n, d)
 
 
 # ----------------------------------------------------------------------------------------------
 # Embeddings
+
+
+@dataclass
+class HopTables:
+    """One hop of the batch, indexed into per-batch unique tables (so per-node, per-time-gap and
+    per-event terms are computed once each and gathered).
+
+    ``nbr [n, K]``: row of the neighbour in the node table (0 where masked); ``mask [n, K]``;
+    ``dt_index [n, K]`` into ``dt_values [num_dt]`` (float32 root_t - event time; masked slots
+    point at any entry); ``edge_index [n, K]`` into ``edge_feat [num_events_u, edge_dim]`` or None.
+    """
+
+    nbr: torch.Tensor
+    mask: torch.Tensor
+    dt_index: torch.Tensor
+    dt_values: torch.Tensor
+    edge_index: torch.Tensor | None = None
+    edge_feat: torch.Tensor | None = None
 
 
 @dataclass
@@ -151,9 +172,7 @@ class EmbedInput:
     ``h [num_unique, dim]``: node representation (updated memory + static memory + node features)
     of the batch's unique nodes; ``mem_ts [num_unique]`` their (updated) memory times;
     ``root [num_roots]`` indices into the unique nodes; ``root_t [num_roots]`` float64 times;
-    ``hops``: per hop, ``(nbr [n_l, K_l]`` unique indices (0 where masked), ``mask``, ``dt``
-    float32, ``edge_feat [n_l, K_l, edge_dim]`` or None); hop l+1's rows are hop l's flattened
-    neighbours.
+    ``hops``: one ``HopTables`` per hop; hop l+1's rows are hop l's flattened neighbours.
     """
 
     h: torch.Tensor
@@ -161,6 +180,11 @@ class EmbedInput:
     root: torch.Tensor
     root_t: torch.Tensor
     hops: list
+
+
+def _gather(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``table[index]`` for an index of any shape, via index_select (whose backward is index_add)."""
+    return table.index_select(0, index.reshape(-1)).view(*index.shape, table.shape[-1])
 
 
 class TemporalAttentionLayer(nn.Module):
@@ -180,17 +204,16 @@ class TemporalAttentionLayer(nn.Module):
         self.norm = nn.LayerNorm(out_dim)
         self.dropout = nn.Dropout(dropout)
 
-    def forward(self, h_query: torch.Tensor, kv_node: torch.Tensor, hop_nbr: torch.Tensor, mask: torch.Tensor,
-                dt: torch.Tensor, edge_feat: torch.Tensor | None) -> torch.Tensor:
-        """``h_query [n, in]``; ``kv_node [m, 2*out]`` per-node key/value terms (``kv_h`` of the
-        neighbour table); ``hop_nbr [n, K]`` rows of that table; ``mask, dt [n, K]``."""
-        zero = self.time_enc(torch.zeros(1, device=dt.device))
+    def forward(self, h_query: torch.Tensor, kv_node: torch.Tensor, hop: HopTables) -> torch.Tensor:
+        """``h_query [n, in]``; ``kv_node [m, 2*out]``: per-node key/value terms ``kv_h(h)`` of the
+        table ``hop.nbr`` points into. Returns ``[n, out]``."""
+        zero = self.time_enc(torch.zeros(1, device=h_query.device))
         q = self.q_h(h_query) + self.q_t(zero)
-        kv = kv_node[hop_nbr] + self.kv_t(self.time_enc(dt))
-        if self.kv_e is not None and edge_feat is not None:
-            kv = kv + self.kv_e(edge_feat)
+        kv = _gather(kv_node, hop.nbr) + _gather(self.kv_t(self.time_enc(hop.dt_values)), hop.dt_index)
+        if self.kv_e is not None and hop.edge_feat is not None:
+            kv = kv + _gather(self.kv_e(hop.edge_feat), hop.edge_index)
         k, v = kv.chunk(2, dim=2)
-        attn = self.dropout(_masked_attention(q, k, v, mask, self.num_heads))
+        attn = self.dropout(_masked_attention(q, k, v, hop.mask, self.num_heads))
         return self.norm(F.relu(self.dropout(self.out(torch.cat([attn, h_query], dim=1)))))
 
 
@@ -215,18 +238,17 @@ class AttentionEmbedding(nn.Module):
 
     def forward(self, x: EmbedInput) -> torch.Tensor:
         if self.num_layers == 1:
-            nbr, mask, dt, ef = x.hops[0]
             layer = self.layers[0]
-            return layer(x.h[x.root], layer.kv_h(x.h), nbr, mask, dt, ef)
+            return layer(x.h.index_select(0, x.root), layer.kv_h(x.h), x.hops[0])
         # Two layers (TGAT): layer 1 on roots (over hop 1) and on hop-1 neighbours (over hop 2).
-        (nbr1, mask1, dt1, ef1), (nbr2, mask2, dt2, ef2) = x.hops[0], x.hops[1]
+        hop1, hop2 = x.hops[0], x.hops[1]
         l1, l2 = self.layers
         kv1 = l1.kv_h(x.h)
-        z_root = l1(x.h[x.root], kv1, nbr1, mask1, dt1, ef1)
-        z_nbr = l1(x.h[nbr1.reshape(-1)], kv1, nbr2, mask2, dt2, ef2)  # [n*K1, dim]
-        kv2 = l2.kv_h(z_nbr)
-        rows = torch.arange(nbr1.numel(), device=nbr1.device).view_as(nbr1)
-        return l2(z_root, kv2, rows, mask1, dt1, ef1)
+        z_root = l1(x.h.index_select(0, x.root), kv1, hop1)
+        z_nbr = l1(x.h.index_select(0, hop1.nbr.reshape(-1)), kv1, hop2)  # [n * K1, dim]
+        rows = torch.arange(hop1.nbr.numel(), device=hop1.nbr.device).view_as(hop1.nbr)
+        hop1_rows = HopTables(rows, hop1.mask, hop1.dt_index, hop1.dt_values, hop1.edge_index, hop1.edge_feat)
+        return l2(z_root, l2.kv_h(z_nbr), hop1_rows)
 
 
 class TimeProjectionEmbedding(nn.Module):

@@ -20,7 +20,7 @@ from tgdist.runtime import kernels
 from tgdist.runtime.data import Split, TemporalGraph
 from tgdist.runtime.memory import LocalMemory, MemoryStore, mail_rounds
 from tgdist.runtime.metrics import average_precision, mrr, roc_auc
-from tgdist.runtime.models import EmbedInput, TemporalModel
+from tgdist.runtime.models import EmbedInput, HopTables, TemporalModel
 from tgdist.runtime.sampler import NegativeSampler, TemporalSampler
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,8 @@ class BatchOutput:
     loss: float
     pos: torch.Tensor
     neg: torch.Tensor
+    h_src: torch.Tensor | None = None  # [b, dim] when requested (downstream tasks)
+    h_dst: torch.Tensor | None = None
 
 
 @dataclass
@@ -104,7 +106,7 @@ class Trainer:
     # ------------------------------------------------------------------------------------------
     # One iteration
 
-    def step(self, lo: int, hi: int, neg: np.ndarray, train: bool) -> BatchOutput:
+    def step(self, lo: int, hi: int, neg: np.ndarray, train: bool, keep_emb: bool = False) -> BatchOutput:
         """Events ``[lo, hi)`` with negatives ``neg [hi - lo, num_neg]``."""
         g, model, dev, tm = self.g, self.model, self.device, self.timer
         b, num_neg = hi - lo, neg.shape[1]
@@ -128,11 +130,7 @@ class Trainer:
             cnt = int(h.mask.sum())
             idx[h.mask] = psi[offset:offset + cnt]
             offset += cnt
-            ef = None
-            if self.edge_feat is not None:
-                ef = self.edge_feat[torch.from_numpy(np.where(h.mask, h.eid, 0)).to(dev)]
-            hop_tables.append((torch.from_numpy(idx).to(dev), torch.from_numpy(h.mask).to(dev),
-                               torch.from_numpy(h.dt).to(dev), ef))
+            hop_tables.append(self._hop_tables(h, idx))
         ids = torch.from_numpy(unique).to(dev)
         t2 = time.perf_counter()
         tm.add("features", t2 - t1)
@@ -165,7 +163,24 @@ class Trainer:
         if self.writes_enabled:
             self.write_back(lo, hi, upd, root_idx[:2 * b], hops)
         tm.add("memory_write", time.perf_counter() - t4)
-        return BatchOutput(lo, hi, float(loss.detach()), pos.detach(), negl.detach())
+        out = BatchOutput(lo, hi, float(loss.detach()), pos.detach(), negl.detach())
+        if keep_emb:
+            out.h_src, out.h_dst = h_src.detach(), h_dst.detach()
+        return out
+
+    def _hop_tables(self, h, node_idx: np.ndarray) -> HopTables:
+        """Index a sampled hop into unique tables: time gaps (the time term depends on dt only)
+        and events (edge-feature terms). Exact: each distinct value is computed once, then gathered."""
+        dev = self.device
+        dt_values, dt_index = np.unique(h.dt, return_inverse=True)
+        edge_index = edge_feat = None
+        if self.edge_feat is not None:
+            ev, ev_index = np.unique(np.where(h.mask, h.eid, 0), return_inverse=True)
+            edge_index = torch.from_numpy(ev_index.reshape(h.eid.shape)).to(dev)
+            edge_feat = self.edge_feat.index_select(0, torch.from_numpy(ev).to(dev))
+        return HopTables(torch.from_numpy(node_idx).to(dev), torch.from_numpy(h.mask).to(dev),
+                         torch.from_numpy(dt_index.reshape(h.dt.shape)).to(dev), torch.from_numpy(dt_values).to(dev),
+                         edge_index, edge_feat)
 
     @torch.no_grad()
     def write_back(self, lo: int, hi: int, upd, pos_idx: torch.Tensor, hops) -> None:

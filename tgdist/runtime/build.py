@@ -1,0 +1,95 @@
+"""Build a ready-to-run ``Trainer`` from a composed config (also the Python API for scripts)."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+
+from tgdist.config import load_data
+from tgdist.errors import ConfigError
+from tgdist.runtime.data import TemporalGraph, chronological_split
+from tgdist.runtime.models import build_model
+from tgdist.runtime.sampler import TCSR, NegativeSampler, TemporalSampler
+from tgdist.runtime.trainer import Trainer, memory_for, time_scale
+
+log = logging.getLogger(__name__)
+
+
+def resolve_device(name: str) -> str:
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"train.device={name} but CUDA is not available on this machine")
+    return name
+
+
+def seed_everything(seed: int, deterministic: bool) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if deterministic:
+        torch.use_deterministic_algorithms(True)
+
+
+def validate(cfg: DictConfig) -> None:
+    """Reject invalid settings before any data is read."""
+    t, m = cfg.train, cfg.model
+    if m.name not in ("tgn", "jodie", "apan"):
+        raise ConfigError(f"model.name={m.name!r}: choose tgn, jodie or apan")
+    if t.task not in ("link", "node", "edge"):
+        raise ConfigError(f"train.task={t.task!r}: choose link, node or edge")
+    if t.batch_size <= 0 or t.epochs < 0 or t.lr <= 0:
+        raise ConfigError(f"train.batch_size, train.epochs and train.lr must be positive "
+                          f"(got {t.batch_size}, {t.epochs}, {t.lr})")
+    if m.mem_dim % m.num_heads:
+        raise ConfigError(f"model.mem_dim={m.mem_dim} must be divisible by model.num_heads={m.num_heads}")
+    if m.num_layers not in (1, 2):
+        raise ConfigError(f"model.num_layers={m.num_layers}: 1 or 2 attention layers are supported")
+
+
+def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: str | None = None,
+                  progress: bool | None = None) -> Trainer:
+    """Data, split, model, memory, sampler and optimizer as ``cfg`` says."""
+    validate(cfg)
+    if cfg.train.num_threads > 0:
+        torch.set_num_threads(cfg.train.num_threads)
+    seed_everything(cfg.train.seed, cfg.train.deterministic)
+    graph = graph if graph is not None else load_data(cfg.data)
+    log.info("%s", graph.describe())
+    split = chronological_split(graph, cfg.data.val_frac, cfg.data.test_frac)
+    m = cfg.model
+    model = build_model(m.name, num_nodes=graph.num_nodes, mem_dim=m.mem_dim, time_dim=m.time_dim,
+                        edge_dim=graph.edge_dim, node_dim=graph.node_dim, num_layers=m.num_layers,
+                        num_heads=m.num_heads, dropout=m.dropout, mailbox_size=m.mailbox_size,
+                        static_memory=m.static_memory, time_scale=time_scale(graph) if m.name == "jodie" else 1.0)
+    dev = device or resolve_device(cfg.train.device)
+    model.to(dev)
+    memory = memory_for(model, graph.num_nodes).to(dev)
+    sampler = None
+    if model.num_hops:
+        fanouts = list(cfg.sampler.fanouts)
+        if len(fanouts) < model.num_hops:  # e.g. model=tgat2 with the default [10]
+            fanouts += [fanouts[-1]] * (model.num_hops - len(fanouts))
+        sampler = TemporalSampler(TCSR.build(graph, cfg.sampler.both_directions), fanouts[:model.num_hops],
+                                  cfg.sampler.strategy, cfg.sampler.seed, cfg.sampler.num_threads)
+    negatives = NegativeSampler(graph, cfg.train.seed)
+    return Trainer(graph, split, model, memory, sampler, negatives, batch_size=cfg.train.batch_size, lr=cfg.train.lr,
+                   num_neg_eval=cfg.train.num_neg_eval, device=dev,
+                   progress=cfg.train.progress if progress is None else progress)
+
+
+def compose(overrides: list[str] | None = None, config_name: str = "train") -> DictConfig:
+    """The config ``tgdist train OVERRIDES`` would run with (for scripts, benchmarks and tests)."""
+    from hydra import compose as hcompose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from tgdist.config import config_dir
+    import tgdist.config  # noqa: F401  (registers the schema)
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=config_dir(), version_base=None):
+        return hcompose(config_name=config_name, overrides=list(overrides or []))

@@ -1,0 +1,101 @@
+"""Checkpoints: model, optimizer, node memory and mails, RNG states and the position in the run.
+
+Loading uses ``torch.load(weights_only=True)``; a checkpoint written under a different config
+(data, model, sampler or training settings that change the results) is refused with the keys
+that differ.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from tgdist.errors import ConfigError
+
+# Settings that do not change what is computed, so a resumed run may change them.
+_FREE = {"train": {"epochs", "resume", "progress", "checkpoint_every", "stop_after_batches", "num_threads", "device",
+                   "test_every_epoch"},
+         "data": {"cache", "cache_dir"}, "sampler": {"num_threads"}}
+
+
+def identity(cfg: DictConfig) -> dict:
+    """The part of the config a checkpoint must match, as plain strings (weights_only-safe)."""
+    out = {}
+    for group in ("data", "sampler", "model", "train", "parallel"):
+        if group not in cfg:
+            continue
+        for key, value in OmegaConf.to_container(cfg[group], resolve=True).items():
+            if key not in _FREE.get(group, set()):
+                out[f"{group}.{key}"] = repr(value)
+    return out
+
+
+def _rng_state(trainer) -> dict:
+    return {"torch": torch.get_rng_state(), "numpy_global": _np_state(np.random.get_state()),
+            "negatives": repr(trainer.negatives.rng.bit_generator.state), "python": repr(random.getstate()),
+            "sampler_calls": trainer.sampler.calls if trainer.sampler is not None else 0}
+
+
+def _np_state(st) -> dict:
+    return {"name": st[0], "keys": torch.from_numpy(st[1].astype(np.int64)), "pos": int(st[2]),
+            "has_gauss": int(st[3]), "gauss": float(st[4])}
+
+
+def save(path: str | Path, trainer, cfg: DictConfig, position: dict, history: list) -> Path:
+    """Write atomically: a crash while saving never leaves a truncated checkpoint in place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {"format": 1, "config": identity(cfg), "model": trainer.model.state_dict(),
+             "optimizer": trainer.optimizer.state_dict(), "memory": trainer.memory.state_dict(),
+             "rng": _rng_state(trainer), "position": dict(position), "history": [dict(h) for h in history]}
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def find(resume: str) -> Path:
+    p = Path(resume).expanduser()
+    if p.is_dir():
+        p = p / "checkpoints" / "last.pt"
+    if not p.exists():
+        raise ConfigError(f"train.resume={resume}: no checkpoint at {p}")
+    return p
+
+
+def load(path: str | Path, trainer, cfg: DictConfig) -> tuple[dict, list]:
+    """Restore ``trainer`` in place; returns (position, history)."""
+    import ast
+
+    try:
+        state = torch.load(path, map_location=trainer.device, weights_only=True)
+    except Exception as e:  # corrupt or foreign file
+        raise ConfigError(f"{path}: not a readable tgdist checkpoint ({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
+    mine, theirs = identity(cfg), state.get("config", {})
+    diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+    if diff:
+        shown = ", ".join(f"{k}: checkpoint {theirs.get(k, '<unset>')} vs now {mine.get(k, '<unset>')}" for k in diff[:4])
+        raise ConfigError(f"{path}: checkpoint was written under another config ({shown}{', ...' if len(diff) > 4 else ''})")
+    trainer.model.load_state_dict(state["model"])
+    trainer.optimizer.load_state_dict(state["optimizer"])
+    trainer.memory.load_state_dict(state["memory"])
+    rng = state["rng"]
+    torch.set_rng_state(rng["torch"])
+    g = rng["numpy_global"]
+    np.random.set_state((g["name"], g["keys"].numpy().astype(np.uint32), g["pos"], g["has_gauss"], g["gauss"]))
+    trainer.negatives.rng.bit_generator.state = ast.literal_eval(rng["negatives"])
+    random.setstate(ast.literal_eval(rng["python"]))
+    if trainer.sampler is not None:
+        trainer.sampler.calls = int(rng["sampler_calls"])
+    return state["position"], state["history"]

@@ -1,0 +1,202 @@
+"""A whole training run: epochs, evaluation, metrics files, checkpoints, resume, downstream tasks.
+
+Run directory layout: ``config.yaml`` (resolved), ``metrics.jsonl`` (one JSON object per epoch),
+``summary.json`` (also printed as the last line of stdout), ``checkpoints/last.pt``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
+
+from tgdist.errors import ConfigError
+from tgdist.runtime import checkpoint
+from tgdist.runtime.build import build_trainer
+from tgdist.runtime.metrics import f1_multilabel, roc_auc
+from tgdist.runtime.models import MLPClassifier
+from tgdist.runtime.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+
+def _jsonable(d: dict) -> dict:
+    return {k: (float(v) if isinstance(v, (np.floating, float)) else v) for k, v in d.items()}
+
+
+class Run:
+    def __init__(self, cfg: DictConfig, run_dir: str | Path, trainer: Trainer | None = None):
+        self.cfg = cfg
+        self.dir = Path(run_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.trainer = trainer or build_trainer(cfg)
+        self.history: list[dict] = []
+        self.ckpt_path = self.dir / "checkpoints" / "last.pt"
+        (self.dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+
+    # ------------------------------------------------------------------------------------------
+
+    def _checkpoint(self, epoch: int, next_batch: int) -> None:
+        checkpoint.save(self.ckpt_path, self.trainer, self.cfg, {"epoch": epoch, "batch": next_batch}, self.history)
+
+    def train(self) -> dict:
+        cfg, tr = self.cfg, self.trainer
+        start_epoch, start_batch = 0, 0
+        if cfg.train.resume:
+            pos, self.history = checkpoint.load(checkpoint.find(cfg.train.resume), tr, cfg)
+            start_epoch, start_batch = int(pos["epoch"]), int(pos["batch"])
+            log.info("resumed from %s at epoch %d batch %d", cfg.train.resume, start_epoch, start_batch)
+        elif cfg.model.static_memory and cfg.model.static_pretrain_epochs > 0:
+            self.pretrain_static(cfg.model.static_pretrain_epochs)
+        num_batches = len(range(*tr.split.range("train"), tr.batch_size))
+        every = cfg.train.checkpoint_every
+        stop_after = cfg.train.stop_after_batches
+        done_batches = 0
+
+        def on_batch(epoch: int, next_batch: int) -> None:
+            nonlocal done_batches
+            done_batches += 1
+            if every and next_batch % every == 0 and next_batch < num_batches:
+                self._checkpoint(epoch, next_batch)
+            if stop_after is not None and done_batches >= stop_after:
+                raise _Stop()
+
+        with open(self.dir / "metrics.jsonl", "w") as mf:
+            for h in self.history:
+                mf.write(json.dumps(h) + "\n")
+            for epoch in range(start_epoch, cfg.train.epochs):
+                if start_batch == 0:
+                    tr.memory.reset_state()  # each epoch replays the stream from empty memory
+                tr.timer = type(tr.timer)()
+                try:
+                    res = {"epoch": epoch, **tr.train_epoch(epoch, start_batch, on_batch)}
+                except _Stop:
+                    log.info("stopping after %d training batches (train.stop_after_batches)", done_batches)
+                    return {"stopped": True, "checkpoint": str(self.ckpt_path)}
+                start_batch = 0
+                res.update(tr.evaluate("val"))
+                last = epoch == cfg.train.epochs - 1
+                if cfg.train.test_every_epoch or last:
+                    res.update(tr.evaluate("test"))
+                res["stage_seconds"] = {k: round(v, 4) for k, v in tr.timer.seconds.items()}
+                self.history.append(_jsonable(res))
+                mf.write(json.dumps(self.history[-1]) + "\n")
+                mf.flush()
+                log.info("epoch %d: loss %.4f, %s, %.0f train events/s", epoch, res["loss"],
+                         ", ".join(f"{k} {v:.4f}" for k, v in res.items() if k.startswith(("val_", "test_"))),
+                         res["events_per_s"])
+                log.info("stage times (train + eval):\n%s", tr.timer.table(res["train_events"]))
+                self._checkpoint(epoch + 1, 0)
+        summary = self.summary()
+        if cfg.train.task in ("node", "edge"):
+            summary.update(self.downstream(cfg.train.task))
+        (self.dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        return summary
+
+    def summary(self) -> dict:
+        if not self.history:
+            return {"epochs": 0, "run_dir": str(self.dir)}
+        last = self.history[-1]
+        best = max(self.history, key=lambda h: h.get("val_ap", float("-inf")))
+        out = {"run_dir": str(self.dir), "data": self.cfg.data.name, "model": self.cfg.model.name,
+               "epochs": len(self.history), "batch_size": self.cfg.train.batch_size}
+        out.update({k: v for k, v in last.items() if k.startswith(("val_", "test_")) or k == "loss"})
+        out["best_epoch"] = best["epoch"]
+        out["best_val_ap"] = best.get("val_ap")
+        out["test_ap_at_best_val"] = best.get("test_ap")
+        out["train_events_per_s"] = float(np.mean([h["events_per_s"] for h in self.history]))
+        return out
+
+    # ------------------------------------------------------------------------------------------
+
+    def pretrain_static(self, epochs: int) -> None:
+        """DistTGL 3.1: pre-train the static node memory on the same link task, without dynamic
+        memory (every event supervises it, whatever the batch size)."""
+        tr = self.trainer
+        static, pred = tr.model.static, tr.model.predictor
+        opt = torch.optim.Adam(list(static.parameters()) + list(pred.parameters()), lr=max(tr.optimizer.param_groups[0]["lr"], 1e-3))
+        lo, hi = tr.split.range("train")
+        src = torch.from_numpy(tr.g.src[lo:hi])
+        dst = torch.from_numpy(tr.g.dst[lo:hi])
+        for ep in range(epochs):
+            total = 0.0
+            for s in range(0, hi - lo, 4 * tr.batch_size):
+                e = min(s + 4 * tr.batch_size, hi - lo)
+                neg = torch.from_numpy(tr.negatives.train(e - s, 1)[:, 0])
+                hs = static(src[s:e].to(tr.device))
+                pos = pred(hs, static(dst[s:e].to(tr.device)).unsqueeze(1))
+                negl = pred(hs, static(neg.to(tr.device)).unsqueeze(1))
+                loss = F.binary_cross_entropy_with_logits(pos, torch.ones_like(pos)) + \
+                    F.binary_cross_entropy_with_logits(negl, torch.zeros_like(negl))
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                total += float(loss) * (e - s)
+            log.info("static memory pre-training epoch %d: loss %.4f", ep, total / max(hi - lo, 1))
+
+    @torch.no_grad()
+    def collect_embeddings(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Replay the whole stream from empty memory; src and dst embeddings ``[num_events, dim]``."""
+        tr = self.trainer
+        tr.model.eval()
+        tr.memory.reset_state()
+        hs, hd = [], []
+        for s in range(0, tr.g.num_events, tr.batch_size):
+            e = min(s + tr.batch_size, tr.g.num_events)
+            out = tr.step(s, e, tr.negatives.fixed("train", s, e, 1), train=False, keep_emb=True)
+            hs.append(out.h_src)
+            hd.append(out.h_dst)
+        return torch.cat(hs), torch.cat(hd)
+
+    def downstream(self, task: str) -> dict:
+        """Dynamic node classification (label of the source at each event, e.g. Wikipedia bans;
+        ROC-AUC) or edge classification (multi-label F1), with a decoder on frozen embeddings."""
+        tr, g = self.trainer, self.trainer.g
+        if g.label is None:
+            raise ConfigError(f"train.task={task} needs labels, and data {g.name!r} has none")
+        hs, hd = self.collect_embeddings()
+        x = hs if task == "node" else torch.cat([hs, hd], 1)
+        y = torch.from_numpy(np.asarray(g.label)).float()
+        y = y.view(-1, 1) if y.dim() == 1 else y
+        dec = MLPClassifier(x.shape[1], y.shape[1]).to(x.device)
+        opt = torch.optim.Adam(dec.parameters(), lr=1e-3)
+        lo, hi = tr.split.range("train")
+        pos_w = ((y[lo:hi] == 0).sum(0) / (y[lo:hi] == 1).sum(0).clamp(min=1)).clamp(max=100)
+        for _ in range(self.cfg.train.node_class_epochs):
+            dec.train()
+            for s in range(lo, hi, 1000):
+                e = min(s + 1000, hi)
+                loss = F.binary_cross_entropy_with_logits(dec(x[s:e]), y[s:e].to(x.device), pos_weight=pos_w.to(x.device))
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        dec.eval()
+        res = {}
+        with torch.no_grad():
+            for part in ("val", "test"):
+                a, b = tr.split.range(part)
+                logits = dec(x[a:b]).cpu()
+                if task == "node":
+                    res[f"{part}_node_auc"] = roc_auc(y[a:b, 0].numpy(), logits[:, 0].numpy())
+                else:
+                    f1 = f1_multilabel(y[a:b].numpy() > 0.5, logits.numpy() > 0)
+                    res.update({f"{part}_{k}": v for k, v in f1.items()})
+        log.info("%s classification: %s", task, res)
+        return res
+
+
+class _Stop(Exception):
+    pass
+
+
+def run(cfg: DictConfig, run_dir: str | Path) -> dict:
+    start = time.perf_counter()
+    summary = Run(cfg, run_dir).train()
+    summary["wall_seconds"] = round(time.perf_counter() - start, 2)
+    return summary
