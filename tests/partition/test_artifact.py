@@ -1,0 +1,80 @@
+import json
+
+import numpy as np
+import pytest
+
+from tgdist.errors import ConfigError, DataError
+from tgdist.partition import artifact
+from tgdist.partition.idmap import DualHashMap
+
+
+def _save(path, owner=(0, 1, 1, 0), parts=2, **kw):
+    maps = DualHashMap.from_assignment(np.array(owner), parts)
+    meta = {"data": {"name": "tiny", "source_hash": "abc123", "num_nodes": len(owner)}, "num_parts": parts,
+            "method": "range"}
+    return artifact.save(path, maps=maps, metadata=meta, measures={"ok": 1}, arrays={"owner": np.array(owner)}, **kw)
+
+
+def test_round_trip(tmp_path):
+    out = _save(tmp_path / "p")
+    assert sorted(x.name for x in out.iterdir()) == ["comm.npz", "maps.npz", "measures.json", "metadata.json"]
+    part = artifact.load(out, source_hash="abc123", num_nodes=4, num_parts=2)
+    assert part.maps.trainer_of.tolist() == [0, 1, 1, 0] and part.measures == {"ok": 1}
+    assert part.metadata["format"] == artifact.FORMAT and part.num_parts == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["p"]  # no temporary directory left
+
+
+def test_refuses_other_data_or_trainer_count(tmp_path):
+    out = _save(tmp_path / "p")
+    with pytest.raises(DataError, match="made for data set 'tiny'"):
+        artifact.load(out, source_hash="other")
+    with pytest.raises(ConfigError, match="made for 2 trainers, this run has 4"):
+        artifact.load(out, num_parts=4)
+    with pytest.raises(DataError, match="covers 4 nodes"):
+        artifact.load(out, num_nodes=5)
+
+
+def test_missing_or_foreign_directory(tmp_path):
+    with pytest.raises(DataError, match="no such partition directory"):
+        artifact.load(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="no metadata.json"):
+        artifact.load(tmp_path / "empty")
+    out = _save(tmp_path / "p")
+    meta = json.loads((out / "metadata.json").read_text())
+    (out / "metadata.json").write_text(json.dumps({**meta, "format_version": 99}))
+    with pytest.raises(DataError, match="not a tgdist-partition v1"):
+        artifact.load(out)
+
+
+def test_existing_directory_needs_overwrite(tmp_path):
+    _save(tmp_path / "p")
+    with pytest.raises(ConfigError, match="overwrite"):
+        _save(tmp_path / "p", owner=(1, 1, 0, 0))
+    _save(tmp_path / "p", owner=(1, 1, 0, 0), overwrite=True)
+    assert artifact.load(tmp_path / "p").maps.trainer_of.tolist() == [1, 1, 0, 0]
+    assert [p.name for p in tmp_path.iterdir()] == ["p"]
+
+
+def test_failure_leaves_nothing(tmp_path, monkeypatch):
+    def boom(*a, **k):
+        raise RuntimeError("disk full")
+    monkeypatch.setattr(artifact.json, "dumps", boom)
+    with pytest.raises(RuntimeError):
+        _save(tmp_path / "p")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_corrupt_maps_are_refused(tmp_path):
+    out = _save(tmp_path / "p")
+    maps = dict(np.load(out / "maps.npz"))
+    maps["local_of"] = np.array([0, 0, 0, 0])
+    np.savez(out / "maps.npz", **maps)
+    with pytest.raises(DataError, match="inconsistent"):
+        artifact.load(out)
+
+
+def test_heatmap_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = _save(tmp_path / "p", residuals={"range": np.array([[0, 2], [0, 0]]), "interval": np.zeros((2, 2))})
+    assert (out / "residual.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,146 @@
+"""Partition artifacts: one directory per partition, written atomically, checked when loaded.
+
+Layout of ``<out_dir>/``:
+  * ``metadata.json``: format, data set (name, ``source_hash``, nodes, events), M, method, batch
+    size, sampling (fanouts, strategy, negatives), seed, weights, imbalance, timings, versions;
+  * ``maps.npz``: the dual-hash maps (``trainer_of``, ``local_of``, ``offsets``, ``global_of``);
+  * ``comm.npz``: C (``comm_dedup``, ``comm_raw``, ``[M, M]``) and the residuals R of the method;
+  * ``measures.json``: ``measures.evaluate`` of the method, of range and interval for comparison,
+    and the lower bound of the balance cost;
+  * ``residual.png``: the residual heatmaps (when matplotlib is installed).
+
+Everything is written into a hidden sibling directory first and renamed at the end, so a failed
+run leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping, Optional
+
+import numpy as np
+
+from tgdist.errors import ConfigError, DataError
+from tgdist.partition.idmap import DualHashMap
+
+FORMAT = "tgdist-partition"
+FORMAT_VERSION = 1
+MAP_KEYS = ("trainer_of", "local_of", "offsets", "global_of")
+
+
+@dataclass
+class Partition:
+    """A loaded artifact: the maps every memory backend uses, with its metadata and measures."""
+
+    path: Path
+    metadata: dict
+    maps: DualHashMap
+    measures: dict
+
+    @property
+    def num_parts(self) -> int:
+        return self.maps.num_parts
+
+
+def save(out_dir: str | Path, *, maps: DualHashMap, metadata: dict, measures: dict,
+         arrays: Mapping[str, np.ndarray], residuals: Optional[Mapping[str, np.ndarray]] = None,
+         overwrite: bool = False, warn: Optional[Callable[[str], None]] = None) -> Path:
+    """Write the artifact directory atomically; returns its path.
+
+    ``arrays`` go to ``comm.npz``; ``residuals`` (method name -> R) to ``residual.png`` when given
+    and matplotlib is importable (otherwise ``warn`` is told and the PNG is skipped).
+    """
+    out = Path(out_dir)
+    if out.exists() and not overwrite:
+        raise ConfigError(f"{out} already exists; pass partition.overwrite=true to replace it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the artifact is an ordinary directory
+        np.savez(tmp / "maps.npz", **{k: getattr(maps, k) for k in MAP_KEYS})
+        np.savez(tmp / "comm.npz", **arrays)
+        (tmp / "measures.json").write_text(json.dumps(measures, indent=1) + "\n")
+        if residuals:
+            try:
+                from tgdist.partition.plot import residual_heatmaps
+                title = f"{metadata['data']['name']}: residual R = C_max - C, M={metadata['num_parts']}"
+                residual_heatmaps(residuals, tmp / "residual.png", title=title)
+            except ImportError:
+                if warn is not None:
+                    warn("matplotlib is not installed (pip install 'tgdist[plot]'): no residual.png")
+        # metadata last: an artifact with metadata.json is complete
+        (tmp / "metadata.json").write_text(json.dumps({"format": FORMAT, "format_version": FORMAT_VERSION, **metadata},
+                                                      indent=1) + "\n")
+        old = None
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.rename(out, old / out.name)
+        os.rename(tmp, out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def load(path: str | Path, *, source_hash: Optional[str] = None, num_nodes: Optional[int] = None,
+         num_parts: Optional[int] = None, graph=None) -> Partition:
+    """Read an artifact, refusing one made for another data set or another number of trainers.
+
+    ``graph`` (a ``TemporalGraph``) supplies ``source_hash`` and ``num_nodes`` when given.
+    """
+    p = Path(path)
+    if graph is not None:
+        source_hash, num_nodes = graph.source_hash, graph.num_nodes
+    meta_file = p / "metadata.json"
+    if not p.is_dir():
+        raise DataError(f"{p}: no such partition directory (make one with `tgdist partition`)")
+    if not meta_file.exists():
+        raise DataError(f"{p}: not a partition artifact (no metadata.json)")
+    try:
+        meta = json.loads(meta_file.read_text())
+    except (OSError, ValueError) as e:
+        raise DataError(f"{meta_file}: unreadable ({e})") from None
+    if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
+        raise DataError(f"{meta_file}: not a {FORMAT} v{FORMAT_VERSION} artifact "
+                        f"(format {meta.get('format')!r} v{meta.get('format_version')!r})")
+    check_metadata(meta, p, source_hash=source_hash, num_nodes=num_nodes, num_parts=num_parts)
+    try:
+        with np.load(p / "maps.npz") as z:
+            maps = DualHashMap(*(np.asarray(z[k], dtype=np.int64) for k in MAP_KEYS))
+    except (OSError, KeyError, ValueError) as e:
+        raise DataError(f"{p / 'maps.npz'}: unreadable partition maps ({e})") from None
+    if maps.num_parts != meta["num_parts"] or maps.num_nodes != meta["data"]["num_nodes"]:
+        raise DataError(f"{p / 'maps.npz'}: maps for {maps.num_nodes} nodes / M={maps.num_parts} disagree with "
+                        f"metadata.json ({meta['data']['num_nodes']} nodes / M={meta['num_parts']})")
+    try:
+        maps.check()
+    except ConfigError as e:
+        raise DataError(f"{p / 'maps.npz'}: {e}") from None
+    measures = {}
+    if (p / "measures.json").exists():
+        measures = json.loads((p / "measures.json").read_text())
+    return Partition(path=p, metadata=meta, maps=maps, measures=measures)
+
+
+def check_metadata(meta: dict, path: Path, *, source_hash: Optional[str] = None, num_nodes: Optional[int] = None,
+                   num_parts: Optional[int] = None) -> None:
+    """ConfigError / DataError with one line when the artifact does not fit the run."""
+    data = meta.get("data", {})
+    if source_hash is not None and data.get("source_hash") != source_hash:
+        raise DataError(f"{path}: partition was made for data set {data.get('name')!r} (source hash "
+                        f"{str(data.get('source_hash'))[:12]}), not this one (source hash {str(source_hash)[:12]}); "
+                        f"re-run tgdist partition for this data")
+    if num_nodes is not None and data.get("num_nodes") != num_nodes:
+        raise DataError(f"{path}: partition covers {data.get('num_nodes')} nodes, the data set has {num_nodes}")
+    if num_parts is not None and meta.get("num_parts") != num_parts:
+        raise ConfigError(f"{path}: partition was made for {meta.get('num_parts')} trainers, this run has {num_parts}; "
+                          f"re-run tgdist partition with partition.num_parts={num_parts}")
