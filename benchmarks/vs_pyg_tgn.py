@@ -1,0 +1,199 @@
+"""tgdist TGN vs PyG's TGN (torch_geometric.nn.models.tgn) on the same data in one run.
+
+Same data and split (tgdist's chronological 70/15/15), memory/time/embedding dims 100, 10 most
+recent neighbours, one attention layer with 2 heads, dropout 0.1, Adam lr 1e-4, batch size and
+epochs as given, 1 uniform negative destination per event for training and a fixed negative per
+event for evaluation (AP). The PyG side is assembled from PyG's own TGN modules the way its TGN
+example does (TGNMemory + IdentityMessage + LastAggregator, LastNeighborLoader, a TransformerConv
+embedding and an MLP link predictor).
+
+Needs the bench extra: pip install -e '.[bench]'.
+
+    python benchmarks/vs_pyg_tgn.py --data wikipedia --speed-batch 600 --acc-batch 200 --epochs 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from common import DATASETS, emit, machine, note, peak_rss_mib
+
+from tgdist.runtime.build import build_trainer, compose
+from tgdist.runtime.data import chronological_split, load_graph
+from tgdist.runtime.metrics import average_precision, roc_auc
+from tgdist.runtime.sampler import NegativeSampler
+
+PATHS = {"wikipedia": "wikipedia/wikipedia.csv.gz", "enron": "enron/ml_enron.txt.gz",
+         "collegemsg": "collegemsg/CollegeMsg.txt.gz"}
+
+
+# ------------------------------------------------------------------------------------------------
+# PyG side
+
+
+class PygTGN:
+    def __init__(self, graph, dim: int = 100, num_nbrs: int = 10, lr: float = 1e-4):
+        from torch_geometric.nn import TransformerConv
+        from torch_geometric.nn.models.tgn import IdentityMessage, LastAggregator, LastNeighborLoader, TGNMemory
+
+        self.g = graph
+        n = graph.num_nodes
+        msg_dim = max(graph.edge_dim, 1)  # PyG's message module needs a raw message; zeros when absent
+        self.msg = torch.zeros(graph.num_events, msg_dim) if graph.edge_feat is None else torch.from_numpy(graph.edge_feat)
+        self.t = torch.from_numpy((graph.t - graph.t[0]).astype(np.int64))
+        self.memory = TGNMemory(n, msg_dim, dim, dim, message_module=IdentityMessage(msg_dim, dim, dim),
+                                aggregator_module=LastAggregator())
+        edge_dim = msg_dim + dim
+
+        class Embed(torch.nn.Module):
+            def __init__(self, time_enc):
+                super().__init__()
+                self.time_enc = time_enc
+                self.conv = TransformerConv(dim, dim // 2, heads=2, dropout=0.1, edge_dim=edge_dim)
+
+            def forward(self, x, last_update, edge_index, t, msg):
+                rel_t = last_update[edge_index[0]] - t
+                edge_attr = torch.cat([self.time_enc(rel_t.to(x.dtype)), msg], dim=-1)
+                return self.conv(x, edge_index, edge_attr)
+
+        class Predict(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.src, self.dst, self.out = torch.nn.Linear(dim, dim), torch.nn.Linear(dim, dim), torch.nn.Linear(dim, 1)
+
+            def forward(self, zs, zd):
+                return self.out(F.relu(self.src(zs) + self.dst(zd)))
+
+        self.gnn = Embed(self.memory.time_enc)
+        self.pred = Predict()
+        self.loader = LastNeighborLoader(n, size=num_nbrs)
+        self.assoc = torch.empty(n, dtype=torch.long)
+        self.opt = torch.optim.Adam(set(self.memory.parameters()) | set(self.gnn.parameters()) | set(self.pred.parameters()), lr=lr)
+        self.src, self.dst = torch.from_numpy(graph.src), torch.from_numpy(graph.dst)
+
+    def reset(self):
+        self.memory.reset_state()
+        self.loader.reset_state()
+
+    def _batch(self, lo, hi, neg, train):
+        src, dst, t, msg = self.src[lo:hi], self.dst[lo:hi], self.t[lo:hi], self.msg[lo:hi]
+        neg = torch.from_numpy(neg)
+        n_id = torch.cat([src, dst, neg]).unique()
+        n_id, edge_index, e_id = self.loader(n_id)
+        self.assoc[n_id] = torch.arange(n_id.size(0))
+        z, last_update = self.memory(n_id)
+        z = self.gnn(z, last_update, edge_index, self.t[e_id], self.msg[e_id])
+        pos = self.pred(z[self.assoc[src]], z[self.assoc[dst]])
+        negl = self.pred(z[self.assoc[src]], z[self.assoc[neg]])
+        if train:
+            loss = F.binary_cross_entropy_with_logits(pos, torch.ones_like(pos)) + \
+                F.binary_cross_entropy_with_logits(negl, torch.zeros_like(negl))
+            self.opt.zero_grad()
+            loss.backward()
+            self.opt.step()
+        self.memory.update_state(src, dst, t, msg)
+        self.loader.insert(src, dst)
+        if train:
+            self.memory.detach()
+        return pos.detach().view(-1), negl.detach().view(-1)
+
+    def train_epoch(self, lo, hi, batch, negs):
+        self.memory.train(), self.gnn.train(), self.pred.train()
+        t0 = time.perf_counter()
+        for s in range(lo, hi, batch):
+            e = min(s + batch, hi)
+            self._batch(s, e, negs.train(e - s, 1)[:, 0], True)
+        return (hi - lo) / (time.perf_counter() - t0)
+
+    @torch.no_grad()
+    def evaluate(self, lo, hi, batch, negs, part):
+        self.memory.eval(), self.gnn.eval(), self.pred.eval()
+        ps, ns = [], []
+        for s in range(lo, hi, batch):
+            e = min(s + batch, hi)
+            p, n = self._batch(s, e, negs.fixed(part, s, e, 1)[:, 0], False)
+            ps.append(p.numpy())
+            ns.append(n.numpy())
+        p, n = np.concatenate(ps), np.concatenate(ns)
+        y = np.r_[np.ones(len(p)), np.zeros(len(n))]
+        return average_precision(y, np.r_[p, n]), roc_auc(y, np.r_[p, n])
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def run_pyg(graph, split, batch, epochs, seed, eval_test):
+    torch.manual_seed(seed)
+    m = PygTGN(graph)
+    negs = NegativeSampler(graph, seed)
+    out = {"events_per_s": []}
+    for _ in range(epochs):
+        m.reset()
+        out["events_per_s"].append(m.train_epoch(*split.range("train"), batch, negs))
+        if eval_test:
+            out["val_ap"], out["val_auc"] = m.evaluate(*split.range("val"), batch, negs, "val")
+    if eval_test:
+        out["test_ap"], out["test_auc"] = m.evaluate(*split.range("test"), batch, negs, "test")
+    return out
+
+
+def run_tgdist(graph, batch, epochs, seed, eval_test, threads):
+    cfg = compose([f"train.batch_size={batch}", f"train.seed={seed}", "train.num_neg_eval=1",
+                   f"train.num_threads={threads}", f"sampler.num_threads={threads}", "train.progress=false"])
+    tr = build_trainer(cfg, graph=graph, progress=False)
+    out = {"events_per_s": []}
+    for ep in range(epochs):
+        tr.memory.reset_state()
+        out["events_per_s"].append(tr.train_epoch(ep)["events_per_s"])
+        if eval_test:
+            out.update(tr.evaluate("val"))
+    if eval_test:
+        out.update(tr.evaluate("test"))
+    out["stage_seconds"] = dict(tr.timer.seconds)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", default="wikipedia", choices=sorted(PATHS))
+    ap.add_argument("--speed-batch", type=int, default=600)
+    ap.add_argument("--speed-epochs", type=int, default=1)
+    ap.add_argument("--acc-batch", type=int, default=200)
+    ap.add_argument("--epochs", type=int, default=5, help="epochs for the accuracy comparison (0 skips it)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-events", type=int, default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    graph = load_graph(DATASETS / PATHS[args.data])
+    if args.max_events:
+        from tgdist.runtime.data import subset
+        graph = subset(graph, args.max_events)
+    split = chronological_split(graph)
+    res = {"machine": machine(), "data": graph.describe(), "threads": args.threads}
+    # speed: alternate the two systems so both see the same machine conditions
+    note(f"speed at batch {args.speed_batch}")
+    t = run_tgdist(graph, args.speed_batch, args.speed_epochs, args.seed, False, args.threads)
+    p = run_pyg(graph, split, args.speed_batch, args.speed_epochs, args.seed, False)
+    res["speed"] = {"batch": args.speed_batch, "tgdist_events_per_s": max(t["events_per_s"]),
+                    "pyg_events_per_s": max(p["events_per_s"]),
+                    "ratio": max(t["events_per_s"]) / max(p["events_per_s"]), "tgdist_stage_seconds": t["stage_seconds"]}
+    note(f"  {res['speed']}")
+    if args.epochs:
+        note(f"accuracy at batch {args.acc_batch}, {args.epochs} epochs")
+        t = run_tgdist(graph, args.acc_batch, args.epochs, args.seed, True, args.threads)
+        p = run_pyg(graph, split, args.acc_batch, args.epochs, args.seed, True)
+        res["accuracy"] = {"batch": args.acc_batch, "epochs": args.epochs,
+                           "tgdist": {k: v for k, v in t.items() if k != "stage_seconds"}, "pyg": p,
+                           "test_ap_diff": t["test_ap"] - p["test_ap"],
+                           "train_speed_ratio": float(np.mean(t["events_per_s"]) / np.mean(p["events_per_s"]))}
+    res["peak_rss_mib"] = peak_rss_mib()
+    emit(res)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""Information-leak test (DESIGN.md step 7, DistTGL section 2.1).
+
+Forty sources take turns; each event goes to one of four destinations at random, and every
+destination carries its identity as a node feature. The edge feature of an event is the one-hot
+destination of either the same event ("current") or the source's next event ("previous"). The
+first is readable only from the event being predicted, so a correct pipeline cannot learn it
+(AP stays near 0.5); the second is the same signal one event earlier, which memory and
+neighbour attention must pick up. The AP ceiling with four destinations and one uniform negative
+is 0.8 (a negative equal to the positive scores the same).
+A third run with a sampler that lets each root see its own event shows the test can fail.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from tgdist.runtime.data import TemporalGraph, chronological_split
+from tgdist.runtime.models import build_model
+from tgdist.runtime.sampler import TCSR, NegativeSampler, TemporalSampler
+from tgdist.runtime.trainer import Trainer, memory_for
+
+NUM_SRC, NUM_DST = 40, 4
+
+
+def leak_graph(signal: str, num_events: int = 2000, seed: int = 0) -> TemporalGraph:
+    rng = np.random.default_rng(seed)
+    src = np.arange(num_events) % NUM_SRC
+    dst = rng.integers(0, NUM_DST, num_events)
+    feat = np.zeros((num_events, NUM_DST), np.float32)
+    if signal == "current":
+        feat[np.arange(num_events), dst] = 1
+    else:
+        for u in range(NUM_SRC):
+            ev = np.flatnonzero(src == u)
+            feat[ev[:-1], dst[ev[1:]]] = 1
+    node_feat = np.zeros((NUM_SRC + NUM_DST, NUM_DST), np.float32)
+    node_feat[NUM_SRC + np.arange(NUM_DST), np.arange(NUM_DST)] = 1
+    n = NUM_SRC + NUM_DST
+    return TemporalGraph(src=src.astype(np.int64), dst=(dst + NUM_SRC).astype(np.int64),
+                         t=np.arange(num_events, dtype=np.int64), num_nodes=n, node_map=np.arange(n),
+                         edge_feat=feat, node_feat=node_feat, bipartite=True, num_src_nodes=NUM_SRC)
+
+
+class LeakySampler(TemporalSampler):
+    """Sees events up to and including the root's time: the bug the test must catch."""
+
+    def sample(self, roots, root_t):
+        return super().sample(roots, np.asarray(root_t) + 1)
+
+
+def best_val_ap(signal: str, sampler_cls=TemporalSampler, epochs: int = 5) -> float:
+    torch.manual_seed(0)
+    g = leak_graph(signal)
+    m = build_model("tgn", num_nodes=g.num_nodes, mem_dim=32, time_dim=8, edge_dim=g.edge_dim,
+                    node_dim=g.node_dim, dropout=0.0)
+    tr = Trainer(g, chronological_split(g), m, memory_for(m, g.num_nodes), sampler_cls(TCSR.build(g), [1]),
+                 NegativeSampler(g, 0), batch_size=20, lr=1e-3, num_neg_eval=1, progress=False)
+    aps = []
+    for epoch in range(epochs):
+        tr.memory.reset_state()
+        tr.train_epoch(epoch)
+        aps.append(tr.evaluate("val")["val_ap"])
+    return max(aps)
+
+
+def test_signal_in_the_current_event_is_not_learned():
+    assert best_val_ap("current") < 0.6
+
+
+def test_same_signal_one_event_earlier_is_learned():
+    assert best_val_ap("previous") > 0.7
+
+
+def test_a_leaky_sampler_is_caught():
+    assert best_val_ap("current", LeakySampler) > 0.7
