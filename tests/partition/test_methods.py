@@ -140,8 +140,8 @@ def test_flexbicut_kernels_match_reference(seed):
         assert np.array_equal(owner, ref[0]) and np.array_equal(load, ref[1]) and np.array_equal(size, ref[2])
     total, order, seq, owner, load, size = _state(w, seed, 1.0)
     size[:] = np.bincount(owner, minlength=m)
-    ref = reference.flexbicut_polish(w, total, order, seq, n, 100, owner, load, size)
-    moves, passes = kernels.flexbicut_polish(w, total, order, seq, n, 100, owner, load, size)
+    ref = reference.relocate(w, total, cap, 100, owner, load, size)
+    moves, passes = kernels.relocate(w, total, cap, 100, owner, load, size)
     assert (moves, passes) == ref[3:] and np.array_equal(owner, ref[0]) and np.array_equal(load, ref[1])
     for k in (1, 5, 64):
         total, order, seq, owner, load, size = _state(w, seed + 10, 1.0)

@@ -100,7 +100,7 @@ def batch_trainers(num_events: int, batch_size: int, num_parts: int) -> tuple[np
 
 def build_access_graph(graph: TemporalGraph, *, num_parts: int, batch_size: int, train_end: Optional[int] = None,
                        fanouts: Sequence[int] = (10,), strategy: str = "recent", num_neg: int = 1, seed: int = 0,
-                       num_threads: int = 0, per_batch: bool = True, chunk_ids: int = 1 << 22,
+                       num_threads: int = 0, per_batch: bool = True, chunk_ids: int = 1 << 20,
                        progress: Optional[Callable[[str], None]] = None) -> AccessGraph:
     """Pre-sample one epoch of ``graph`` (events ``[0, train_end)``, all when None) and count accesses.
 

@@ -205,20 +205,40 @@ def flexbicut_run(weights, total, order, seq, cap, budget, max_rounds, owner, lo
 
 
 @njit(cache=True)
-def flexbicut_polish(weights, total, order, seq, cap, max_passes, owner, load, size):
-    """Flexible reassignment alone, pass after pass over all trainers, until a pass moves nothing.
+def relocate(weights, total, cap, max_passes, owner, load, size):
+    """Single-vertex moves to a fixpoint: the local-optimality phase after Algorithm 3.
 
-    Run on a complete assignment, it makes it locally optimal for single-vertex moves (the
-    "locally optimal solution" Sven's 3.1.2 aims at). Returns ``(moves, passes)``.
+    Pass after pass over the vertices in id order, each vertex v (owner j) moves to the trainer i
+    that gives the smallest ``max(load_i + c_i(v), load_j - c_j(v))``, if that is strictly below
+    ``max(load_i, load_j)`` and i owns fewer than ``cap`` vertices: the same acceptance rule as the
+    flexible reassignment, vertex-major so that each pass reads ``weights`` row by row (O(N M),
+    cache-friendly). Returns ``(moves, passes)``.
     """
-    m = weights.shape[1]
+    n, m = weights.shape
     moves = 0
     passes = 0
     while passes < max_passes:
         moved = 0
-        for q in range(m):
-            i = seq[(q + passes) % m]
-            moved += _reassign(i, weights, total, order, cap, owner, load, size)
+        for v in range(n):
+            j = owner[v]
+            cj = total[v] - 2 * weights[v, j]
+            best_i = -1
+            best = 0
+            for i in range(m):
+                if i == j or size[i] >= cap:
+                    continue
+                new = max(load[i] + total[v] - 2 * weights[v, i], load[j] - cj)
+                if new < max(load[i], load[j]) and (best_i < 0 or new < best):
+                    best_i = i
+                    best = new
+            if best_i >= 0:
+                i = best_i
+                owner[v] = i
+                load[i] += total[v] - 2 * weights[v, i]
+                load[j] -= cj
+                size[i] += 1
+                size[j] -= 1
+                moved += 1
         moves += moved
         passes += 1
         if moved == 0:

@@ -118,8 +118,9 @@ def reflexbicut_search(weights: np.ndarray, *, imbalance: float = 0.05, seed: in
     * B is feasible when every vertex got labeled with every zeta(W_j) <= B; the search keeps the
       best feasible assignment and stops when the bracket is within ``tolerance`` (relative);
     * the kept assignment is made locally optimal ("aims to achieve a locally optimal solution"):
-      the reassignment runs to a fixpoint, then ``kernels.swap_descent`` lets the busiest trainer
-      also exchange vertices (a move that capacity forbids can still be half of an exchange),
+      single-vertex moves under the same acceptance rule run to a fixpoint (``kernels.relocate``,
+      vertex-major for speed), then ``kernels.swap_descent`` lets the busiest trainer also
+      exchange vertices (a move that capacity forbids can still be half of an exchange),
       alternating until neither helps.
     """
     start = time.perf_counter()
@@ -161,7 +162,7 @@ def reflexbicut_search(weights: np.ndarray, *, imbalance: float = 0.05, seed: in
     owner, load, size, rounds, budget = best
     moves = 0
     while True:
-        moved, _ = kernels.flexbicut_polish(w, total, order, seq, cap, max_passes, owner, load, size)
+        moved, _ = kernels.relocate(w, total, cap, max_passes, owner, load, size)
         swapped = kernels.swap_descent(w, total, cap, swap_candidates, max_swaps, owner, load, size) if m > 1 else 0
         moves += moved + swapped
         if swapped == 0 or moves >= max_swaps:

@@ -94,12 +94,25 @@ def flexbicut_run(w, total, order, seq, cap, budget, max_rounds, owner, load, si
     return owner, load, size, int((owner < 0).sum()), rounds
 
 
-def flexbicut_polish(w, total, order, seq, cap, max_passes, owner, load, size):
+def relocate(w, total, cap, max_passes, owner, load, size):
     owner, load, size = owner.copy(), load.copy(), size.copy()
-    m = w.shape[1]
+    n, m = w.shape
+    c = total[:, None] - 2 * w
     moves = passes = 0
     while passes < max_passes:
-        moved = sum(_reassign(seq[(q + passes) % m], w, total, order, cap, owner, load, size) for q in range(m))
+        moved = 0
+        for v in range(n):
+            j = owner[v]
+            options = [(max(load[i] + c[v, i], load[j] - c[v, j]), i) for i in range(m)
+                       if i != j and size[i] < cap and max(load[i] + c[v, i], load[j] - c[v, j]) < max(load[i], load[j])]
+            if options:
+                _, i = min(options)
+                owner[v] = i
+                load[i] += c[v, i]
+                load[j] -= c[v, j]
+                size[i] += 1
+                size[j] -= 1
+                moved += 1
         moves += moved
         passes += 1
         if moved == 0:
