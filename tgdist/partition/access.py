@@ -100,12 +100,14 @@ def batch_trainers(num_events: int, batch_size: int, num_parts: int) -> tuple[np
 
 def build_access_graph(graph: TemporalGraph, *, num_parts: int, batch_size: int, train_end: Optional[int] = None,
                        fanouts: Sequence[int] = (10,), strategy: str = "recent", num_neg: int = 1, seed: int = 0,
-                       num_threads: int = 0, per_batch: bool = True, chunk_ids: int = 1 << 20,
+                       both_directions: bool = True, num_threads: int = 0, per_batch: bool = True,
+                       chunk_ids: int = 1 << 20,
                        progress: Optional[Callable[[str], None]] = None) -> AccessGraph:
     """Pre-sample one epoch of ``graph`` (events ``[0, train_end)``, all when None) and count accesses.
 
     ``fanouts`` ``[K] * L`` as the model samples; an empty sequence means the model reads no
-    neighbour memory (JODIE): only the roots count. Deterministic for a given ``seed``.
+    neighbour memory (JODIE): only the roots count. Deterministic for a given ``seed`` (and, with
+    ``strategy="uniform"``, a given ``chunk_ids``: uniform draws depend on the sampler's calls).
     ``per_batch`` keeps the unique vertices of every (batch, trainer) for per-batch measures
     (memory: one id per unique access, ``dedup.sum()`` ids). ``progress`` receives a short line
     now and then (the CLI prints it to stderr).
@@ -128,7 +130,8 @@ def build_access_graph(graph: TemporalGraph, *, num_parts: int, batch_size: int,
     trainer, group = batch_trainers(n_events, batch_size, m)
     sampler = None
     if fanouts:
-        sampler = TemporalSampler(TCSR.build(graph), list(fanouts), strategy=strategy, seed=seed, num_threads=num_threads)
+        sampler = TemporalSampler(TCSR.build(graph, both_directions), list(fanouts), strategy=strategy, seed=seed,
+                                  num_threads=num_threads)
     negs = NegativeSampler(graph, seed)
     # chunks of whole batches holding about ``chunk_ids`` sampled ids, so the sampler's arrays stay small
     ids_per_event = (2 + num_neg) * int(np.sum(np.cumprod([1, *fanouts])))

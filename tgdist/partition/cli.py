@@ -81,7 +81,8 @@ def run(job: PartitionJob) -> Path:
     fanouts = tuple(job.sampler.fanouts) if p.neighbors else ()
     access = build_access_graph(graph, num_parts=p.num_parts, batch_size=p.batch_size, train_end=split.train_end,
                                 fanouts=fanouts, strategy=job.sampler.strategy, num_neg=p.num_neg, seed=p.seed,
-                                num_threads=job.sampler.num_threads, per_batch=p.per_batch, progress=say)
+                                both_directions=job.sampler.both_directions, num_threads=job.sampler.num_threads,
+                                per_batch=p.per_batch, progress=say)
     t0 = time.perf_counter()
     n, m = graph.num_nodes, p.num_parts
     w = access.weights(p.weights)
@@ -103,8 +104,8 @@ def run(job: PartitionJob) -> Path:
     chosen = evals[p.method]
     maps = DualHashMap.from_assignment(owner, m)
     meta = {
-        "data": {"name": job.data.name, "source_hash": graph.source_hash, "num_nodes": n, "num_events": graph.num_events,
-                 "train_events": split.train_end, "path": job.data.path},
+        "data": {"name": job.data.name, "source_hash": graph.source_hash, "num_nodes": n,
+                 "num_events": graph.num_events, "train_events": split.train_end, "path": job.data.path},
         "num_parts": m, "method": p.method, "batch_size": p.batch_size, "fanouts": list(fanouts),
         "K": fanouts[0] if fanouts else 0, "L": len(fanouts), "strategy": job.sampler.strategy, "num_neg": p.num_neg,
         "seed": p.seed, "weights": p.weights, "imbalance": p.imbalance, "batch_split": "chronological",

@@ -105,4 +105,5 @@ class DualHashMap:
             ok = ok and bool(np.all((self.local_of >= 0) & (self.local_of < self.sizes()[self.trainer_of])))
             ok = ok and np.array_equal(self.global_of[self.offsets[self.trainer_of] + self.local_of], np.arange(n))
         if not ok:
-            raise ConfigError("partition maps are inconsistent (lambda_2 is not the inverse of the local -> global map)")
+            raise ConfigError("partition maps are inconsistent "
+                              "(lambda_2 is not the inverse of the local -> global map)")

@@ -103,8 +103,9 @@ def relocate(w, total, cap, max_passes, owner, load, size):
         moved = 0
         for v in range(n):
             j = owner[v]
-            options = [(max(load[i] + c[v, i], load[j] - c[v, j]), i) for i in range(m)
-                       if i != j and size[i] < cap and max(load[i] + c[v, i], load[j] - c[v, j]) < max(load[i], load[j])]
+            new = [max(load[i] + c[v, i], load[j] - c[v, j]) for i in range(m)]
+            options = [(new[i], i) for i in range(m)
+                       if i != j and size[i] < cap and new[i] < max(load[i], load[j])]
             if options:
                 _, i = min(options)
                 owner[v] = i
