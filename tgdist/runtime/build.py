@@ -79,7 +79,7 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
     negatives = NegativeSampler(graph, cfg.train.seed)
     return Trainer(graph, split, model, memory, sampler, negatives, batch_size=cfg.train.batch_size, lr=cfg.train.lr,
                    num_neg_eval=cfg.train.num_neg_eval, device=dev,
-                   progress=cfg.train.progress if progress is None else progress)
+                   progress=cfg.train.progress if progress is None else progress, num_threads=cfg.train.num_threads)
 
 
 def compose(overrides: list[str] | None = None, config_name: str = "train") -> DictConfig:

@@ -43,7 +43,9 @@ class Run:
     # ------------------------------------------------------------------------------------------
 
     def _checkpoint(self, epoch: int, next_batch: int) -> None:
-        checkpoint.save(self.ckpt_path, self.trainer, self.cfg, {"epoch": epoch, "batch": next_batch}, self.history)
+        tr = self.trainer
+        position = {"epoch": epoch, "batch": next_batch, "loss_sum": tr.epoch_loss_sum, "events": tr.epoch_events}
+        checkpoint.save(self.ckpt_path, tr, self.cfg, position, self.history)
 
     def train(self) -> dict:
         cfg, tr = self.cfg, self.trainer
@@ -51,6 +53,7 @@ class Run:
         if cfg.train.resume:
             pos, self.history = checkpoint.load(checkpoint.find(cfg.train.resume), tr, cfg)
             start_epoch, start_batch = int(pos["epoch"]), int(pos["batch"])
+            tr.epoch_loss_sum, tr.epoch_events = float(pos.get("loss_sum", 0.0)), int(pos.get("events", 0))
             log.info("resumed from %s at epoch %d batch %d", cfg.train.resume, start_epoch, start_batch)
         elif cfg.model.static_memory and cfg.model.static_pretrain_epochs > 0:
             self.pretrain_static(cfg.model.static_pretrain_epochs)
@@ -137,7 +140,7 @@ class Run:
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
-                total += float(loss) * (e - s)
+                total += float(loss.detach()) * (e - s)
             log.info("static memory pre-training epoch %d: loss %.4f", ep, total / max(hi - lo, 1))
 
     @torch.no_grad()

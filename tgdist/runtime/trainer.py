@@ -89,7 +89,8 @@ class Trainer:
 
     def __init__(self, graph: TemporalGraph, split: Split, model: TemporalModel, memory: MemoryStore,
                  sampler: TemporalSampler | None, negatives: NegativeSampler, *, batch_size: int = 200,
-                 lr: float = 1e-4, num_neg_eval: int = 49, device: str = "cpu", progress: bool = True):
+                 lr: float = 1e-4, num_neg_eval: int = 49, device: str = "cpu", progress: bool = True,
+                 num_threads: int = 0):
         self.g, self.split, self.model, self.memory = graph, split, model, memory
         self.sampler, self.negatives = sampler, negatives
         self.batch_size, self.num_neg_eval = batch_size, num_neg_eval
@@ -102,6 +103,10 @@ class Trainer:
         self.node_feat = None if graph.node_feat is None else torch.from_numpy(graph.node_feat).to(self.device)
         self.timer = StageTimer()
         self.writes_enabled = True
+        if num_threads > 0:
+            torch.set_num_threads(num_threads)
+        self.torch_threads = torch.get_num_threads()
+        self.epoch_loss_sum, self.epoch_events = 0.0, 0
 
     # ------------------------------------------------------------------------------------------
     # One iteration
@@ -116,6 +121,11 @@ class Trainer:
         roots = np.concatenate([g.src[lo:hi], g.dst[lo:hi], neg.T.reshape(-1)])
         root_t = np.tile(g.t[lo:hi], 2 + num_neg)
         hops = self.sampler.sample(roots, root_t) if model.num_hops else []
+        if torch.get_num_threads() != self.torch_threads:
+            # numba's OpenMP layer shares libgomp with torch and resets its thread count on a
+            # parallel launch; without this, train.num_threads is silently ignored (and results
+            # change with the thread count, breaking bit-identical reruns).
+            torch.set_num_threads(self.torch_threads)
         t1 = time.perf_counter()
         tm.add("sample", t1 - t0)
 
@@ -228,23 +238,30 @@ class Trainer:
             yield s, min(s + self.batch_size, hi)
 
     def train_epoch(self, epoch: int, start_batch: int = 0, on_batch=None) -> dict:
+        """Train over the training events from batch ``start_batch`` on. The running loss sum and
+        event count live on the trainer (``epoch_loss_sum``, ``epoch_events``) so a mid-epoch
+        checkpoint carries them and a resumed epoch reports the same mean loss."""
         self.model.train()
         lo, hi = self.split.range("train")
+        if start_batch == 0:
+            self.epoch_loss_sum, self.epoch_events = 0.0, 0
         prog = Progress(hi - lo, f"epoch {epoch} train", self.progress)
-        losses, n_events = [], 0
+        prog.done = self.epoch_events
+        ran = 0
         t0 = time.perf_counter()
         for i, (s, e) in enumerate(self.batches("train")):
             if i < start_batch:
                 continue
             out = self.step(s, e, self.negatives.train(e - s, 1), train=True)
-            losses.append(out.loss * (e - s))
-            n_events += e - s
+            self.epoch_loss_sum += out.loss * (e - s)
+            self.epoch_events += e - s
+            ran += e - s
             prog.update(e - s, loss=out.loss)
             if on_batch is not None:
                 on_batch(epoch, i + 1)
         el = time.perf_counter() - t0
-        return {"loss": float(np.sum(losses) / max(n_events, 1)), "train_events": n_events,
-                "train_seconds": el, "events_per_s": n_events / max(el, 1e-9)}
+        return {"loss": self.epoch_loss_sum / max(self.epoch_events, 1), "train_events": self.epoch_events,
+                "train_seconds": el, "events_per_s": ran / max(el, 1e-9)}
 
     @torch.no_grad()
     def evaluate(self, part: str) -> dict:
