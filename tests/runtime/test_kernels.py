@@ -35,17 +35,28 @@ def build(src, dst, t, num_nodes, both=True):
     return indptr, nbr, eid, t[eid]
 
 
+def outputs(n, k, dtype):
+    return (np.empty((n, k), np.int64), np.empty((n, k), np.int64), np.empty((n, k), dtype), np.empty((n, k), bool))
+
+
 def run_recent(csr, roots, root_t, k):
-    n = roots.shape[0]
-    out = (np.empty((n, k), np.int64), np.empty((n, k), np.int64), np.empty((n, k), root_t.dtype), np.empty((n, k), bool))
+    """The parallel kernel, after checking that the serial twin gives the same arrays."""
+    out = outputs(roots.shape[0], k, root_t.dtype)
     kernels.sample_recent(*csr, roots, root_t, k, *out)
+    twin = outputs(roots.shape[0], k, root_t.dtype)
+    kernels.sample_recent_serial(*csr, roots, root_t, k, *twin)
+    for a, b in zip(out, twin):
+        np.testing.assert_array_equal(a, b)
     return out
 
 
 def run_uniform(csr, roots, root_t, k, seed):
-    n = roots.shape[0]
-    out = (np.empty((n, k), np.int64), np.empty((n, k), np.int64), np.empty((n, k), root_t.dtype), np.empty((n, k), bool))
+    out = outputs(roots.shape[0], k, root_t.dtype)
     kernels.sample_uniform(*csr, roots, root_t, k, seed, *out)
+    twin = outputs(roots.shape[0], k, root_t.dtype)
+    kernels.sample_uniform_serial(*csr, roots, root_t, k, seed, *twin)
+    for a, b in zip(out, twin):
+        np.testing.assert_array_equal(a, b)
     return out
 
 

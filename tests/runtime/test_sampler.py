@@ -126,7 +126,8 @@ def test_uniform_deterministic_across_thread_counts_and_seeded():
     c = TCSR.build(g)
 
     def run(seed, threads):
-        s = TemporalSampler(c, fanouts=[5, 5], strategy="uniform", seed=seed, num_threads=threads)
+        # min_parallel_slots=0: every hop takes the parallel kernel, so thread counts really differ
+        s = TemporalSampler(c, fanouts=[5, 5], strategy="uniform", seed=seed, num_threads=threads, min_parallel_slots=0)
         first = s.sample(roots, root_t)
         second = s.sample(roots, root_t)  # a second call draws differently, but reproducibly
         return [h.eid for h in first + second]
@@ -140,6 +141,19 @@ def test_uniform_deterministic_across_thread_counts_and_seeded():
         np.testing.assert_array_equal(x, y)
     assert not np.array_equal(a[0], other[0])
     assert not np.array_equal(a[0], a[2])
+
+
+@pytest.mark.parametrize("strategy", ["recent", "uniform"])
+def test_serial_and_parallel_hops_agree(strategy):
+    g = random_graph(5, num_events=2000, num_nodes=100)
+    rng = np.random.default_rng(1)
+    roots, root_t = rng.integers(0, 100, 300), rng.choice(g.t, 300)
+    c = TCSR.build(g)
+    serial = TemporalSampler(c, fanouts=[4, 4], strategy=strategy, seed=3, num_threads=2, min_parallel_slots=10**9)
+    parallel = TemporalSampler(c, fanouts=[4, 4], strategy=strategy, seed=3, num_threads=2, min_parallel_slots=0)
+    for a, b in zip(serial.sample(roots, root_t), parallel.sample(roots, root_t)):
+        for x, y in zip((a.nbr, a.eid, a.t, a.mask, a.dt), (b.nbr, b.eid, b.t, b.mask, b.dt)):
+            np.testing.assert_array_equal(x, y)
 
 
 def test_sampler_config_errors():

@@ -194,7 +194,10 @@ def _read_bytes(path: Path, limit: int | None = None) -> bytes:
                 members = [m for m in zf.namelist() if not m.startswith("__MACOSX/") and not m.endswith("/")]
                 if len(members) != 1:
                     raise DataError(f"{path}: expected one data file in the zip archive, found {len(members)}: {members[:5]}")
-                return zf.read(members[0])[:limit] if limit is not None else zf.read(members[0])
+                if limit is not None:  # format detection: decompress only the head of the member
+                    with zf.open(members[0]) as f:
+                        return f.read(limit)
+                return zf.read(members[0])
         except (zipfile.BadZipFile, EOFError, zlib.error) as e:
             raise DataError(f"{path}: truncated or corrupt zip file ({e})") from None
     return raw

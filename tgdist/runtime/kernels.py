@@ -73,6 +73,28 @@ def _splitmix64(x):
     return z ^ (z >> np.uint64(31))
 
 
+@njit(inline="always")
+def _recent_row(indptr, nbr, eid, etime, roots, root_t, k, out_nbr, out_eid, out_t, out_mask, r):
+    u = roots[r]
+    filled = 0
+    if u >= 0:
+        lo = indptr[u]
+        hi = _lower_bound(etime, lo, indptr[u + 1], root_t[r])
+        p = hi - 1
+        while p >= lo and filled < k:
+            out_nbr[r, filled] = nbr[p]
+            out_eid[r, filled] = eid[p]
+            out_t[r, filled] = etime[p]
+            out_mask[r, filled] = True
+            filled += 1
+            p -= 1
+    for j in range(filled, k):
+        out_nbr[r, j] = -1
+        out_eid[r, j] = -1
+        out_t[r, j] = 0
+        out_mask[r, j] = False
+
+
 @njit(parallel=True, cache=True)
 def sample_recent(indptr, nbr, eid, etime, roots, root_t, k, out_nbr, out_eid, out_t, out_mask):
     """The ``k`` latest neighbours of each root strictly before its time, newest first.
@@ -81,20 +103,35 @@ def sample_recent(indptr, nbr, eid, etime, roots, root_t, k, out_nbr, out_eid, o
     A root with id < 0 (a padded slot of the previous hop) gets an empty row.
     """
     for r in prange(roots.shape[0]):
-        u = roots[r]
-        filled = 0
-        if u >= 0:
-            lo = indptr[u]
-            hi = _lower_bound(etime, lo, indptr[u + 1], root_t[r])
-            p = hi - 1
-            while p >= lo and filled < k:
-                out_nbr[r, filled] = nbr[p]
-                out_eid[r, filled] = eid[p]
-                out_t[r, filled] = etime[p]
-                out_mask[r, filled] = True
-                filled += 1
-                p -= 1
-        for j in range(filled, k):
+        _recent_row(indptr, nbr, eid, etime, roots, root_t, k, out_nbr, out_eid, out_t, out_mask, r)
+
+
+@njit(cache=True)
+def sample_recent_serial(indptr, nbr, eid, etime, roots, root_t, k, out_nbr, out_eid, out_t, out_mask):
+    """``sample_recent`` on the calling thread only: for small hops, where waking the thread pool
+    costs more than it saves (and, on a loaded machine, a descheduled worker stalls the join)."""
+    for r in range(roots.shape[0]):
+        _recent_row(indptr, nbr, eid, etime, roots, root_t, k, out_nbr, out_eid, out_t, out_mask, r)
+
+
+@njit(inline="always")
+def _uniform_row(indptr, nbr, eid, etime, roots, root_t, k, seed, out_nbr, out_eid, out_t, out_mask, r):
+    u = roots[r]
+    lo = 0
+    hi = 0
+    if u >= 0:
+        lo = indptr[u]
+        hi = _lower_bound(etime, lo, indptr[u + 1], root_t[r])
+    n = hi - lo
+    for j in range(k):
+        if n > 0:
+            h = _splitmix64(np.uint64(seed) ^ (np.uint64(r) * np.uint64(0x100000001B3) + np.uint64(j)))
+            p = lo + np.int64(h % np.uint64(n))
+            out_nbr[r, j] = nbr[p]
+            out_eid[r, j] = eid[p]
+            out_t[r, j] = etime[p]
+            out_mask[r, j] = True
+        else:
             out_nbr[r, j] = -1
             out_eid[r, j] = -1
             out_t[r, j] = 0
@@ -108,26 +145,14 @@ def sample_uniform(indptr, nbr, eid, etime, roots, root_t, k, seed, out_nbr, out
     Draw j of root r uses splitmix64(seed, r, j), so results do not depend on the thread count.
     """
     for r in prange(roots.shape[0]):
-        u = roots[r]
-        lo = 0
-        hi = 0
-        if u >= 0:
-            lo = indptr[u]
-            hi = _lower_bound(etime, lo, indptr[u + 1], root_t[r])
-        n = hi - lo
-        for j in range(k):
-            if n > 0:
-                h = _splitmix64(np.uint64(seed) ^ (np.uint64(r) * np.uint64(0x100000001B3) + np.uint64(j)))
-                p = lo + np.int64(h % np.uint64(n))
-                out_nbr[r, j] = nbr[p]
-                out_eid[r, j] = eid[p]
-                out_t[r, j] = etime[p]
-                out_mask[r, j] = True
-            else:
-                out_nbr[r, j] = -1
-                out_eid[r, j] = -1
-                out_t[r, j] = 0
-                out_mask[r, j] = False
+        _uniform_row(indptr, nbr, eid, etime, roots, root_t, k, seed, out_nbr, out_eid, out_t, out_mask, r)
+
+
+@njit(cache=True)
+def sample_uniform_serial(indptr, nbr, eid, etime, roots, root_t, k, seed, out_nbr, out_eid, out_t, out_mask):
+    """``sample_uniform`` on the calling thread only (same draws)."""
+    for r in range(roots.shape[0]):
+        _uniform_row(indptr, nbr, eid, etime, roots, root_t, k, seed, out_nbr, out_eid, out_t, out_mask, r)
 
 
 # ------------------------------------------------------------------------------------------

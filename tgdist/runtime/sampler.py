@@ -81,10 +81,14 @@ class TemporalSampler:
     sampled event, as in TGAT/TGL. ``strategy`` is ``recent`` (the K latest strictly before the
     root's time) or ``uniform`` (K draws with replacement, seeded; the same seed and call sequence
     give the same samples whatever the thread count).
+    A hop with fewer than ``min_parallel_slots`` output slots (``num_roots * K``) runs on the
+    calling thread: a training batch's first hop (e.g. 1,800 roots x 10) takes ~0.2 ms serially,
+    less than a fork-join costs once another process occupies a core. Larger hops use
+    ``num_threads`` threads. Results are identical either way.
     """
 
     def __init__(self, tcsr: TCSR, fanouts: list[int], strategy: str = "recent", seed: int = 0,
-                 num_threads: int = 0):
+                 num_threads: int = 0, min_parallel_slots: int = 65_536):
         if strategy not in ("recent", "uniform"):
             raise ConfigError(f"sampler strategy must be 'recent' or 'uniform', got {strategy!r}")
         if not fanouts or any(int(k) <= 0 for k in fanouts):
@@ -95,6 +99,7 @@ class TemporalSampler:
         self.seed = int(seed)
         self.calls = 0
         self.num_threads = kernels.set_threads(num_threads)
+        self.min_parallel_slots = int(min_parallel_slots)
 
     def sample(self, roots: np.ndarray, root_t: np.ndarray) -> list[SampledHop]:
         """``roots`` int64 ``[num_roots]``, ``root_t`` ``[num_roots]`` (graph time dtype)."""
@@ -115,11 +120,14 @@ class TemporalSampler:
         eid = np.empty((n, k), dtype=np.int64)
         t = np.empty((n, k), dtype=c.t.dtype)
         mask = np.empty((n, k), dtype=np.bool_)
+        parallel = self.num_threads > 1 and n * k >= self.min_parallel_slots
         if self.strategy == "recent":
-            kernels.sample_recent(c.indptr, c.nbr, c.eid, c.t, roots, root_t, k, nbr, eid, t, mask)
+            fn = kernels.sample_recent if parallel else kernels.sample_recent_serial
+            fn(c.indptr, c.nbr, c.eid, c.t, roots, root_t, k, nbr, eid, t, mask)
         else:
             seed = (self.seed * 1_000_003 + self.calls * 31 + level) & 0x7FFFFFFFFFFFFFFF
-            kernels.sample_uniform(c.indptr, c.nbr, c.eid, c.t, roots, root_t, k, seed, nbr, eid, t, mask)
+            fn = kernels.sample_uniform if parallel else kernels.sample_uniform_serial
+            fn(c.indptr, c.nbr, c.eid, c.t, roots, root_t, k, seed, nbr, eid, t, mask)
         dt = (root_t[:, None] - t).astype(np.float32)
         dt[~mask] = 0.0
         return SampledHop(nbr, eid, t, mask, dt)

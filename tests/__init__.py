@@ -1,0 +1,1 @@
+"""Test package marker: keeps tests/test_cli.py apart from same-named modules in subfolders."""
