@@ -6,7 +6,9 @@ The final JSON summary is the last line of stdout; progress and logs go to stder
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -16,17 +18,62 @@ import tgdist.config  # noqa: F401  (registers the typed schema before Hydra com
 from tgdist.config import config_dir
 from tgdist.errors import TgdistError
 
+# Files a run directory holds before any training happened; such a directory is removed when the
+# run fails at start-up, so bad input leaves nothing behind.
+_STARTUP_ONLY = {"train.log", ".hydra", "config.yaml"}
+
+
+def _remove_if_empty_run(run_dir: Path) -> None:
+    if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= _STARTUP_ONLY:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
 
 @hydra.main(version_base=None, config_path=config_dir(), config_name="train")
-def main(cfg: DictConfig) -> None:
+def _hydra_main(cfg: DictConfig) -> None:
     from tgdist.runtime.run import run
 
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
-        summary = run(cfg, HydraConfig.get().runtime.output_dir)
+        summary = run(cfg, run_dir)
     except TgdistError as e:
+        _remove_if_empty_run(run_dir)
         print(f"tgdist train: error: {e}", file=sys.stderr)
         sys.exit(2)
     print(json.dumps(summary), flush=True)
+
+
+def _precheck(argv: list[str]) -> None:
+    """Compose once to turn a config error (a typo in a key, an unknown group option) into one
+    line and exit code 2, instead of Hydra's multi-line report. Sweeps and Hydra's own flags are
+    left to Hydra."""
+    if any(a.startswith("-") for a in argv):
+        return
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from tgdist.runtime.build import compose
+
+    try:
+        compose(argv)
+    except (HydraException, OmegaConfBaseException) as e:
+        first = str(e).strip().splitlines()[0].rstrip(".")
+        cause = str(e.__cause__).strip().splitlines()[0] if e.__cause__ is not None else ""
+        options, listing = [], False
+        for ln in str(e).splitlines():  # the indented lines right after "Available options"
+            if ln.startswith("Available options"):
+                listing = True
+            elif listing and ln.startswith(("    ", "\t")):
+                options.append(ln.strip())
+            elif listing:
+                break
+        msg = first + (f": {cause}" if cause else "") + (f" (options: {', '.join(o for o in options if not o.endswith('_schema'))})" if options else "")
+        print(f"tgdist train: error: {msg}", file=sys.stderr)
+        sys.exit(2)
+
+
+def main() -> None:
+    _precheck(sys.argv[1:])
+    _hydra_main()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,41 @@
+"""The `tgdist train` command line as a user runs it (subprocesses)."""
+
+import json
+import subprocess
+import sys
+
+QUICK = ["data.max_events=1200", "model.mem_dim=16", "model.time_dim=8", "train.epochs=1", "train.batch_size=100",
+         "train.num_neg_eval=4", "train.progress=false"]
+
+
+def tgdist(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "tgdist", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_train_prints_summary_as_last_stdout_line(tmp_path):
+    r = tgdist("train", *QUICK, f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["data"] == "collegemsg" and 0 <= summary["test_ap"] <= 1
+    assert (tmp_path / "run" / "metrics.jsonl").exists() and (tmp_path / "run" / "checkpoints" / "last.pt").exists()
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_cfg_job_prints_the_config(tmp_path):
+    r = tgdist("train", "--cfg", "job", "model=jodie", cwd=tmp_path)
+    assert r.returncode == 0 and "name: jodie" in r.stdout
+
+
+def test_config_typos_fail_with_one_line(tmp_path):
+    r = tgdist("train", "train.batchsize=3", cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.strip() == "tgdist train: error: Could not override 'train.batchsize': Key 'batchsize' not in 'TrainConfig'"
+    r = tgdist("train", "model=gcn", cwd=tmp_path)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "tgn" in r.stderr
+
+
+def test_bad_data_path_leaves_nothing_behind(tmp_path):
+    r = tgdist("train", "data=file", "data.path=missing.csv", f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == "tgdist train: error: missing.csv: no such file or directory"
+    assert not (tmp_path / "run").exists()
