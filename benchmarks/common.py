@@ -32,6 +32,13 @@ def machine() -> dict:
 
 
 def peak_rss_mib() -> float:
+    """This process's peak resident memory (VmHWM; ru_maxrss would carry a parent's peak over exec)."""
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 

@@ -10,7 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Optional
 
+import os
+
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
 
 def config_dir() -> str:
@@ -20,6 +23,18 @@ def config_dir() -> str:
         if (candidate / "train.yaml").exists():
             return str(candidate)
     raise FileNotFoundError(f"tgdist configs not found next to {here} (broken install?)")
+
+
+def datasets_dir() -> str:
+    """``$TGDIST_DATASETS``, else ``shared/datasets`` beside a clone, else ``../shared/datasets``
+    relative to the working directory (used as ``${datasets:}`` in configs/data/*.yaml)."""
+    if os.environ.get("TGDIST_DATASETS"):
+        return os.environ["TGDIST_DATASETS"]
+    beside_clone = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+    return str(beside_clone) if beside_clone.is_dir() else "../shared/datasets"
+
+
+OmegaConf.register_new_resolver("datasets", datasets_dir, replace=True)
 
 
 @dataclass
