@@ -1,0 +1,27 @@
+# The two set-up commands of the README:
+#   make train   install, then train TGN on the embedded CollegeMsg data
+#   make test    install with test extras, then run the whole test suite (what CI runs)
+PYTHON ?= python3
+PIP := $(PYTHON) -m pip
+
+.PHONY: install install-dev train test test-fast
+
+# torch: keep an installed build (GPU clusters bring their own CUDA torch); otherwise pin the
+# CPU build, since a looser requirement would pull several GB of CUDA packages.
+install:
+	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q "torch==2.13.0"
+	$(PIP) install -q -e ".[examples]"
+
+install-dev:
+	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q "torch==2.13.0"
+	$(PIP) install -q -e ".[dev]"
+	@if [ -x scripts/install_test_deps.sh ]; then scripts/install_test_deps.sh; fi
+
+train: install
+	$(PYTHON) -m tgdist train $(ARGS)
+
+test: install-dev
+	$(PYTHON) -m pytest -m "slow or not slow" $(ARGS)
+
+test-fast: install-dev
+	$(PYTHON) -m pytest $(ARGS)
