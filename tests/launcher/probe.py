@@ -1,0 +1,61 @@
+"""A tiny distributed program the launcher tests start under torchrun, srun, sbatch and mpiexec.
+
+It resolves the world with ``tgdist.launcher.world.detect()``, validates a layout against it, and
+with ``--groups`` builds the named process groups (gloo) and averages each rank's number over every
+group. One JSON object per rank, ``{"world": {...}, "groups": {name: [ranks, mean]}, ...}``, on stdout
+or as ``rank<N>.json`` in ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layout", default=None, help="i,j,k (default: world_size,1,1)")
+    ap.add_argument("--memory-backend", default="daemon")
+    ap.add_argument("--groups", action="store_true", help="build process groups and all-reduce over each")
+    ap.add_argument("--timeout", type=float, default=60.0)
+    ap.add_argument("--out", default=None, help="write rank<N>.json here instead of stdout (ranks share stdout)")
+    args = ap.parse_args()
+
+    from tgdist.launcher import collectives as C
+    from tgdist.launcher.schedule import Layout
+    from tgdist.launcher.world import GROUP_NAMES, ProcessGroups, detect, validate
+
+    world = detect()
+    layout = Layout(*map(int, args.layout.split(","))) if args.layout else Layout(world.world_size, 1, 1)
+    validate(layout, world, args.memory_backend)
+    out = {"world": asdict(world), "layout": [layout.i, layout.j, layout.k], "groups": {}}
+    if args.groups:
+        import torch
+
+        counter = C.ByteCounter()
+        pg = ProcessGroups.init(world, layout, backend="gloo", timeout=args.timeout)
+        try:
+            for name in GROUP_NAMES:
+                if not pg.is_member(name):
+                    out["groups"][name] = None
+                    continue
+                x = torch.tensor([float(world.rank)])
+                C.all_reduce_mean([x], pg.get(name), name=name, counter=counter)
+                out["groups"][name] = [pg.ranks(name), x.item()]
+            out["master"] = C.broadcast_object(f"{world.master_addr}:{world.master_port}", src=0, counter=counter)
+            C.barrier(pg.get("world"), timeout=args.timeout, counter=counter)
+            out["bytes"] = {n: t["bytes_sent"] for n, t in counter.as_dict().items()}
+        finally:
+            pg.destroy()
+    if args.out:
+        Path(args.out, f"rank{world.rank}.json").write_text(json.dumps(out) + "\n")
+    else:
+        print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""The few collectives tgdist uses, each taking a group and counting what it sends (STYLE.md 10).
+
+Memory backends and the trainer call these instead of ``torch.distributed`` directly, so the bytes of
+every phase can be reported by name and compared with the volume formulas (Sven (7)-(9)).
+A byte count is the payload this rank hands to (``sent``) or gets from (``received``) the
+collective, i.e. ``numel * element_size`` of its tensors or the pickled size of an object; the
+algorithm's wire traffic (e.g. a ring all-reduce's ``2 (n-1)/n`` factor) is not modelled.
+
+With a single process (torch.distributed not initialised, or a group of one) every helper returns
+its input unchanged, so the same code path runs on 1 and on N processes.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["ByteCounter", "Traffic", "all_reduce_mean", "all_gather_object", "broadcast_object", "barrier", "group_size"]
+
+
+@dataclass
+class Traffic:
+    calls: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+
+
+@dataclass
+class ByteCounter:
+    """Calls and payload bytes per name, e.g. ``counter["grad"].bytes_sent``."""
+
+    by_name: dict[str, Traffic] = field(default_factory=dict)
+
+    def add(self, name: str, sent: int = 0, received: int = 0) -> None:
+        t = self.by_name.setdefault(name, Traffic())
+        t.calls += 1
+        t.bytes_sent += int(sent)
+        t.bytes_received += int(received)
+
+    def __getitem__(self, name: str) -> Traffic:
+        return self.by_name.get(name, Traffic())
+
+    def total_sent(self) -> int:
+        return sum(t.bytes_sent for t in self.by_name.values())
+
+    def as_dict(self) -> dict[str, dict[str, int]]:
+        """``{name: {"calls", "bytes_sent", "bytes_received"}}`` for JSON reports."""
+        return {n: vars(t).copy() for n, t in sorted(self.by_name.items())}
+
+    def reset(self) -> None:
+        self.by_name.clear()
+
+
+# Used when the caller passes no counter: one per process.
+DEFAULT_COUNTER = ByteCounter()
+
+
+def _active(group) -> bool:
+    return dist.is_available() and dist.is_initialized() and group_size(group) > 1
+
+
+def group_size(group=None) -> int:
+    """Ranks in ``group`` (None = world); 1 when torch.distributed is not initialised."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return 1
+    return dist.get_world_size(group)
+
+
+def all_reduce_mean(tensors: Sequence[torch.Tensor], group=None, name: str = "all_reduce",
+                    counter: ByteCounter | None = None) -> Sequence[torch.Tensor]:
+    """Average ``tensors`` in place over ``group`` (one flat buffer per dtype: one collective call
+    instead of one per tensor). Returns the same tensors."""
+    counter = DEFAULT_COUNTER if counter is None else counter
+    tensors = [t for t in tensors if t is not None]
+    if not _active(group) or not tensors:
+        return tensors
+    if any(not t.is_floating_point() for t in tensors):
+        raise TypeError("all_reduce_mean averages floating-point tensors only")
+    n = group_size(group)
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for t in tensors:
+        by_dtype.setdefault(t.dtype, []).append(t)
+    nbytes = 0
+    for same in by_dtype.values():
+        flat = torch.cat([t.reshape(-1) for t in same])
+        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+        flat /= n
+        offset = 0
+        for t in same:
+            t.copy_(flat[offset:offset + t.numel()].view_as(t))
+            offset += t.numel()
+        nbytes += flat.numel() * flat.element_size()
+    counter.add(name, sent=nbytes, received=nbytes)
+    return tensors
+
+
+def broadcast_object(obj: Any, src: int = 0, group=None, name: str = "broadcast",
+                     counter: ByteCounter | None = None) -> Any:
+    """``obj`` of global rank ``src`` on every rank of ``group`` (pickled)."""
+    counter = DEFAULT_COUNTER if counter is None else counter
+    if not _active(group):
+        return obj
+    box = [obj if dist.get_rank() == src else None]
+    dist.broadcast_object_list(box, src=src, group=group)
+    size = len(pickle.dumps(box[0]))
+    if dist.get_rank() == src:
+        counter.add(name, sent=size)
+    else:
+        counter.add(name, received=size)
+    return box[0]
+
+
+def all_gather_object(obj: Any, group=None, name: str = "all_gather",
+                      counter: ByteCounter | None = None) -> list[Any]:
+    """Every rank's ``obj``, in group rank order."""
+    counter = DEFAULT_COUNTER if counter is None else counter
+    if not _active(group):
+        return [obj]
+    out: list[Any] = [None] * group_size(group)
+    dist.all_gather_object(out, obj, group=group)
+    mine = len(pickle.dumps(obj))
+    counter.add(name, sent=mine, received=sum(len(pickle.dumps(o)) for o in out) - mine)
+    return out
+
+
+def barrier(group=None, timeout: timedelta | float = 300.0, name: str = "barrier",
+            counter: ByteCounter | None = None) -> None:
+    """Wait for every rank of ``group``. On gloo it is ``monitored_barrier``: after ``timeout`` it
+    raises naming the ranks that did not arrive, instead of hanging. NCCL has no monitored barrier
+    and waits up to the process group's own timeout."""
+    counter = DEFAULT_COUNTER if counter is None else counter
+    if not _active(group):
+        return
+    if not isinstance(timeout, timedelta):
+        timeout = timedelta(seconds=float(timeout))
+    if dist.get_backend(group) == "gloo":
+        dist.monitored_barrier(group=group, timeout=timeout, wait_all_ranks=True)
+    else:
+        dist.barrier(group=group)
+    counter.add(name)

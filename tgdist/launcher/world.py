@@ -1,0 +1,559 @@
+"""Where this process runs, the checks of the layout against it, and the named process groups.
+
+The one place that reads the launcher's environment (STYLE.md item 2): ``detect()`` returns a
+``WorldInfo`` for torchrun, ``srun`` (SLURM without torchrun), an MPI launcher (``mpiexec`` /
+``mpirun``, through mpi4py) or a plain single process. Every other module takes the ``WorldInfo``
+or asks ``ProcessGroups`` for a group by name; none reads ``RANK`` or ``SLURM_*`` itself.
+
+Which launcher, in this order (the first that matches):
+
+1. torchrun: ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` set (also under ``srun torchrun``, where
+   the SLURM variables describe the agents, not the trainers);
+2. MPI: ``OMPI_COMM_WORLD_SIZE`` (Open MPI), or ``PMI_SIZE`` / ``PMI_RANK`` / ``PMIX_RANK`` /
+   ``MPI_LOCALNRANKS`` (MPICH's Hydra, PMIx) outside a SLURM job step; rank and size then come from
+   mpi4py's ``COMM_WORLD``, which needs the ``mpi`` extra;
+3. SLURM: inside a job step (``SLURM_PROCID`` with ``SLURM_STEP_ID``), i.e. ``srun python ...``. Under
+   ``srun --mpi=pmix`` the PMI variables are present too, and SLURM's own ranks are used (they agree);
+4. single: none of these; one process. The batch script of an sbatch job is a single process too,
+   even though ``SLURM_NTASKS`` says more: only ``srun`` starts the tasks.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import zlib
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Mapping
+
+from tgdist.errors import ConfigError
+from tgdist.launcher.schedule import Layout, num_global_batches, passes_per_group, segment_bounds
+
+__all__ = [
+    "WorldInfo",
+    "LAUNCHERS",
+    "MEMORY_BACKENDS",
+    "detect",
+    "which_launcher",
+    "parse_torchrun",
+    "parse_slurm",
+    "parse_mpi",
+    "expand_hostlist",
+    "parse_tasks_per_node",
+    "slurm_port",
+    "validate",
+    "ProcessGroups",
+    "GROUP_NAMES",
+    "get_group",
+]
+
+LAUNCHERS = ("torchrun", "slurm", "mpi", "single")
+DEFAULT_PORT = 29500
+
+
+@dataclass(frozen=True)
+class WorldInfo:
+    """This process's place in the job. ``node_rank`` in ``[0, num_nodes)``; ``local_rank`` in
+    ``[0, local_world_size)`` among the processes of this machine. ``master_addr:master_port`` is
+    where rank 0 hosts the rendezvous store (torchrun: its agent's store)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    node_rank: int = 0
+    num_nodes: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int = DEFAULT_PORT
+    launcher: str = "single"
+
+    def __post_init__(self) -> None:
+        if self.launcher not in LAUNCHERS:
+            raise ValueError(f"launcher {self.launcher!r} is not one of {LAUNCHERS}")
+        if not (0 <= self.rank < self.world_size and 0 <= self.local_rank < self.local_world_size
+                and 0 <= self.node_rank < self.num_nodes):
+            raise ConfigError(f"inconsistent world from the {self.launcher} environment: {self}")
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+
+# ---------------------------------------------------------------- small parsers
+
+
+def _int(env: Mapping[str, str], *names: str, default: int | None = None) -> int:
+    for name in names:
+        value = env.get(name)
+        if value not in (None, ""):
+            try:
+                return int(value)
+            except ValueError:
+                raise ConfigError(f"environment variable {name}={value!r} is not an integer") from None
+    if default is None:
+        raise ConfigError(f"environment variable {' or '.join(names)} is not set")
+    return default
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split on commas that are not inside ``[...]``."""
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise ConfigError(f"unbalanced ']' in SLURM host list {text!r}")
+        if ch == "," and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(ch)
+    if depth:
+        raise ConfigError(f"unbalanced '[' in SLURM host list {text!r}")
+    parts.append("".join(cur))
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _expand_range(spec: str, text: str) -> list[str]:
+    out = []
+    for item in spec.split(","):
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", item.strip())
+        if not m:
+            raise ConfigError(f"cannot read range {item!r} in SLURM host list {text!r}")
+        lo, hi = m.group(1), m.group(2) or m.group(1)
+        width = len(lo)  # "01-03" keeps its zero padding
+        if int(hi) < int(lo):
+            raise ConfigError(f"descending range {item!r} in SLURM host list {text!r}")
+        out += [str(n).zfill(width) for n in range(int(lo), int(hi) + 1)]
+    return out
+
+
+def expand_hostlist(text: str) -> list[str]:
+    """SLURM's compressed host list, e.g. ``"node[01-03,07],gpu5"`` -> ``["node01", "node02",
+    "node03", "node07", "gpu5"]``; several brackets in one name give their product in order
+    (``"r[1-2]n[1-2]"`` -> ``r1n1, r1n2, r2n1, r2n2``)."""
+    hosts: list[str] = []
+    for part in _split_top_level(text):
+        names = [""]
+        for m in re.finditer(r"([^\[]+)|\[([^\]]*)\]", part):
+            if m.group(1) is not None:
+                names = [n + m.group(1) for n in names]
+            else:
+                names = [n + suffix for n in names for suffix in _expand_range(m.group(2), text)]
+        hosts += names
+    if not hosts:
+        raise ConfigError(f"empty SLURM host list {text!r}")
+    return hosts
+
+
+def parse_tasks_per_node(text: str) -> list[int]:
+    """``SLURM_TASKS_PER_NODE`` such as ``"2(x3),1"`` -> ``[2, 2, 2, 1]``."""
+    out = []
+    for item in text.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", item)
+        if not m:
+            raise ConfigError(f"cannot read SLURM tasks per node {text!r}")
+        out += [int(m.group(1))] * int(m.group(2) or 1)
+    return out
+
+
+def slurm_port(job_id: str, step_id: str = "0") -> int:
+    """A port in [20000, 40000) that every task of a job step derives alike (a stable hash of the
+    job and step ids: Python's ``hash`` differs between processes)."""
+    return 20000 + zlib.crc32(f"{job_id}.{step_id}".encode()) % 20000
+
+
+# ---------------------------------------------------------------- per-launcher parsing (pure)
+
+
+def which_launcher(env: Mapping[str, str]) -> str:
+    """The launcher that started this process, from the environment (see the module docstring)."""
+    if all(env.get(v) not in (None, "") for v in ("RANK", "WORLD_SIZE", "LOCAL_RANK")):
+        return "torchrun"
+    in_slurm_step = env.get("SLURM_PROCID") not in (None, "") and env.get("SLURM_STEP_ID", env.get("SLURM_STEPID")) not in (None, "")
+    if env.get("OMPI_COMM_WORLD_SIZE"):
+        return "mpi"
+    if not in_slurm_step and any(env.get(v) for v in ("PMI_SIZE", "PMI_RANK", "PMIX_RANK", "MPI_LOCALNRANKS")):
+        return "mpi"
+    if in_slurm_step:
+        return "slurm"
+    return "single"
+
+
+def parse_torchrun(env: Mapping[str, str]) -> WorldInfo:
+    """torchrun (torch.distributed.run) sets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+    GROUP_RANK (node), GROUP_WORLD_SIZE (nodes), MASTER_ADDR, MASTER_PORT."""
+    world = _int(env, "WORLD_SIZE")
+    local_world = _int(env, "LOCAL_WORLD_SIZE", default=world)
+    return WorldInfo(
+        rank=_int(env, "RANK"),
+        world_size=world,
+        local_rank=_int(env, "LOCAL_RANK"),
+        local_world_size=local_world,
+        node_rank=_int(env, "GROUP_RANK", default=0),
+        num_nodes=_int(env, "GROUP_WORLD_SIZE", default=max(1, world // local_world)),
+        master_addr=env.get("MASTER_ADDR") or "127.0.0.1",
+        master_port=_int(env, "MASTER_PORT", default=DEFAULT_PORT),
+        launcher="torchrun",
+    )
+
+
+def parse_slurm(env: Mapping[str, str]) -> WorldInfo:
+    """``srun`` tasks: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID, SLURM_NNODES; tasks
+    per node from SLURM_STEP_TASKS_PER_NODE / SLURM_TASKS_PER_NODE (``"2(x3)"``) or
+    SLURM_NTASKS_PER_NODE; the master is the first host of the step's node list (rank 0 runs there)
+    unless MASTER_ADDR is set; the port is MASTER_PORT or a hash of the job and step ids."""
+    world = _int(env, "SLURM_NTASKS", "SLURM_NPROCS")
+    num_nodes = _int(env, "SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES", default=1)
+    node_rank = _int(env, "SLURM_NODEID", default=0)
+    per_node_text = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+    if per_node_text:
+        per_node = parse_tasks_per_node(per_node_text)
+        local_world = per_node[node_rank] if node_rank < len(per_node) else per_node[-1]
+    else:
+        local_world = _int(env, "SLURM_NTASKS_PER_NODE", default=max(1, world // num_nodes))
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    master = env.get("MASTER_ADDR") or (expand_hostlist(nodelist)[0] if nodelist else "127.0.0.1")
+    if env.get("MASTER_PORT"):
+        port = _int(env, "MASTER_PORT")
+    else:
+        port = slurm_port(env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or "0",
+                          env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID") or "0")
+    return WorldInfo(
+        rank=_int(env, "SLURM_PROCID"),
+        world_size=world,
+        local_rank=_int(env, "SLURM_LOCALID", default=0),
+        local_world_size=local_world,
+        node_rank=node_rank,
+        num_nodes=num_nodes,
+        master_addr=master,
+        master_port=port,
+        launcher="slurm",
+    )
+
+
+@dataclass(frozen=True)
+class MpiFacts:
+    """What the MPI communicator says (``_mpi_facts``); kept apart so ``parse_mpi`` stays pure."""
+
+    rank: int
+    world_size: int
+    hosts: list[str] = field(default_factory=list)  # hostname of every rank, by rank
+    master_addr: str = "127.0.0.1"
+    master_port: int = DEFAULT_PORT
+
+
+def parse_mpi(env: Mapping[str, str], facts: MpiFacts) -> WorldInfo:
+    """MPI: rank and size from COMM_WORLD; the node layout from every rank's host name (nodes
+    numbered by first appearance, so node 0 holds rank 0), falling back to the launcher's local
+    variables (OMPI_COMM_WORLD_LOCAL_RANK/SIZE, MPI_LOCALRANKID/MPI_LOCALNRANKS)."""
+    if facts.hosts:
+        nodes = list(dict.fromkeys(facts.hosts))
+        me = facts.hosts[facts.rank]
+        local_ranks = [r for r, h in enumerate(facts.hosts) if h == me]
+        local_rank, local_world = local_ranks.index(facts.rank), len(local_ranks)
+        node_rank, num_nodes = nodes.index(me), len(nodes)
+    else:
+        local_rank = _int(env, "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", default=0)
+        local_world = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", default=1)
+        num_nodes = max(1, facts.world_size // local_world)
+        node_rank = facts.rank // local_world
+    return WorldInfo(
+        rank=facts.rank,
+        world_size=facts.world_size,
+        local_rank=local_rank,
+        local_world_size=local_world,
+        node_rank=node_rank,
+        num_nodes=num_nodes,
+        master_addr=facts.master_addr,
+        master_port=facts.master_port,
+        launcher="mpi",
+    )
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def _my_address() -> str:
+    """An address other machines can reach this one by: the host name's IP when it resolves."""
+    name = socket.gethostname()
+    try:
+        return socket.gethostbyname(name)
+    except OSError:
+        return name
+
+
+def _mpi_facts(env: Mapping[str, str]) -> MpiFacts:
+    """Ask MPI: rank 0 picks its address and a free port (or MASTER_ADDR / MASTER_PORT) and
+    broadcasts them, so every rank agrees on the rendezvous without shared files."""
+    try:
+        from mpi4py import MPI  # lazy: optional extra "mpi"
+    except ImportError as e:
+        raise ConfigError(
+            "started by an MPI launcher but mpi4py is not installed: pip install 'tgdist[mpi]' "
+            f"(or mpi4py) ({e})"
+        ) from None
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    hosts = comm.allgather(socket.gethostname())
+    master = None
+    if rank == 0:
+        master = (env.get("MASTER_ADDR") or _my_address(),
+                  int(env["MASTER_PORT"]) if env.get("MASTER_PORT") else _free_port())
+    addr, port = comm.bcast(master, root=0)
+    return MpiFacts(rank=rank, world_size=comm.Get_size(), hosts=hosts, master_addr=addr, master_port=port)
+
+
+def detect(env: Mapping[str, str] | None = None) -> WorldInfo:
+    """This process's ``WorldInfo``; reads the environment once (``os.environ`` by default)."""
+    env = os.environ if env is None else env
+    launcher = which_launcher(env)
+    if launcher == "torchrun":
+        return parse_torchrun(env)
+    if launcher == "mpi":
+        return parse_mpi(env, _mpi_facts(env))
+    if launcher == "slurm":
+        return parse_slurm(env)
+    return WorldInfo(
+        master_addr=env.get("MASTER_ADDR") or "127.0.0.1",
+        master_port=_int(env, "MASTER_PORT", default=DEFAULT_PORT),
+    )
+
+
+# ---------------------------------------------------------------- validation
+
+# Where each memory backend keeps node memory, which decides how a memory group may be placed.
+#   process:     inside one trainer process, so a memory group must be a single trainer (i*j == 1)
+#   host_shared: in host shared memory served by a daemon per group (DistTGL 3.3): a group must sit
+#                on one machine, and every machine needs a group of its own (k >= machines)
+#   collective:  spread over / replicated in the trainers and exchanged by collectives (Sven,
+#                DepCache, DepComm): no placement constraint
+MEMORY_BACKENDS = {
+    "local": "process",
+    "daemon": "host_shared",
+    "depcache": "collective",
+    "depcomm": "collective",
+    "sven": "collective",
+}
+
+
+def _start_hint(world: WorldInfo, n: int) -> str:
+    if world.launcher == "torchrun":
+        return f"torchrun --nproc-per-node {n} (x nodes), or tgdist launch --nproc {n}"
+    if world.launcher == "slurm":
+        return f"sbatch/srun --ntasks {n}, e.g. --nodes N --ntasks-per-node {n}/N"
+    if world.launcher == "mpi":
+        return f"mpiexec -n {n}"
+    return f"start {n} processes: tgdist launch --nproc {n} -- ..., or srun / mpiexec -n {n}"
+
+
+def _check_world_size(layout: Layout, world: WorldInfo) -> None:
+    if layout.world_size != world.world_size:
+        raise ConfigError(
+            f"parallel.i x parallel.j x parallel.k = {layout.i} x {layout.j} x {layout.k} = "
+            f"{layout.world_size} but the world has {world.world_size} "
+            f"process{'es' if world.world_size != 1 else ''} ({_start_hint(world, layout.world_size)})"
+        )
+
+
+def validate(
+    layout: Layout,
+    world: WorldInfo,
+    memory_backend: str = "daemon",
+    *,
+    num_train_events: int | None = None,
+    batch_size: int | None = None,
+    epochs: int | None = None,
+    device: str = "cpu",
+    num_devices: int | None = None,
+) -> None:
+    """Check an ``i x j x k`` layout against the world before any training; raise ``ConfigError``
+    with one line naming the problem. Data-size checks run when the sizes are given."""
+    i, j, k = layout.i, layout.j, layout.k
+    _check_world_size(layout, world)
+    if memory_backend not in MEMORY_BACKENDS:
+        raise ConfigError(f"memory.backend = {memory_backend!r} is not one of {', '.join(MEMORY_BACKENDS)}")
+    kind = MEMORY_BACKENDS[memory_backend]
+    if kind == "process" and layout.group_size > 1:
+        raise ConfigError(
+            f"memory.backend=local keeps node memory inside one process, but parallel.i x parallel.j "
+            f"= {i} x {j} trainers share each memory copy; use memory.backend=daemon"
+        )
+    if kind == "host_shared":
+        if k < world.num_nodes:
+            raise ConfigError(
+                f"parallel.k = {k} memory copies for {world.num_nodes} machines: with memory.backend="
+                f"{memory_backend} the memory lives in host shared memory, so every machine needs its "
+                f"own copy (k >= machines, DistTGL 3.2.4); use parallel.k >= {world.num_nodes}"
+            )
+        if world.local_world_size % layout.group_size:
+            raise ConfigError(
+                f"a memory group of parallel.i x parallel.j = {i} x {j} = {layout.group_size} trainers "
+                f"would span machines with {world.local_world_size} processes per machine; with "
+                f"memory.backend={memory_backend} i*j must divide the processes per machine"
+            )
+    if device.startswith("cuda") and num_devices is not None and world.local_world_size > num_devices:
+        raise ConfigError(
+            f"{world.local_world_size} processes on this machine but {num_devices} GPU"
+            f"{'s' if num_devices != 1 else ''}: one trainer per GPU"
+        )
+    if epochs is not None:
+        passes_per_group(layout, epochs)
+    if num_train_events is not None and batch_size is not None:
+        nb = num_global_batches(num_train_events, i, batch_size)
+        segment_bounds(nb, k)  # raises: fewer global batches than memory groups
+
+
+# ---------------------------------------------------------------- process groups
+
+# The named groups (every rank creates every group, in this order, as torch requires):
+#   world:     all i*j*k ranks; gradient averaging (every rank is a replica of one model)
+#   memory:    the i*j ranks sharing my memory copy (DistTGL's trainer group of one memory daemon);
+#              memory resets, depcache/sven exchanges within a copy
+#   minibatch: the i ranks that split my positive global batch (3.2.1); the barrier between all
+#              reads and any write of a global batch (write-after-read hazard)
+#   epoch:     the j ranks with my (ii, kk), one per subgroup, that train the same local slice with
+#              different negatives (3.2.2); hand-over of prepared positive inputs
+#   leaders:   rank (ii=0, jj=0) of every memory group, the writer of each copy; evaluation and
+#              checkpoints of the k memory copies
+GROUP_NAMES = ("world", "memory", "minibatch", "epoch", "leaders")
+
+
+def _families(layout: Layout) -> dict[str, list[list[int]]]:
+    return {
+        "memory": layout.memory_groups(),
+        "minibatch": layout.subgroups(),
+        "epoch": layout.epoch_peer_groups(),
+        "leaders": [[layout.memory_group_ranks(kk)[0] for kk in range(layout.k)]],
+    }
+
+
+class ProcessGroups:
+    """The process groups of one run, built once by ``ProcessGroups.init`` and looked up by name
+    (``get``) from every other module; ``destroy`` tears them down (idempotent)."""
+
+    _current: "ProcessGroups | None" = None
+
+    def __init__(self, world: WorldInfo, layout: Layout, backend: str, groups: dict,
+                 members: dict[str, list[int]], initialised_dist: bool):
+        self.world = world
+        self.layout = layout
+        self.backend = backend
+        self._groups = groups
+        self._members = members
+        self._initialised_dist = initialised_dist
+        self._destroyed = False
+
+    @staticmethod
+    def resolve_backend(backend: str = "auto") -> str:
+        """``auto``: nccl when CUDA is available, gloo otherwise."""
+        if backend == "auto":
+            import torch
+
+            return "nccl" if torch.cuda.is_available() else "gloo"
+        if backend not in ("gloo", "nccl", "mpi"):
+            raise ConfigError(f"process group backend {backend!r} is not one of auto, gloo, nccl, mpi")
+        return backend
+
+    @classmethod
+    def init(cls, world: WorldInfo, layout: Layout, backend: str = "auto",
+             timeout: timedelta | float = timedelta(minutes=10)) -> "ProcessGroups":
+        """Initialise torch.distributed for ``world`` and create the named groups.
+
+        torchrun: ``env://`` (workers join the agent's store that torchrun's c10d rendezvous set up);
+        SLURM / MPI: ``tcp://master_addr:master_port`` with rank 0 hosting the store.
+        With one process nothing is initialised, every group is the world of one (``get`` returns
+        None) and the collective helpers of ``tgdist.launcher.collectives`` return their input.
+        """
+        import torch
+        import torch.distributed as dist
+
+        if cls._current is not None and not cls._current._destroyed:
+            raise RuntimeError("process groups are already initialised; call destroy() first")
+        _check_world_size(layout, world)
+        if not isinstance(timeout, timedelta):
+            timeout = timedelta(seconds=float(timeout))
+        backend = cls.resolve_backend(backend)
+        if backend == "nccl":
+            torch.cuda.set_device(world.local_rank % max(1, torch.cuda.device_count()))
+        members = {"world": list(range(world.world_size))}
+        groups: dict = {}
+        if world.world_size == 1:  # nothing to talk to: no store, no port
+            for name, family in _families(layout).items():
+                members[name] = family[0]
+                groups[name] = None
+            groups["world"] = None
+            pg = cls(world, layout, backend, groups, members, initialised_dist=False)
+            cls._current = pg
+            return pg
+        init_method = "env://" if world.launcher == "torchrun" else f"tcp://{world.master_addr}:{world.master_port}"
+        dist.init_process_group(backend=backend, init_method=init_method, rank=world.rank,
+                                world_size=world.world_size, timeout=timeout)
+        groups["world"] = dist.group.WORLD
+        for name, family in _families(layout).items():
+            for ranks in family:  # every rank creates every group, in the same order
+                g = dist.new_group(ranks=ranks, timeout=timeout, backend=backend)
+                if world.rank in ranks:
+                    groups[name], members[name] = g, ranks
+            if name not in groups:  # not a member (only "leaders" has non-members)
+                groups[name], members[name] = None, []
+        pg = cls(world, layout, backend, groups, members, initialised_dist=True)
+        cls._current = pg
+        return pg
+
+    @classmethod
+    def current(cls) -> "ProcessGroups":
+        if cls._current is None or cls._current._destroyed:
+            raise RuntimeError("process groups are not initialised (ProcessGroups.init)")
+        return cls._current
+
+    def get(self, name: str):
+        """The torch process group ``name`` (``None`` stands for the whole world of a single
+        process, which the collective helpers accept)."""
+        if name not in GROUP_NAMES:
+            raise KeyError(f"unknown process group {name!r}; groups: {', '.join(GROUP_NAMES)}")
+        if self._destroyed:
+            raise RuntimeError("process groups were destroyed")
+        if not self._members[name]:
+            raise ValueError(f"rank {self.world.rank} is not in process group {name!r}")
+        return self._groups[name]
+
+    def ranks(self, name: str) -> list[int]:
+        """Global ranks of my group ``name`` (empty if I am not a member)."""
+        if name not in GROUP_NAMES:
+            raise KeyError(f"unknown process group {name!r}; groups: {', '.join(GROUP_NAMES)}")
+        return list(self._members[name])
+
+    def is_member(self, name: str) -> bool:
+        return bool(self._members.get(name))
+
+    def destroy(self) -> None:
+        """Destroy every group once; later calls do nothing."""
+        if self._destroyed:
+            return
+        self._destroyed = True
+        if self._initialised_dist:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        if ProcessGroups._current is self:
+            ProcessGroups._current = None
+
+    def __enter__(self) -> "ProcessGroups":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.destroy()
+
+
+def get_group(name: str):
+    """The current run's process group ``name`` (see ``GROUP_NAMES``)."""
+    return ProcessGroups.current().get(name)
