@@ -60,7 +60,8 @@ def machine() -> dict:
         pass
     import numba
     return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
-            "numba": numba.__version__, "platform": platform.platform()}
+            "numba": numba.__version__, "platform": platform.platform(),
+            "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()]}
 
 
 def bench_source(name: str, rel: str | None, kw: dict, repeats: int, cached_reads: int) -> dict:

@@ -52,7 +52,8 @@ def machine() -> dict:
     import torch
     return {"cpu": model, "cores": os.cpu_count(), "numba_threads_max": numba.config.NUMBA_NUM_THREADS,
             "python": platform.python_version(), "numpy": np.__version__, "numba": numba.__version__,
-            "torch": torch.__version__, "platform": platform.platform()}
+            "torch": torch.__version__, "platform": platform.platform(),
+            "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()]}
 
 
 def proc_status(field: str) -> int:
