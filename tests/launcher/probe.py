@@ -21,6 +21,8 @@ def main() -> int:
     ap.add_argument("--memory-backend", default="daemon")
     ap.add_argument("--groups", action="store_true", help="build process groups and all-reduce over each")
     ap.add_argument("--timeout", type=float, default=60.0)
+    ap.add_argument("--sleep", type=float, default=0.0,
+                    help="write rank<N>.ready (holding the pid) into --out, then sleep (signal tests)")
     ap.add_argument("--out", default=None, help="write rank<N>.json here instead of stdout (ranks share stdout)")
     args = ap.parse_args()
 
@@ -29,6 +31,12 @@ def main() -> int:
     from tgdist.launcher.world import GROUP_NAMES, ProcessGroups, detect, validate
 
     world = detect()
+    if args.sleep:
+        import os
+        import time
+
+        Path(args.out, f"rank{world.rank}.ready").write_text(str(os.getpid()))
+        time.sleep(args.sleep)
     layout = Layout(*map(int, args.layout.split(","))) if args.layout else Layout(world.world_size, 1, 1)
     validate(layout, world, args.memory_backend)
     out = {"world": asdict(world), "layout": [layout.i, layout.j, layout.k], "groups": {}}

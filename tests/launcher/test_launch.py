@@ -1,0 +1,108 @@
+"""``tgdist launch``: the torchrun command it builds, its checks, a real launch, signal forwarding."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tgdist.cli import main as cli_main
+from tgdist.errors import ConfigError
+from tgdist.launcher import launch
+
+from .helpers import REPO, free_port, kill_group, read_ranks, run
+
+
+def test_build_command():
+    cmd = launch.build_command(4, ["data=wikipedia", "parallel.i=2"], nnodes=2, node_rank=1,
+                               master_addr="node01", master_port=29400, python="python")
+    assert shlex.join(cmd) == (
+        "python -m torch.distributed.run --nproc-per-node 4 --nnodes 2 --node-rank 1 --rdzv-backend c10d "
+        "--rdzv-endpoint node01:29400 --rdzv-id tgdist --max-restarts 0 -m tgdist.train data=wikipedia parallel.i=2")
+    with pytest.raises(ConfigError, match="node-rank 2"):
+        launch.build_command(2, [], nnodes=2, node_rank=2)
+    with pytest.raises(ConfigError, match="not a TCP port"):
+        launch.build_command(2, [], master_port=70000)
+
+
+def test_parallel_overrides():
+    assert launch.parallel_overrides(["parallel.i=2", "+parallel.k=3", "model=jodie", "parallel.jx=1"]) == {"i": 2, "k": 3}
+    with pytest.raises(ConfigError, match="parallel.j must be an integer"):
+        launch.parallel_overrides(["parallel.j=two"])
+
+
+def test_dry_run(capsys):
+    rc = cli_main(["launch", "--nproc", "2", "--master-port", "29999", "--dry-run", "--", "model=jodie", "parallel.i=2"])
+    out = capsys.readouterr().out.strip()
+    assert rc == 0
+    assert out.endswith("--nproc-per-node 2 --nnodes 1 --node-rank 0 --rdzv-backend c10d --rdzv-endpoint "
+                        "127.0.0.1:29999 --rdzv-id tgdist --max-restarts 0 -m tgdist.train model=jodie parallel.i=2")
+    # --nproc derived from parallel.i x j x k over the nodes
+    rc = cli_main(["launch", "--nnodes", "2", "--dry-run", "--", "parallel.i=2", "parallel.k=2"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "--nproc-per-node 2 --nnodes 2" in out and "127.0.0.1:29500" in out
+
+
+def test_layout_checked_before_start(capsys):
+    rc = cli_main(["launch", "--nproc", "3", "--dry-run", "--", "parallel.i=2", "parallel.k=2"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err == ("tgdist launch: error: parallel.i x parallel.j x parallel.k = 2 x 1 x 2 = 4 but "
+                               "--nproc 3 x --nnodes 1 starts 3 processes\n")
+    assert cli_main(["launch", "--dry-run", "--", "model=jodie"]) == 2
+    assert "give --nproc N" in capsys.readouterr().err
+
+
+@pytest.mark.distributed
+def test_real_launch(tmp_path):
+    res = run([sys.executable, "-m", "tgdist", "launch", "--nproc", "2", "--module", "tests.launcher.probe", "--",
+               "--layout", "2,1,1", "--groups", "--out", str(tmp_path)])
+    res.check()
+    records = read_ranks(tmp_path, 2)
+    assert [r["groups"]["world"] for r in records] == [[[0, 1], 0.5]] * 2
+    assert all(r["world"]["launcher"] == "torchrun" for r in records)
+    assert "tgdist launch: " in res.stderr and "torch.distributed.run" in res.stderr
+
+
+@pytest.mark.distributed
+def test_exit_code_is_forwarded(tmp_path):
+    res = run([sys.executable, "-m", "tgdist", "launch", "--nproc", "1", "--module", "tests.launcher.probe", "--",
+               "--layout", "2,1,1"])
+    assert res.returncode == 1  # torchrun reports the worker's failure (a ConfigError traceback) as 1
+    assert "parallel.i x parallel.j x parallel.k = 2 x 1 x 1 = 2 but the world has 1 process" in res.stderr
+
+
+@pytest.mark.distributed
+def test_sigterm_is_forwarded_and_nothing_is_left(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "tgdist", "launch", "--nproc", "2", "--master-port", str(free_port()),
+                             "--module", "tests.launcher.probe", "--", "--sleep", "120", "--out", str(tmp_path)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while len(list(tmp_path.glob("rank*.ready"))) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        workers = [int(f.read_text()) for f in sorted(tmp_path.glob("rank*.ready"))]
+        assert len(workers) == 2, proc.communicate(timeout=30)
+        proc.send_signal(signal.SIGTERM)  # only the launcher: it must pass the signal on
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode != 0
+        deadline = time.monotonic() + 30
+        while any(_alive(p) for p in workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(_alive(p) for p in workers), err
+    finally:
+        kill_group(proc)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return os.path.exists(f"/proc/{pid}")

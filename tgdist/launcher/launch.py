@@ -1,0 +1,161 @@
+"""``tgdist launch``: start ``tgdist.train`` under torchrun on this machine (one node of several).
+
+    tgdist launch --nproc 4 -- data=wikipedia parallel.i=2 parallel.k=2 memory.backend=daemon
+    tgdist launch --nproc 8 --nnodes 2 --node-rank 0 --master-addr node01 -- ...   (on each node)
+
+builds and runs
+
+    python -m torch.distributed.run --nproc-per-node N --nnodes M --node-rank R \
+        --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id ID --max-restarts 0 -m tgdist.train ...
+
+``--dry-run`` prints that command instead. SIGINT, SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 received by
+the launcher are forwarded to torchrun (which stops its workers); the launcher returns torchrun's
+exit code (128 + signal number when it died of a signal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+
+from tgdist.errors import ConfigError
+
+__all__ = ["build_command", "parallel_overrides", "main"]
+
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+DEFAULT_MULTINODE_PORT = 29500
+
+
+def parallel_overrides(overrides: list[str]) -> dict[str, int]:
+    """``parallel.i/j/k`` given on the command line (``parallel.i=2``, ``+parallel.k=4``)."""
+    out = {}
+    for ov in overrides:
+        m = re.fullmatch(r"\+{0,2}parallel\.([ijk])=(\S+)", ov.strip())
+        if m:
+            try:
+                out[m.group(1)] = int(m.group(2))
+            except ValueError:
+                raise ConfigError(f"{ov!r}: parallel.{m.group(1)} must be an integer") from None
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def build_command(nproc: int, overrides: list[str], *, nnodes: int = 1, node_rank: int = 0,
+                  master_addr: str = "127.0.0.1", master_port: int = DEFAULT_MULTINODE_PORT,
+                  module: str = "tgdist.train", python: str | None = None, rdzv_id: str = "tgdist") -> list[str]:
+    """The torchrun command line (a pure function of its arguments)."""
+    if nproc < 1 or nnodes < 1 or not 0 <= node_rank < nnodes:
+        raise ConfigError(f"--nproc {nproc}, --nnodes {nnodes}, --node-rank {node_rank}: need nproc >= 1 and 0 <= node-rank < nnodes")
+    if not 0 < master_port < 65536:
+        raise ConfigError(f"--master-port {master_port} is not a TCP port")
+    return [
+        python or sys.executable, "-m", "torch.distributed.run",
+        "--nproc-per-node", str(nproc),
+        "--nnodes", str(nnodes),
+        "--node-rank", str(node_rank),
+        "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"{master_addr}:{master_port}",
+        "--rdzv-id", rdzv_id,
+        "--max-restarts", "0",
+        "-m", module,
+        *overrides,
+    ]
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="tgdist launch",
+        description="Run tgdist training under torchrun on this machine. Arguments after '--' are Hydra "
+                    "overrides for tgdist.train.",
+        epilog="example: tgdist launch --nproc 4 -- data=wikipedia parallel.i=2 parallel.k=2",
+    )
+    ap.add_argument("--nproc", type=int, default=None,
+                    help="trainer processes on this machine (default: parallel.i*j*k / nnodes from the overrides)")
+    ap.add_argument("--nnodes", type=int, default=1, help="machines taking part (run the same command on each)")
+    ap.add_argument("--node-rank", type=int, default=0, help="this machine's index in [0, nnodes)")
+    ap.add_argument("--master-addr", default="127.0.0.1", help="host of the c10d rendezvous (node 0)")
+    ap.add_argument("--master-port", type=int, default=None,
+                    help=f"rendezvous port (default: a free port on one node, {DEFAULT_MULTINODE_PORT} on several)")
+    ap.add_argument("--module", default="tgdist.train", help=argparse.SUPPRESS)
+    ap.add_argument("--dry-run", action="store_true", help="print the torchrun command and exit")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides (after '--')")
+    return ap
+
+
+def _set_parent_death_signal() -> None:
+    """In the child: get SIGTERM if the launcher dies (Linux), since it runs in its own session."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    except Exception:  # not Linux: the child simply outlives a killed launcher
+        pass
+
+
+def run_forwarding_signals(cmd: list[str]) -> int:
+    """Run ``cmd`` in its own session, forward the launcher's signals to it, return its exit code."""
+    child = subprocess.Popen(cmd, start_new_session=True,
+                             preexec_fn=_set_parent_death_signal if sys.platform.startswith("linux") else None)
+    previous = {}
+
+    def forward(signum, _frame):
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    for sig in FORWARDED_SIGNALS:
+        previous[sig] = signal.signal(sig, forward)
+    try:
+        while True:
+            try:
+                rc = child.wait()
+                break
+            except InterruptedError:  # pragma: no cover - PEP 475 retries wait() itself
+                continue
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 128 - rc if rc < 0 else rc
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    par = parallel_overrides(args.overrides)
+    world = None
+    if par:
+        world = par.get("i", 1) * par.get("j", 1) * par.get("k", 1)
+    nproc = args.nproc
+    if nproc is None:
+        if world is None:
+            raise ConfigError("give --nproc N (trainers on this machine), or parallel.i/j/k overrides to derive it")
+        if world % args.nnodes:
+            raise ConfigError(f"parallel.i x parallel.j x parallel.k = {world} is not divisible by --nnodes {args.nnodes}")
+        nproc = world // args.nnodes
+    if world is not None and world != nproc * args.nnodes:
+        raise ConfigError(
+            f"parallel.i x parallel.j x parallel.k = {par.get('i', 1)} x {par.get('j', 1)} x {par.get('k', 1)} = "
+            f"{world} but --nproc {nproc} x --nnodes {args.nnodes} starts {nproc * args.nnodes} processes"
+        )
+    port = args.master_port
+    if port is None:
+        port = _free_port() if args.nnodes == 1 else DEFAULT_MULTINODE_PORT
+    cmd = build_command(nproc, args.overrides, nnodes=args.nnodes, node_rank=args.node_rank,
+                        master_addr=args.master_addr, master_port=port, module=args.module)
+    if args.dry_run:
+        print(shlex.join(cmd))
+        return 0
+    print(f"tgdist launch: {shlex.join(cmd)}", file=sys.stderr, flush=True)
+    return run_forwarding_signals(cmd)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
