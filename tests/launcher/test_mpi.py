@@ -43,6 +43,7 @@ def test_mpiexec_two_ranks(tmp_path):
     assert records[0]["master"] == records[1]["master"]
 
 
+@pytest.mark.slow
 def test_mpiexec_honours_master_port(tmp_path):
     res = run([*mpiexec(), "-n", "2", sys.executable, str(PROBE), "--out", str(tmp_path)],
               env={"MASTER_PORT": "23456"})

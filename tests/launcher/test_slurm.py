@@ -55,6 +55,7 @@ def test_sbatch_srun_direct_template(slurm_cluster, tmp_path):
     assert "tgdist: 2 task(s) on 1 node(s)" in log
 
 
+@pytest.mark.slow
 def test_sbatch_multinode_torchrun_template(slurm_cluster, tmp_path):
     """slurm/multinode_gpu.sbatch on one node with two trainers: srun starts one torchrun agent,
     which starts the trainers; torchrun's variables win over SLURM's."""

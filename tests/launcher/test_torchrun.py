@@ -63,6 +63,7 @@ def test_torchrun_two_nodes_on_loopback(tmp_path):
         assert w["node_rank"] == layout.coords(w["rank"])[2] and w["local_rank"] == w["rank"] % 2
 
 
+@pytest.mark.slow
 def test_torchrun_two_nodes_one_process_each(tmp_path):
     port = free_port()
     cmds = [torchrun_cmd(1, port, "--layout", "1,1,2", "--groups", "--out", str(tmp_path), nnodes=2, node_rank=n)
