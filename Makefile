@@ -20,8 +20,9 @@ install-dev:
 train: install
 	$(PYTHON) -m tgdist train $(ARGS)
 
+# Tests start several processes on few cores: sleeping OpenMP workers keep them from starving.
 test: install-dev
-	$(PYTHON) -m pytest -m "slow or not slow" $(ARGS)
+	OMP_WAIT_POLICY=PASSIVE $(PYTHON) -m pytest -m "slow or not slow" $(ARGS)
 
 test-fast: install-dev
-	$(PYTHON) -m pytest $(ARGS)
+	OMP_WAIT_POLICY=PASSIVE $(PYTHON) -m pytest $(ARGS)

@@ -1,12 +1,8 @@
 """tgdist: memory-based temporal graph neural networks, from one process to a cluster."""
 
-import os as _os
-
-# OpenMP worker threads (numba's sampler and torch share one libgomp) sleep between parallel regions
-# instead of spinning. libgomp reads this once, when it loads, so it is set here, before torch or a
-# numba parallel kernel can load it; an explicit user setting wins. On a shared 2-core machine with
-# one core busy, 2-thread 2-hop sampling measured ~75k events/s spinning vs ~480k sleeping
-# (benchmarks/BENCHMARKS.md, "Sampler and data").
-_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# OpenMP's wait policy is left at the runtime's default. OMP_WAIT_POLICY=PASSIVE helps only on an
+# oversubscribed machine (sampling: ~48k -> ~263k events/s with one core busy elsewhere), and costs
+# a third of training speed when the cores are free (TGN on Wikipedia, batch 600: 11,076 ->
+# 7,187 events/s), because every torch op then wakes sleeping threads. See README, "Performance".
 
 __version__ = "0.1.0"

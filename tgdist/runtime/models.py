@@ -203,18 +203,40 @@ class TemporalAttentionLayer(nn.Module):
         self.out = nn.Linear(out_dim + in_dim, out_dim)
         self.norm = nn.LayerNorm(out_dim)
         self.dropout = nn.Dropout(dropout)
+        # CPU: numba kernel that never materialises per-pair rows (attention_kernels.py); GPU and
+        # fused=False: the torch formulation below. Both give the same values and gradients.
+        self.fused = True
 
     def forward(self, h_query: torch.Tensor, kv_node: torch.Tensor, hop: HopTables) -> torch.Tensor:
         """``h_query [n, in]``; ``kv_node [m, 2*out]``: per-node key/value terms ``kv_h(h)`` of the
         table ``hop.nbr`` points into. Returns ``[n, out]``."""
         zero = self.time_enc(torch.zeros(1, device=h_query.device))
         q = self.q_h(h_query) + self.q_t(zero)
-        kv = _gather(kv_node, hop.nbr) + _gather(self.kv_t(self.time_enc(hop.dt_values)), hop.dt_index)
+        kv_time = self.kv_t(self.time_enc(hop.dt_values))
+        kv_edge = None
         if self.kv_e is not None and hop.edge_feat is not None:
-            kv = kv + _gather(self.kv_e(hop.edge_feat), hop.edge_index)
-        k, v = kv.chunk(2, dim=2)
-        attn = self.dropout(_masked_attention(q, k, v, hop.mask, self.num_heads))
+            kv_edge = self.kv_e(hop.edge_feat)
+        if self.fused and q.device.type == "cpu":
+            attn = self._fused(q, kv_node, kv_time, kv_edge, hop)
+        else:
+            kv = _gather(kv_node, hop.nbr) + _gather(kv_time, hop.dt_index)
+            if kv_edge is not None:
+                kv = kv + _gather(kv_edge, hop.edge_index)
+            k, v = kv.chunk(2, dim=2)
+            attn = _masked_attention(q, k, v, hop.mask, self.num_heads)
+        attn = self.dropout(attn)
         return self.norm(F.relu(self.dropout(self.out(torch.cat([attn, h_query], dim=1)))))
+
+    def _fused(self, q, kv_node, kv_time, kv_edge, hop: HopTables) -> torch.Tensor:
+        from tgdist.runtime.attention_kernels import fused_attention
+
+        if kv_edge is None:
+            kv_edge = kv_node.new_zeros(0, kv_node.shape[1])
+            edge_index = hop.dt_index  # unused: the kernel reads no edge rows
+        else:
+            edge_index = hop.edge_index
+        return fused_attention(q, kv_node, kv_time, kv_edge, hop.nbr, hop.dt_index, edge_index, hop.mask,
+                               self.num_heads)
 
 
 class AttentionEmbedding(nn.Module):
