@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import sys
 
 import pytest
@@ -36,6 +37,10 @@ def test_sbatch_srun_direct_template(slurm_cluster, tmp_path):
     out = tmp_path / "ranks"
     out.mkdir()
     env_entry = f"TGDIST_ENTRY={PROBE}"
+    try:  # the master address is the node list's first host: it must resolve to reach rank 0
+        socket.gethostbyname(slurm_cluster.node)
+    except OSError:
+        env_entry += ",MASTER_ADDR=127.0.0.1"
     res = slurm_cluster.cmd(
         ["sbatch", "--wait", "--parsable", "-n", "2", "--time=2", f"--output={tmp_path}/job.out",
          f"--export=ALL,PYTHON={sys.executable},{env_entry}", str(REPO / "slurm" / "srun_direct.sbatch"),
