@@ -145,12 +145,21 @@ class ParallelConfig:
 
 
 @dataclass
+class MemoryConfig:
+    """Where node memory lives. ``auto``: in the process for one trainer per memory copy
+    (i * j = 1), ``depcache`` otherwise."""
+
+    backend: str = "auto"  # auto | local | depcache | daemon
+
+
+@dataclass
 class TrainApp:
     data: DataConfig = field(default_factory=DataConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
     run_dir: str = "runs/${now:%Y%m%d-%H%M%S}-${data.name}-${model.name}"
 
 

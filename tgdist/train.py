@@ -32,14 +32,20 @@ def _remove_if_empty_run(run_dir: Path) -> None:
 def _hydra_main(cfg: DictConfig) -> None:
     from tgdist.runtime.run import run
 
+    from tgdist.launcher.world import detect
+
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    rank = detect().rank
     try:
         summary = run(cfg, run_dir)
     except TgdistError as e:
         _remove_if_empty_run(run_dir)
-        print(f"tgdist train: error: {e}", file=sys.stderr)
+        print(f"tgdist train{f' [rank {rank}]' if rank else ''}: error: {e}", file=sys.stderr)
         sys.exit(2)
-    print(json.dumps(summary), flush=True)
+    if rank == 0:
+        print(json.dumps(summary), flush=True)
+    elif Path(summary["run_dir"]).resolve() != run_dir.resolve():
+        _remove_if_empty_run(run_dir)  # rank 0's run directory holds the results
 
 
 def _precheck(argv: list[str]) -> None:

@@ -143,3 +143,28 @@ def barrier(group=None, timeout: timedelta | float = 300.0, name: str = "barrier
     else:
         dist.barrier(group=group)
     counter.add(name)
+
+
+def all_gather_rows(rows: torch.Tensor, group=None, name: str = "all_gather_rows",
+                    counter: ByteCounter | None = None) -> list[torch.Tensor]:
+    """Every rank's ``rows [n_r, width]`` (n_r may differ per rank), in group rank order: sizes
+    first, then one padded all_gather. With one process: ``[rows]``."""
+    counter = DEFAULT_COUNTER if counter is None else counter
+    if not _active(group):
+        return [rows]
+    n = group_size(group)
+    size = torch.tensor([rows.shape[0]], dtype=torch.int64)
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(n)]
+    dist.all_gather(sizes, size, group=group)
+    longest = max(int(s) for s in sizes)
+    if longest == 0:
+        counter.add(name)
+        return [rows[:0] for _ in range(n)]
+    padded = rows.new_zeros((longest, *rows.shape[1:]))
+    padded[: rows.shape[0]] = rows
+    out = [torch.empty_like(padded) for _ in range(n)]
+    dist.all_gather(out, padded, group=group)
+    sent = rows.numel() * rows.element_size()
+    row_bytes = padded[0].numel() * padded.element_size()
+    counter.add(name, sent=sent, received=sum(int(s) for s in sizes) * row_bytes - sent)
+    return [o[: int(s)] for o, s in zip(out, sizes)]

@@ -102,6 +102,13 @@ class Run:
         (self.dir / "summary.json").write_text(json.dumps(summary, indent=1))
         return summary
 
+    @staticmethod
+    def write_summary(run_dir, cfg: DictConfig, summary: dict) -> None:
+        d = Path(run_dir)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        (d / "summary.json").write_text(json.dumps(summary, indent=1))
+
     def summary(self) -> dict:
         if not self.history:
             return {"epochs": 0, "run_dir": str(self.dir)}
@@ -198,8 +205,20 @@ class _Stop(Exception):
     pass
 
 
+def is_parallel(cfg: DictConfig) -> bool:
+    """Parallel layout requested, or started by torchrun / SLURM / MPI with several processes."""
+    from tgdist.launcher.world import detect
+
+    return (cfg.parallel.i, cfg.parallel.j, cfg.parallel.k) != (1, 1, 1) or detect().world_size > 1
+
+
 def run(cfg: DictConfig, run_dir: str | Path) -> dict:
     start = time.perf_counter()
-    summary = Run(cfg, run_dir).train()
+    if is_parallel(cfg):
+        from tgdist.runtime.distributed import run_parallel
+
+        summary = run_parallel(cfg, run_dir)
+    else:
+        summary = Run(cfg, run_dir).train()
     summary["wall_seconds"] = round(time.perf_counter() - start, 2)
     return summary

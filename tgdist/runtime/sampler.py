@@ -154,7 +154,12 @@ class NegativeSampler:
 
     def fixed(self, part: str, start: int, stop: int, num_neg: int) -> np.ndarray:
         """int64 ``[stop - start, num_neg]``, a pure function of (seed, part, event index)."""
-        key = {"train": 0, "val": 1, "test": 2}[part]
+        return self.keyed({"train": 0, "val": 1, "test": 2}[part], start, stop, num_neg)
+
+    def keyed(self, key: int, start: int, stop: int, num_neg: int) -> np.ndarray:
+        """int64 ``[stop - start, num_neg]``, a pure function of (seed, key, event index). Keys 0-2
+        are the evaluation sets; parallel training uses ``3 + neg_set`` (one set per memory group,
+        pass and epoch-parallel subgroup, whatever rank draws it)."""
         idx = np.arange(start, stop, dtype=np.uint64)[:, None] * np.uint64(num_neg) + np.arange(num_neg, dtype=np.uint64)
         with np.errstate(over="ignore"):
             x = idx + np.uint64((self.seed * 3 + key + 1) * 0x9E3779B97F4A7C15 % (1 << 64))

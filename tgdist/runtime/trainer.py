@@ -42,6 +42,22 @@ class BatchOutput:
 
 
 @dataclass
+class Prepared:
+    """A batch after sampling, feature indexing and memory read, ready for ``Trainer.compute``:
+    ``ids [num_unique]`` nodes, ``root_idx [num_roots]`` into them, one ``HopTables`` per hop, the
+    raw sampled hops, and the memory read of ``ids``."""
+
+    lo: int
+    hi: int
+    num_neg: int
+    ids: torch.Tensor
+    root_idx: torch.Tensor
+    hop_tables: list
+    hops: list
+    read: object
+
+
+@dataclass
 class StageTimer:
     """Accumulated seconds per stage (MSPipe Table 1 style breakdown)."""
 
@@ -107,14 +123,21 @@ class Trainer:
             torch.set_num_threads(num_threads)
         self.torch_threads = torch.get_num_threads()
         self.epoch_loss_sum, self.epoch_events = 0.0, 0
+        self.grad_hook = None  # called between backward and the optimizer step (gradient averaging)
 
     # ------------------------------------------------------------------------------------------
     # One iteration
 
     def step(self, lo: int, hi: int, neg: np.ndarray, train: bool, keep_emb: bool = False) -> BatchOutput:
-        """Events ``[lo, hi)`` with negatives ``neg [hi - lo, num_neg]``."""
+        """One iteration over events ``[lo, hi)`` with negatives ``neg [hi - lo, num_neg]``."""
+        return self.compute(self.prepare(lo, hi, neg), train, keep_emb=keep_emb)
+
+    def prepare(self, lo: int, hi: int, neg: np.ndarray) -> "Prepared":
+        """Phases sample, features and memory read: everything before the model runs. Parallel
+        modes call it ahead of ``compute`` (epoch parallelism reads memory before the write of the
+        position it will train later)."""
         g, model, dev, tm = self.g, self.model, self.device, self.timer
-        b, num_neg = hi - lo, neg.shape[1]
+        num_neg = neg.shape[1]
 
         # sample: roots are [src (b) | dst (b) | neg column 0 (b) | neg column 1 (b) | ...]
         t0 = time.perf_counter()
@@ -145,17 +168,23 @@ class Trainer:
         t2 = time.perf_counter()
         tm.add("features", t2 - t1)
 
-        # memory read
         read = self.memory.read(ids)
-        t3 = time.perf_counter()
-        tm.add("memory_read", t3 - t2)
+        tm.add("memory_read", time.perf_counter() - t2)
+        return Prepared(lo, hi, num_neg, ids, root_idx, hop_tables, hops, read)
 
-        # compute: update memory once per unique node, embed the roots, score, learn
+    def compute(self, p: "Prepared", train: bool, keep_emb: bool = False, write: bool | None = None) -> BatchOutput:
+        """Phases compute (update memory once per unique node, embed, score, learn) and memory
+        write. ``write`` overrides ``writes_enabled`` (epoch-parallel subgroups other than the
+        first do not write)."""
+        model, dev, tm = self.model, self.device, self.timer
+        lo, hi, num_neg = p.lo, p.hi, p.num_neg
+        b = hi - lo
+        t3 = time.perf_counter()
         with torch.set_grad_enabled(train):
-            upd = model.updater(read)
-            h = model.node_repr(ids, upd, None if self.node_feat is None else self.node_feat[ids])
+            upd = model.updater(p.read)
+            h = model.node_repr(p.ids, upd, None if self.node_feat is None else self.node_feat[p.ids])
             root_t_rel = torch.from_numpy(np.tile(self.t_rel[lo:hi], 2 + num_neg)).to(dev)
-            emb = model.embedding(EmbedInput(h, upd.mem_ts, root_idx, root_t_rel, hop_tables))
+            emb = model.embedding(EmbedInput(h, upd.mem_ts, p.root_idx, root_t_rel, p.hop_tables))
             h_src, h_dst = emb[:b], emb[b:2 * b]
             h_neg = emb[2 * b:].view(num_neg, b, -1).transpose(0, 1)
             pos = model.predictor(h_src, h_dst.unsqueeze(1)).squeeze(1)
@@ -165,13 +194,15 @@ class Trainer:
             if train:
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
+                if self.grad_hook is not None:
+                    self.grad_hook()
                 self.optimizer.step()
         t4 = time.perf_counter()
         tm.add("compute", t4 - t3)
 
         # memory write: positive roots only, with values from this forward pass (detached)
-        if self.writes_enabled:
-            self.write_back(lo, hi, upd, root_idx[:2 * b], hops)
+        if self.writes_enabled if write is None else write:
+            self.write_back(lo, hi, upd, p.root_idx[:2 * b], p.hops)
         tm.add("memory_write", time.perf_counter() - t4)
         out = BatchOutput(lo, hi, float(loss.detach()), pos.detach(), negl.detach())
         if keep_emb:

@@ -1,0 +1,233 @@
+"""DistTGL's i x j x k parallel training as a controlled change of the single-process loop.
+
+Every rank runs ``Trainer.prepare`` / ``Trainer.compute`` on the slice ``tgdist.launcher.schedule``
+gives it. What changes, and why results stay comparable:
+- gradients are summed over all ranks and divided by the number of ranks active in the iteration
+  (idle ranks of the epoch-parallel tail contribute zeros), then every rank takes the same optimizer
+  step, so all trainers stay replicas of one model;
+- the learning rate is scaled with the global batch (``train.lr_scaling``, linear by default);
+- negatives are a pure function of (seed, negative set, event index), so any rank drawing a set
+  draws the same one;
+- each memory group keeps one logical copy of node memory. Backend ``depcache`` (Sven's DepCache):
+  every trainer of the group holds a replica; the writes of an iteration are all-gathered within the
+  group and applied in group-rank order, after every read of that iteration (the write-after-read
+  rule of mini-batch parallelism);
+- epoch parallelism: subgroup jj trains position p at iteration p + jj but reads its memory at
+  iteration p, before subgroup 0 writes p (DistTGL's j read slots); only subgroup 0 writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from tgdist.errors import ConfigError
+from tgdist.launcher import collectives
+from tgdist.launcher.schedule import Layout, num_iterations, scaled_lr, step
+from tgdist.runtime.memory import LocalMemory
+from tgdist.runtime.trainer import Trainer
+
+log = logging.getLogger(__name__)
+
+
+class ReplicatedMemory(LocalMemory):
+    """DepCache: a full replica of the group's memory in every trainer of the group.
+
+    ``write_memory`` / ``write_mail`` are buffered; ``flush`` all-gathers the buffered rows of the
+    group (in group-rank order) and applies them to every replica, so replicas stay identical. With
+    ``sync = False`` (evaluation on one rank) writes apply at once, like ``LocalMemory``.
+    """
+
+    def __init__(self, num_nodes: int, mem_dim: int, mail_dim: int, mailbox_size: int, group=None,
+                 counter: collectives.ByteCounter | None = None):
+        super().__init__(num_nodes, mem_dim, mail_dim, mailbox_size)
+        self.group = group
+        self.counter = counter
+        self.sync = True
+        self._mem_rows: list[torch.Tensor] = []
+        self._mail_rows: list[torch.Tensor] = []
+
+    def write_memory(self, ids, mem, mem_ts):
+        if not self.sync:
+            return super().write_memory(ids, mem, mem_ts)
+        # float64 rows [id, mem_ts, mem...]: exact for ids < 2**53 and float32 memory values
+        self._mem_rows.append(torch.cat([ids.double()[:, None], mem_ts.double()[:, None], mem.detach().double()], 1))
+
+    def write_mail(self, ids, mail, mail_ts):
+        if not self.sync:
+            return super().write_mail(ids, mail, mail_ts)
+        rnd = torch.full((ids.shape[0], 1), float(len(self._mail_rows)), dtype=torch.float64)
+        self._mail_rows.append(torch.cat([rnd, ids.double()[:, None], mail_ts.double()[:, None],
+                                          mail.detach().double()], 1))
+
+    def flush(self) -> None:
+        """Exchange and apply this iteration's writes of the whole memory group (every rank of the
+        group must call it, writers and non-writers alike)."""
+        mem = torch.cat(self._mem_rows) if self._mem_rows else torch.zeros(0, 2 + self.mem_dim, dtype=torch.float64)
+        mail = torch.cat(self._mail_rows) if self._mail_rows else torch.zeros(0, 3 + self.mail_dim, dtype=torch.float64)
+        self._mem_rows, self._mail_rows = [], []
+        for rows in collectives.all_gather_rows(mem, self.group, name="memory_write", counter=self.counter):
+            if rows.shape[0]:
+                super().write_memory(rows[:, 0].long(), rows[:, 2:].float(), rows[:, 1])
+        for rows in collectives.all_gather_rows(mail, self.group, name="mail_write", counter=self.counter):
+            for r in torch.unique(rows[:, 0]).tolist():  # rounds in order (APAN delivers several)
+                sel = rows[rows[:, 0] == r]
+                super().write_mail(sel[:, 1].long(), sel[:, 3:].float().view(-1, self.mail_dim), sel[:, 2])
+
+
+def rank_logging(rank: int) -> None:
+    """Prefix log lines with the rank; ranks other than 0 report warnings and errors only."""
+    class _Prefix(logging.Filter):
+        def filter(self, record):
+            record.msg = f"[rank {rank}] {record.msg}"
+            return True
+
+    root = logging.getLogger()
+    for h in root.handlers:
+        h.addFilter(_Prefix())
+    if rank:
+        root.setLevel(logging.WARNING)
+
+
+def memory_backend(cfg: DictConfig, layout: Layout) -> str:
+    backend = cfg.memory.backend
+    if backend == "auto":
+        return "local" if layout.group_size == 1 else "depcache"
+    if backend not in ("local", "depcache"):
+        raise ConfigError(f"memory.backend={backend}: parallel training supports local and depcache so far "
+                          f"(the DistTGL daemon backend is being integrated)")
+    return backend
+
+
+class ParallelRun:
+    """One rank of an i x j x k run (``ProcessGroups`` already initialised)."""
+
+    def __init__(self, trainer: Trainer, layout: Layout, rank: int, groups, epochs: int, seed: int):
+        self.tr, self.layout, self.rank, self.groups = trainer, layout, rank, groups
+        self.epochs, self.seed = epochs, seed
+        self.counter = collectives.ByteCounter()
+        self.n_train = trainer.split.range("train")[1]
+        self.ii, self.jj, self.kk = layout.coords(rank)
+        self.iterations = num_iterations(layout, self.n_train, trainer.batch_size, epochs)
+        self.slots: dict[int, object] = {}
+        trainer.grad_hook = self._average_gradients
+        self.active = True
+        self.losses: list[tuple[int, float, int]] = []  # (pass, loss * events, events) of this rank
+
+    # ------------------------------------------------------------------------------------------
+
+    def _grads(self) -> list[torch.Tensor]:
+        return [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.tr.model.parameters()]
+
+    def _average_gradients(self) -> None:
+        """Sum over all ranks, divide by the ranks active in this iteration."""
+        params = list(self.tr.model.parameters())
+        grads = self._grads() if self.active else [torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads] + [torch.tensor([1.0 if self.active else 0.0])])
+        if collectives.group_size(self.groups.get("world")) > 1:
+            torch.distributed.all_reduce(flat, group=self.groups.get("world"))
+            self.counter.add("gradients", sent=flat.numel() * 4, received=flat.numel() * 4)
+        count = max(float(flat[-1]), 1.0)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.grad = (flat[offset:offset + n] / count).view_as(p).clone()
+            offset += n
+
+    def _idle_step(self) -> None:
+        """An inactive rank still joins the gradient exchange and applies the same update."""
+        self.active = False
+        self.tr.optimizer.zero_grad(set_to_none=True)
+        self._average_gradients()
+        self.tr.optimizer.step()
+        self.active = True
+
+    def _negatives(self, s) -> np.ndarray:
+        return self.tr.negatives.keyed(3 + s.neg_set, s.lo, s.hi, 1)
+
+    def train(self, progress: bool, on_iteration=None) -> dict:
+        """All iterations of this rank; ``on_iteration(t, loss or None)`` after each (tests)."""
+        tr, lay = self.tr, self.layout
+        tr.model.train()
+        mem = tr.memory
+        start = time.perf_counter()
+        trained = 0
+        for t in range(self.iterations):
+            # read-ahead: the position this subgroup trains at iteration t + jj is read now, before
+            # subgroup 0 writes it at the end of this iteration
+            if t + self.jj < self.iterations:
+                ahead = step(lay, self.rank, t + self.jj, self.n_train, tr.batch_size, self.epochs)
+                if ahead.active:
+                    if ahead.reset_memory:
+                        mem.reset_state()
+                    self.slots[ahead.read_slot] = tr.prepare(ahead.lo, ahead.hi, self._negatives(ahead))
+            now = step(lay, self.rank, t, self.n_train, tr.batch_size, self.epochs)
+            loss = None
+            if now.active and now.hi > now.lo:
+                out = tr.compute(self.slots.pop(now.read_slot), train=True, write=now.writes)
+                loss = out.loss
+                self.losses.append((now.pass_index, out.loss * now.num_events, now.num_events))
+                trained += now.num_events
+            else:
+                self.slots.pop(now.read_slot, None)
+                self._idle_step()
+            if isinstance(mem, ReplicatedMemory):
+                mem.flush()
+            if on_iteration is not None:
+                on_iteration(t, loss)
+            if progress and (t % 50 == 0 or t == self.iterations - 1):
+                el = time.perf_counter() - start
+                log.info("iteration %d/%d, %d events on this rank, %.0f events/s", t + 1, self.iterations,
+                         trained, trained / max(el, 1e-9))
+        el = time.perf_counter() - start
+        return {"iterations": self.iterations, "rank_events": trained, "rank_seconds": el,
+                "rank_events_per_s": trained / max(el, 1e-9)}
+
+
+def run_parallel(cfg: DictConfig, run_dir) -> dict:
+    """Train with ``cfg.parallel`` under torchrun / SLURM / MPI; returns the summary (rank 0's)."""
+    from tgdist.launcher.world import ProcessGroups, detect, validate
+    from tgdist.runtime.build import build_trainer
+    from tgdist.runtime.run import Run
+
+    world = detect()
+    rank_logging(world.rank)
+    layout = Layout(cfg.parallel.i, cfg.parallel.j, cfg.parallel.k)
+    backend = memory_backend(cfg, layout)
+    validate(layout, world, backend, epochs=cfg.train.epochs)
+    groups = ProcessGroups.init(world, layout)
+    try:
+        lr = scaled_lr(cfg.train.lr, layout.i, layout.j, layout.k, cfg.train.lr_scaling)
+        run_cfg = OmegaConf.merge(cfg, {"train": {"lr": lr}})
+        trainer = build_trainer(run_cfg, progress=False)
+        validate(layout, world, backend, num_train_events=trainer.split.range("train")[1],
+                 batch_size=cfg.train.batch_size, epochs=cfg.train.epochs)
+        par = ParallelRun(trainer, layout, world.rank, groups, cfg.train.epochs, cfg.train.seed)
+        if backend == "depcache":
+            m = trainer.model
+            trainer.memory = ReplicatedMemory(trainer.g.num_nodes, m.mem_dim, m.mail_dim, m.mailbox_size,
+                                              group=groups.get("memory"), counter=par.counter).to(trainer.device)
+        res = par.train(progress=world.rank == 0 and cfg.train.progress)
+        stats = collectives.all_gather_object({**res, "losses": par.losses}, groups.get("world"))
+        summary = None
+        if world.rank == 0:  # memory group 0 ends its last pass at the end of the stream
+            if isinstance(trainer.memory, ReplicatedMemory):
+                trainer.memory.sync = False
+            trainer.grad_hook = None
+            metrics = {**trainer.evaluate("val"), **trainer.evaluate("test")}
+            loss_sum = sum(l for s in stats for _, l, _ in s["losses"])
+            events = sum(e for s in stats for _, _, e in s["losses"])
+            summary = {"run_dir": str(run_dir), "data": cfg.data.name, "model": cfg.model.name,
+                       "parallel": str(layout), "memory_backend": backend, "epochs": cfg.train.epochs,
+                       "batch_size": cfg.train.batch_size, "lr": lr, "iterations": par.iterations,
+                       "loss": loss_sum / max(events, 1), "traversed_events": events, **metrics,
+                       "train_events_per_s": events / max(s["rank_seconds"] for s in stats),
+                       "communication": par.counter.as_dict()}
+            Run.write_summary(run_dir, run_cfg, summary)
+        summary = collectives.broadcast_object(summary, src=0, group=groups.get("world"))
+        return summary
+    finally:
+        groups.destroy()
