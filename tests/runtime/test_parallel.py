@@ -91,3 +91,48 @@ def test_layout_not_matching_the_world_fails_before_training(tmp_path):
     assert r.returncode != 0
     assert "parallel.i x parallel.j x parallel.k = 3 x 1 x 1 = 3 but the world has 2 processes" in r.stderr
     assert not (tmp_path / "run").exists()
+
+
+def _leftovers(tag: str) -> list[str]:
+    """Processes still running whose command line mentions ``tag`` (this test's run directory)."""
+    out = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and int(pid) != os.getpid():
+            try:
+                cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if tag in cmd:
+                out.append(cmd)
+    return out
+
+
+@pytest.mark.parametrize("layout,nproc", [("1,1,2", 2), ("1,2,1", 2)])
+def test_sigkill_of_a_trainer_then_resume_finishes_with_the_same_metrics(tmp_path, layout, nproc):
+    """A trainer SIGKILLed mid-run: every process exits within 30 s, the failure names the rank,
+    nothing is left running; resuming from the last checkpoint (every memory copy, every rank's
+    pending reads) finishes with the metrics of an uninterrupted run."""
+    import time
+
+    i, j, k = layout.split(",")
+    common = [*SMALL, "train.batch_size=100", f"parallel.i={i}", f"parallel.j={j}", f"parallel.k={k}",
+              "train.epochs=2", "train.num_neg_eval=4", "train.checkpoint_every=4", "train.lr=1e-3"]
+    full = torchrun(nproc, "-m", "tgdist.train", *common, f"run_dir={tmp_path / 'full'}", cwd=tmp_path)
+    expected = json.loads(full.stdout.strip().splitlines()[-1])
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TGDIST_FAULT_KILL": "1:9"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "-m", "tgdist.train", *common, f"run_dir={tmp_path / 'cut'}"]
+    start = time.monotonic()
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert r.returncode != 0 and time.monotonic() - start < 60
+    assert "rank      : 1" in r.stderr and "Signal 9 (SIGKILL)" in r.stderr  # torchrun names the dead rank
+    assert _leftovers(str(tmp_path / "cut")) == []
+    assert (tmp_path / "cut" / "checkpoints" / "last.pt").exists()
+    assert not any(p.name.startswith("tgdist") for p in Path("/dev/shm").iterdir() if str(tmp_path.name) in p.name)
+
+    resumed = torchrun(nproc, "-m", "tgdist.train", *common, f"run_dir={tmp_path / 'resumed'}",
+                       f"train.resume={tmp_path / 'cut'}", cwd=tmp_path)
+    got = json.loads(resumed.stdout.strip().splitlines()[-1])
+    for key in ("loss", "traversed_events", "val_ap", "test_ap", "test_mrr"):
+        assert got[key] == expected[key], key

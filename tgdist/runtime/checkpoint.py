@@ -47,22 +47,35 @@ def _np_state(st) -> dict:
             "has_gauss": int(st[3]), "gauss": float(st[4])}
 
 
-def save(path: str | Path, trainer, cfg: DictConfig, position: dict, history: list) -> Path:
-    """Write atomically: a crash while saving never leaves a truncated checkpoint in place."""
+def atomic_save(obj, path: str | Path) -> Path:
+    """``torch.save`` to a temp file renamed into place: a crash never leaves a truncated file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    state = {"format": 1, "config": identity(cfg), "model": trainer.model.state_dict(),
-             "optimizer": trainer.optimizer.state_dict(), "memory": trainer.memory.state_dict(),
-             "rng": _rng_state(trainer), "position": dict(position), "history": [dict(h) for h in history]}
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        torch.save(state, tmp)
+        torch.save(obj, tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def check_config(path, saved: dict, cfg: DictConfig) -> None:
+    mine = identity(cfg)
+    diff = sorted(k for k in set(mine) | set(saved) if mine.get(k) != saved.get(k))
+    if diff:
+        shown = ", ".join(f"{k}: checkpoint {saved.get(k, '<unset>')} vs now {mine.get(k, '<unset>')}" for k in diff[:4])
+        raise ConfigError(f"{path}: checkpoint was written under another config ({shown}{', ...' if len(diff) > 4 else ''})")
+
+
+def save(path: str | Path, trainer, cfg: DictConfig, position: dict, history: list) -> Path:
+    """Write atomically: a crash while saving never leaves a truncated checkpoint in place."""
+    state = {"format": 1, "config": identity(cfg), "model": trainer.model.state_dict(),
+             "optimizer": trainer.optimizer.state_dict(), "memory": trainer.memory.state_dict(),
+             "rng": _rng_state(trainer), "position": dict(position), "history": [dict(h) for h in history]}
+    return atomic_save(state, path)
 
 
 def find(resume: str) -> Path:
@@ -82,11 +95,7 @@ def load(path: str | Path, trainer, cfg: DictConfig) -> tuple[dict, list]:
         state = torch.load(path, map_location=trainer.device, weights_only=True)
     except Exception as e:  # corrupt or foreign file
         raise ConfigError(f"{path}: not a readable tgdist checkpoint ({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
-    mine, theirs = identity(cfg), state.get("config", {})
-    diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
-    if diff:
-        shown = ", ".join(f"{k}: checkpoint {theirs.get(k, '<unset>')} vs now {mine.get(k, '<unset>')}" for k in diff[:4])
-        raise ConfigError(f"{path}: checkpoint was written under another config ({shown}{', ...' if len(diff) > 4 else ''})")
+    check_config(path, state.get("config", {}), cfg)
     trainer.model.load_state_dict(state["model"])
     trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.memory.load_state_dict(state["memory"])

@@ -19,7 +19,11 @@ gives it. What changes, and why results stay comparable:
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import signal
 import time
+from pathlib import Path
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -27,7 +31,8 @@ from omegaconf import DictConfig, OmegaConf
 from tgdist.errors import ConfigError
 from tgdist.launcher import collectives
 from tgdist.launcher.schedule import Layout, num_iterations, scaled_lr, step
-from tgdist.runtime.memory import LocalMemory
+from tgdist.runtime import checkpoint
+from tgdist.runtime.memory import LocalMemory, MemoryRead
 from tgdist.runtime.trainer import Trainer
 
 log = logging.getLogger(__name__)
@@ -105,8 +110,11 @@ def memory_backend(cfg: DictConfig, layout: Layout) -> str:
 class ParallelRun:
     """One rank of an i x j x k run (``ProcessGroups`` already initialised)."""
 
-    def __init__(self, trainer: Trainer, layout: Layout, rank: int, groups, epochs: int, seed: int):
+    def __init__(self, trainer: Trainer, layout: Layout, rank: int, groups, epochs: int, seed: int,
+                 ckpt_dir: Path | None = None, ckpt_every: int = 0, cfg: DictConfig | None = None):
         self.tr, self.layout, self.rank, self.groups = trainer, layout, rank, groups
+        self.ckpt_dir, self.ckpt_every, self.cfg = ckpt_dir, ckpt_every, cfg
+        self.start_iteration = 0
         self.epochs, self.seed = epochs, seed
         self.counter = collectives.ByteCounter()
         self.n_train = trainer.split.range("train")[1]
@@ -155,7 +163,10 @@ class ParallelRun:
         mem = tr.memory
         start = time.perf_counter()
         trained = 0
-        for t in range(self.iterations):
+        fault = _fault_injection(self.rank)
+        for t in range(self.start_iteration, self.iterations):
+            if fault == t:  # tests: a real SIGKILL of this rank at a chosen iteration
+                os.kill(os.getpid(), signal.SIGKILL)
             # read-ahead: the position this subgroup trains at iteration t + jj is read now, before
             # subgroup 0 writes it at the end of this iteration
             if t + self.jj < self.iterations:
@@ -178,6 +189,8 @@ class ParallelRun:
                 mem.flush()
             if on_iteration is not None:
                 on_iteration(t, loss)
+            if self.ckpt_dir is not None and self.ckpt_every and (t + 1) % self.ckpt_every == 0 and t + 1 < self.iterations:
+                self.save(t + 1)
             if progress and (t % 50 == 0 or t == self.iterations - 1):
                 el = time.perf_counter() - start
                 log.info("iteration %d/%d, %d events on this rank, %.0f events/s", t + 1, self.iterations,
@@ -185,6 +198,57 @@ class ParallelRun:
         el = time.perf_counter() - start
         return {"iterations": self.iterations, "rank_events": trained, "rank_seconds": el,
                 "rank_events_per_s": trained / max(el, 1e-9)}
+
+
+    # ------------------------------------------------------------------------------------------
+    # Checkpoints: one directory per iteration with every memory copy (saved by each group's
+    # writer ii = jj = 0) and every rank's read slots and RNG; rank 0 then commits ``last.pt``
+    # (model, optimizer, iteration) and removes older iteration directories.
+
+    def save(self, iteration: int) -> None:
+        tr, d = self.tr, self.ckpt_dir / f"it{iteration:08d}"
+        slots = {slot: {"lo": p.lo, "hi": p.hi, "neg": torch.from_numpy(p.neg), "read": vars(p.read)}
+                 for slot, p in self.slots.items()}
+        checkpoint.atomic_save({"torch_rng": torch.get_rng_state(), "slots": slots, "losses": self.losses},
+                               d / f"rank-{self.rank}.pt")
+        if self.ii == 0 and self.jj == 0:
+            mem = tr.memory
+            state = {k: v for k, v in mem.state_dict().items()}
+            checkpoint.atomic_save(state, d / f"memory-{self.kk}.pt")
+        collectives.barrier(self.groups.get("world"), name="checkpoint")
+        if self.rank == 0:
+            checkpoint.atomic_save({"format": 1, "config": checkpoint.identity(self.cfg), "iteration": iteration,
+                                    "dir": d.name, "model": tr.model.state_dict(),
+                                    "optimizer": tr.optimizer.state_dict()}, self.ckpt_dir / "last.pt")
+            for old in self.ckpt_dir.glob("it*"):
+                if old.name != d.name:
+                    shutil.rmtree(old, ignore_errors=True)
+        collectives.barrier(self.groups.get("world"), name="checkpoint")
+
+    def load(self, path: Path) -> None:
+        tr = self.tr
+        state = torch.load(path, weights_only=True)
+        checkpoint.check_config(path, state["config"], self.cfg)
+        d = path.parent / state["dir"]
+        tr.model.load_state_dict(state["model"])
+        tr.optimizer.load_state_dict(state["optimizer"])
+        tr.memory.load_state_dict(torch.load(d / f"memory-{self.kk}.pt", weights_only=True))
+        mine = torch.load(d / f"rank-{self.rank}.pt", weights_only=True)
+        torch.set_rng_state(mine["torch_rng"])
+        self.losses = [tuple(x) for x in mine["losses"]]
+        self.slots = {int(slot): tr.prepare(v["lo"], v["hi"], v["neg"].numpy(), read=MemoryRead(**v["read"]))
+                      for slot, v in mine["slots"].items()}
+        self.start_iteration = int(state["iteration"])
+        log.info("resumed from %s at iteration %d", path, self.start_iteration)
+
+
+def _fault_injection(rank: int) -> int | None:
+    """``TGDIST_FAULT_KILL=RANK:ITERATION`` (tests only): that rank SIGKILLs itself there."""
+    spec = os.environ.get("TGDIST_FAULT_KILL")
+    if not spec:
+        return None
+    r, it = (int(x) for x in spec.split(":"))
+    return it if r == rank else None
 
 
 def run_parallel(cfg: DictConfig, run_dir) -> dict:
@@ -205,11 +269,17 @@ def run_parallel(cfg: DictConfig, run_dir) -> dict:
         trainer = build_trainer(run_cfg, progress=False)
         validate(layout, world, backend, num_train_events=trainer.split.range("train")[1],
                  batch_size=cfg.train.batch_size, epochs=cfg.train.epochs)
-        par = ParallelRun(trainer, layout, world.rank, groups, cfg.train.epochs, cfg.train.seed)
+        ckpt_dir = Path(run_dir) / "checkpoints"
+        if cfg.train.resume:  # every rank reads the same files (one machine or a shared file system)
+            ckpt_dir = checkpoint.find(cfg.train.resume).parent
+        par = ParallelRun(trainer, layout, world.rank, groups, cfg.train.epochs, cfg.train.seed,
+                          ckpt_dir=Path(run_dir) / "checkpoints", ckpt_every=cfg.train.checkpoint_every, cfg=cfg)
         if backend == "depcache":
             m = trainer.model
             trainer.memory = ReplicatedMemory(trainer.g.num_nodes, m.mem_dim, m.mail_dim, m.mailbox_size,
                                               group=groups.get("memory"), counter=par.counter).to(trainer.device)
+        if cfg.train.resume:
+            par.load(ckpt_dir / "last.pt")
         res = par.train(progress=world.rank == 0 and cfg.train.progress)
         stats = collectives.all_gather_object({**res, "losses": par.losses}, groups.get("world"))
         summary = None

@@ -45,7 +45,7 @@ class BatchOutput:
 class Prepared:
     """A batch after sampling, feature indexing and memory read, ready for ``Trainer.compute``:
     ``ids [num_unique]`` nodes, ``root_idx [num_roots]`` into them, one ``HopTables`` per hop, the
-    raw sampled hops, and the memory read of ``ids``."""
+    raw sampled hops, the memory read of ``ids`` and the negatives used."""
 
     lo: int
     hi: int
@@ -55,6 +55,7 @@ class Prepared:
     hop_tables: list
     hops: list
     read: object
+    neg: np.ndarray  # [hi - lo, num_neg]
 
 
 @dataclass
@@ -132,7 +133,7 @@ class Trainer:
         """One iteration over events ``[lo, hi)`` with negatives ``neg [hi - lo, num_neg]``."""
         return self.compute(self.prepare(lo, hi, neg), train, keep_emb=keep_emb)
 
-    def prepare(self, lo: int, hi: int, neg: np.ndarray) -> "Prepared":
+    def prepare(self, lo: int, hi: int, neg: np.ndarray, read=None) -> "Prepared":
         """Phases sample, features and memory read: everything before the model runs. Parallel
         modes call it ahead of ``compute`` (epoch parallelism reads memory before the write of the
         position it will train later)."""
@@ -168,9 +169,10 @@ class Trainer:
         t2 = time.perf_counter()
         tm.add("features", t2 - t1)
 
-        read = self.memory.read(ids)
+        if read is None:  # a read restored from a checkpoint is used as it was
+            read = self.memory.read(ids)
         tm.add("memory_read", time.perf_counter() - t2)
-        return Prepared(lo, hi, num_neg, ids, root_idx, hop_tables, hops, read)
+        return Prepared(lo, hi, num_neg, ids, root_idx, hop_tables, hops, read, neg)
 
     def compute(self, p: "Prepared", train: bool, keep_emb: bool = False, write: bool | None = None) -> BatchOutput:
         """Phases compute (update memory once per unique node, embed, score, learn) and memory
