@@ -39,3 +39,10 @@ def test_bad_data_path_leaves_nothing_behind(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1] == "tgdist train: error: missing.csv: no such file or directory"
     assert not (tmp_path / "run").exists()
+
+
+def test_partition_config_typo_fails_with_one_line(tmp_path):
+    r = tgdist("partition", "partition.num_prts=3", cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.strip() == ("tgdist partition: error: Could not override 'partition.num_prts': "
+                                "Key 'num_prts' not in 'PartitionConfig'")

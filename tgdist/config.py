@@ -96,6 +96,38 @@ def load_data(cfg: DataConfig):
     return graph
 
 
+def precheck_overrides(command: str, config_name: str, argv: list[str]) -> None:
+    """Compose once to turn a config error (a misspelt key, an unknown group option) into one line
+    and exit code 2, instead of Hydra's multi-line report. Sweeps and Hydra's own flags are left
+    to Hydra."""
+    import sys
+
+    if any(a.startswith("-") for a in argv):
+        return
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from tgdist.runtime.build import compose
+
+    try:
+        compose(argv, config_name=config_name)
+    except (HydraException, OmegaConfBaseException) as e:
+        first = str(e).strip().splitlines()[0].rstrip(".")
+        cause = str(e.__cause__).strip().splitlines()[0] if e.__cause__ is not None else ""
+        options, listing = [], False
+        for ln in str(e).splitlines():  # the indented lines right after "Available options"
+            if ln.startswith("Available options"):
+                listing = True
+            elif listing and ln.startswith(("    ", "\t")):
+                options.append(ln.strip())
+            elif listing:
+                break
+        shown = ", ".join(o for o in options if not o.endswith("_schema"))
+        msg = first + (f": {cause}" if cause else "") + (f" (options: {shown})" if shown else "")
+        print(f"{command}: error: {msg}", file=sys.stderr)
+        sys.exit(2)
+
+
 def register(name: str, node: Any, group: Optional[str] = None) -> None:
     ConfigStore.instance().store(name=name, node=node, group=group)
 

@@ -15,7 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 import tgdist.config  # noqa: F401  (registers the typed schema before Hydra composes)
-from tgdist.config import config_dir
+from tgdist.config import config_dir, precheck_overrides
 from tgdist.errors import TgdistError
 
 # Files a run directory holds before any training happened; such a directory is removed when the
@@ -48,37 +48,8 @@ def _hydra_main(cfg: DictConfig) -> None:
         _remove_if_empty_run(run_dir)  # rank 0's run directory holds the results
 
 
-def _precheck(argv: list[str]) -> None:
-    """Compose once to turn a config error (a typo in a key, an unknown group option) into one
-    line and exit code 2, instead of Hydra's multi-line report. Sweeps and Hydra's own flags are
-    left to Hydra."""
-    if any(a.startswith("-") for a in argv):
-        return
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from tgdist.runtime.build import compose
-
-    try:
-        compose(argv)
-    except (HydraException, OmegaConfBaseException) as e:
-        first = str(e).strip().splitlines()[0].rstrip(".")
-        cause = str(e.__cause__).strip().splitlines()[0] if e.__cause__ is not None else ""
-        options, listing = [], False
-        for ln in str(e).splitlines():  # the indented lines right after "Available options"
-            if ln.startswith("Available options"):
-                listing = True
-            elif listing and ln.startswith(("    ", "\t")):
-                options.append(ln.strip())
-            elif listing:
-                break
-        msg = first + (f": {cause}" if cause else "") + (f" (options: {', '.join(o for o in options if not o.endswith('_schema'))})" if options else "")
-        print(f"tgdist train: error: {msg}", file=sys.stderr)
-        sys.exit(2)
-
-
 def main() -> None:
-    _precheck(sys.argv[1:])
+    precheck_overrides("tgdist train", "train", sys.argv[1:])
     _hydra_main()
 
 

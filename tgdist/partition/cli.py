@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 import tgdist
-from tgdist.config import config_dir, load_data
+from tgdist.config import config_dir, load_data, precheck_overrides
 from tgdist.errors import ConfigError, TgdistError
 from tgdist.partition import artifact, measures, methods
 from tgdist.partition.access import WEIGHTS, build_access_graph
@@ -133,7 +133,7 @@ def run(job: PartitionJob) -> Path:
 
 
 @hydra.main(version_base=None, config_path=config_dir(), config_name="partition_job")
-def main(cfg) -> None:
+def _hydra_main(cfg) -> None:
     try:
         try:
             job: PartitionJob = OmegaConf.to_object(cfg)
@@ -143,6 +143,11 @@ def main(cfg) -> None:
     except TgdistError as e:
         print(f"tgdist partition: error: {e}", file=sys.stderr)
         sys.exit(2)
+
+
+def main() -> None:
+    precheck_overrides("tgdist partition", "partition_job", sys.argv[1:])
+    _hydra_main()
 
 
 if __name__ == "__main__":
