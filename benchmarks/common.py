@@ -23,8 +23,13 @@ def machine() -> dict:
                 break
     except OSError:
         pass
+    import numba
+    import numpy
     import torch
     info = {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+            "numpy": numpy.__version__, "numba": numba.__version__, "platform": platform.platform(),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "runtime default"),
+            "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()],
             "date": dt.date.today().isoformat(), "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])}
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)

@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import platform
 import re
 import subprocess
 import sys
@@ -28,6 +26,8 @@ import numpy as np
 
 import tgdist  # noqa: F401
 from tgdist.runtime.data import load_graph
+
+from common import machine  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DATASETS = REPO.parent / "shared" / "datasets"
@@ -47,21 +47,6 @@ SOURCES = [
 
 def log(msg: str) -> None:
     print(f"[data_cache] {msg}", file=sys.stderr, flush=True)
-
-
-def machine() -> dict:
-    model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import numba
-    return {"cpu": model, "cores": os.cpu_count(), "python": platform.python_version(), "numpy": np.__version__,
-            "numba": numba.__version__, "platform": platform.platform(),
-            "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()]}
 
 
 def bench_source(name: str, rel: str | None, kw: dict, repeats: int, cached_reads: int) -> dict:

@@ -117,7 +117,6 @@ def evaluate_all(graph, train_end, *, num_parts, batch_size, fanouts=(10,), seed
 
 def locality(graph, train_end, *, num_parts, batch_size) -> dict:
     """Why balance is hard to improve here: how concentrated each vertex's accesses are."""
-    import numpy as np
 
     from tgdist.partition import access
     acc = access.build_access_graph(graph, num_parts=num_parts, batch_size=batch_size, train_end=train_end)

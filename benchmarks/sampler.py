@@ -19,7 +19,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -28,7 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-import tgdist  # noqa: F401  (first: it sets OMP_WAIT_POLICY before torch or numba load libgomp)
+
+from common import machine  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DATASETS = REPO.parent / "shared" / "datasets"
@@ -37,23 +37,6 @@ CONFIGS = [("recent", [10]), ("recent", [10, 10]), ("uniform", [10]), ("uniform"
 
 def log(msg: str) -> None:
     print(f"[sampler] {msg}", file=sys.stderr, flush=True)
-
-
-def machine() -> dict:
-    model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    import numba
-    import torch
-    return {"cpu": model, "cores": os.cpu_count(), "numba_threads_max": numba.config.NUMBA_NUM_THREADS,
-            "python": platform.python_version(), "numpy": np.__version__, "numba": numba.__version__,
-            "torch": torch.__version__, "platform": platform.platform(),
-            "load_average_1_5_15": [round(x, 2) for x in os.getloadavg()]}
 
 
 def proc_status(field: str) -> int:
@@ -242,7 +225,7 @@ def main() -> int:
     p.add_argument("--synthetic-nodes", type=int, default=1_000_000)
     p.add_argument("--reference-events", type=int, default=20, help="events timed with the plain reference sampler")
     p.add_argument("--no-omp-compare", action="store_true",
-                   help="with --dataset all, skip the extra Wikipedia run with OMP_WAIT_POLICY=ACTIVE")
+                   help="with --dataset all, skip the extra Wikipedia run with OMP_WAIT_POLICY=PASSIVE")
     args = p.parse_args()
     result = {"benchmark": "sampler", "date": datetime.date.today().isoformat(),
               "command": " ".join([Path(sys.executable).name, *sys.argv]), "machine": machine(),
@@ -250,8 +233,8 @@ def main() -> int:
               "datasets": []}
     if args.dataset == "all":
         runs = [(name, {}) for name in ("wikipedia", "sfhh", "synthetic")]
-        if not args.no_omp_compare:  # the same Wikipedia run with spinning OpenMP workers, as a peer
-            runs.insert(1, ("wikipedia", {"OMP_WAIT_POLICY": "ACTIVE"}))
+        if not args.no_omp_compare:  # the same Wikipedia run with sleeping OpenMP workers, as a peer
+            runs.insert(1, ("wikipedia", {"OMP_WAIT_POLICY": "PASSIVE"}))
         for name, env in runs:
             cmd = [sys.executable, __file__, "--dataset", name, "--batch", str(args.batch), "--budget-s", str(args.budget_s),
                    "--repeats", str(args.repeats), "--synthetic-events", str(args.synthetic_events),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import io
 import re
 import warnings
 import zipfile

@@ -11,7 +11,6 @@ A third run with a sampler that lets each root see its own event shows the test 
 """
 
 import numpy as np
-import pytest
 import torch
 
 from tgdist.runtime.data import TemporalGraph, chronological_split

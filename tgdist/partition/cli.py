@@ -12,7 +12,6 @@ stdout. Errors are one line on stderr and exit status 2.
 from __future__ import annotations
 
 import datetime
-import os
 import platform
 import sys
 import time
