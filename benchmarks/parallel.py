@@ -1,0 +1,74 @@
+"""DistTGL layouts on one machine: training events/s and test AP after the same traversed events.
+
+    python benchmarks/parallel.py --data collegemsg --layouts 1,1,1 2,1,1 1,1,2 1,2,1 --epochs 2
+
+Each layout is a real `torchrun ... -m tgdist.train` launch (gloo on CPU, 1 torch thread per
+process, so a 2-process layout uses both cores of a 2-core machine where 1x1x1 uses one). Every
+layout traverses `epochs` times the training events. Prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from common import emit, machine, note
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(layout: str, args) -> dict:
+    i, j, k = (int(x) for x in layout.split(","))
+    n = i * j * k
+    with tempfile.TemporaryDirectory() as d:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--rdzv-backend", "c10d",
+               "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "-m", "tgdist.train", f"data={args.data}",
+               f"parallel.i={i}", f"parallel.j={j}", f"parallel.k={k}", f"train.epochs={args.epochs}",
+               f"train.batch_size={args.batch}", f"train.num_neg_eval={args.num_neg_eval}", "train.num_threads=1",
+               "sampler.num_threads=1", "train.progress=false", f"train.lr_scaling={args.lr_scaling}",
+               f"run_dir={d}/run", *args.overrides]
+        start = time.perf_counter()
+        r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        wall = time.perf_counter() - start
+        if r.returncode:
+            raise SystemExit(f"{layout} failed:\n{r.stderr[-3000:]}")
+        s = json.loads(r.stdout.strip().splitlines()[-1])
+    return {"layout": layout, "processes": n, "wall_seconds": wall, "train_events_per_s": s["train_events_per_s"],
+            "traversed_events": s["traversed_events"], "loss": s["loss"], "test_ap": s["test_ap"],
+            "test_mrr": s.get("test_mrr"), "val_ap": s["val_ap"], "memory_backend": s["memory_backend"]}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", default="collegemsg")
+    ap.add_argument("--layouts", nargs="+", default=["1,1,1", "2,1,1", "1,1,2", "1,2,1"])
+    ap.add_argument("--epochs", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=200)
+    ap.add_argument("--num-neg-eval", type=int, default=49)
+    ap.add_argument("--lr-scaling", default="linear")
+    ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
+    args = ap.parse_args()
+    rows = []
+    for layout in args.layouts:
+        note(f"{args.data} {layout}")
+        rows.append(launch(layout, args))
+        note(f"  {rows[-1]}")
+    base = rows[0]
+    for r in rows:
+        r["speedup_vs_first"] = r["train_events_per_s"] / base["train_events_per_s"]
+        r["test_ap_minus_first"] = r["test_ap"] - base["test_ap"]
+    emit({"machine": machine(), "data": args.data, "epochs": args.epochs, "batch": args.batch, "runs": rows})
+
+
+if __name__ == "__main__":
+    main()
