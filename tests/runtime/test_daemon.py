@@ -316,6 +316,8 @@ def test_group_in_implicit_mode_with_flush_checkpoint_and_finish():
             for p in range(3, 5):
                 evals.append(m.read(torch.tensor([0, 1])).mem[:, 0].tolist())
                 m.write_memory(torch.tensor([0]), col(p + 1), ts(p))
+            m.finish()  # every trainer finished: the daemon must idle, not run through positions
+            time.sleep(0.3)
             m.close()
 
         def rank1():
@@ -336,6 +338,7 @@ def test_group_in_implicit_mode_with_flush_checkpoint_and_finish():
         assert snaps == [[1, 11], [2, 12], [3, 13]]
         assert evals == [[3, 13], [4, 13]]
         assert [x for x in h.trace() if x[2] >= 3] == [("R", 0, 3), ("W", 0, 3), ("R", 0, 4), ("W", 0, 4)]
+        assert h.stats()["position"] == 5
 
 
 # ------------------------------------------------------------------------------------------------
@@ -400,14 +403,20 @@ def test_client_errors_are_clear():
 
 
 @pytest.mark.distributed
-def test_protocol_violation_stops_the_group_with_a_message():
+@pytest.mark.parametrize("violation", ["position", "reset"])
+def test_protocol_violation_stops_the_group_with_a_message(violation):
     with start_daemon(0, 2, num_nodes=4, mem_dim=1, mail_dim=1) as h:
         m0, m1 = h.attach(0, timeout=20), h.attach(1, timeout=20)
-        m0.begin(0)
+        m0.begin(0, reset=True)
         m0.read(torch.tensor([0]))
-        m1.begin(5)  # skipped positions 0..4 without posting skips
-        with pytest.raises(TgdistError, match=r"stopped: trainer rank 1 \(pid \d+\) posted a request for position 5 "
-                                              r"while group 0 serves position 0"):
+        if violation == "position":
+            m1.begin(5, reset=True)  # skipped positions 0..4 without posting skips
+            msg = r"trainer rank 1 \(pid \d+\) posted a request for position 5 while group 0 serves position 0"
+        else:
+            m1.begin(0)
+            msg = (r"trainer rank 1 \(pid \d+\) did not ask for a memory reset at position 0 and trainer rank 0 "
+                   r"\(pid \d+\) did")
+        with pytest.raises(TgdistError, match=rf"memory daemon of group 0 \(pid {h.pid}\) stopped: {msg}"):
             m1.read(torch.tensor([0]))
         with pytest.raises(TgdistError, match="stopped: trainer rank 1"):
             m0.end()

@@ -40,7 +40,14 @@ code over the shared tensors), so a run through it is bit-identical to a run wit
 
 Waiting never spins without bound: spin ~100 us, then sleep on a doorbell (futex) with growing,
 capped intervals; peers' liveness is checked every ~50-100 ms; trainers time out (``timeout``)
-with a message naming whom the daemon is waiting for.
+with a message naming whom the daemon is waiting for. A trainer's death stops the group (the
+daemon unlinks and exits; the others raise ``TgdistError`` naming it); the daemon's death makes
+the trainers raise and unlink. ``finish()`` lets a trainer leave the stream on purpose.
+
+Ordering of shared stores: a poster writes the payload, then publishes the status word; the
+daemon reads the status word, then the payload. x86-64 keeps stores, and loads, in program order,
+which this relies on; a weakly ordered CPU (aarch64) would need explicit fences (not done here).
+A ``DaemonMemory`` is used by one thread at a time.
 """
 
 from __future__ import annotations
@@ -323,6 +330,7 @@ class _Server:
         self.p: int | None = None
         self.phase = PHASE_READ
         self.served = [False] * self.R
+        self.requesters: set[int] = set()  # trainers that posted a request for this position
         self.finished = [False] * self.R  # left the stream: later positions do not wait for them
         self.reset_p: bool | None = None
         self.next_writer = 0
@@ -399,7 +407,8 @@ class _Server:
                         progress = True
                     elif self.finished[r]:
                         self.served[r] = True
-            if all(self.served):
+            # (a position where every trainer has finished is not a position: wait, do not spin on)
+            if self.requesters and all(self.served):
                 self.phase, self.next_writer = PHASE_WRITE, 0
                 self.hdr[H_PHASE] = PHASE_WRITE
                 progress = True
@@ -424,6 +433,7 @@ class _Server:
                 self.p += 1
                 self.phase = PHASE_READ
                 self.served = [False] * R
+                self.requesters = set()
                 self.reset_p = None
                 self.hdr[H_POSITION], self.hdr[H_PHASE] = self.p, PHASE_READ
         if not progress and all(ctl[r, C_STATE] == DETACHED for r in range(R)):
@@ -440,15 +450,14 @@ class _Server:
                          f"position {self.p} (every trainer posts one read or skip per position, in order)")
         reset = bool(c[C_RD_RESET])
         if self.reset_p is None:
-            self.reset_p = reset
+            self.reset_p, self.reset_by = reset, r
             if reset:
                 self.local.reset_state()
                 self.hdr[H_RESETS] += 1
                 self.record(T_RESET, r, q)
         elif reset != self.reset_p:
-            first = [x for x in range(self.R) if self.served[x]][0]
             raise _Fatal(f"{self.who(r)} {'asked' if reset else 'did not ask'} for a memory reset at position {q} "
-                         f"and {self.who(first)} {'did' if self.reset_p else 'did not'}")
+                         f"and {self.who(self.reset_by)} {'did' if self.reset_p else 'did not'}")
         kind = int(c[C_RD_KIND])
         if kind == READ:
             n, slot = int(c[C_RD_LEN]), int(c[C_RD_SLOT])
@@ -472,6 +481,7 @@ class _Server:
         else:
             raise _Fatal(f"{self.who(r)} posted an unknown request kind {kind}")
         self.served[r] = True
+        self.requesters.add(r)
         c[C_RD_DONE] = q + 1
         self.tbells[r].ring()
 
@@ -520,9 +530,9 @@ class _Server:
             # The holder's own posted requests are served first, so it sees its own writes.
             if self.held_by >= 0 or self.phase != PHASE_READ or self.posted(r):
                 return False
-            if kind == HOLD_LOAD and any(self.served):
+            if kind == HOLD_LOAD and self.requesters:
                 status = 1
-                readers = ", ".join(str(x) for x in range(self.R) if self.served[x])
+                readers = ", ".join(map(str, sorted(self.requesters)))
                 _set_msg(self.msg, f"load_state_dict at position {self.p}: trainer rank(s) {readers} already read "
                                    f"that position; load the state before the other trainers post (behind a barrier)")
             else:
@@ -570,6 +580,8 @@ class _Server:
                 if not shm.alive(int(ctl[r, C_PID]), int(ctl[r, C_PID_START])):
                     if self.finished[r]:  # done with the stream: nothing is lost
                         ctl[r, C_STATE] = DETACHED
+                        if self.held_by == r:
+                            self.held_by = -1
                         continue
                     raise _Fatal(f"{self.who(r)} died")
             elif st == 0:
