@@ -182,6 +182,11 @@ class MemoryConfig:
     (i * j = 1), ``depcache`` otherwise."""
 
     backend: str = "auto"  # auto | local | depcache | daemon
+    # daemon only (DistTGL 3.3): rows per read slot (null: bounded from batch, negatives, fanouts),
+    # trainer wait limit in seconds, torch threads of the daemon process
+    max_ids: Optional[int] = None
+    timeout: float = 120.0
+    num_threads: int = 1
 
 
 @dataclass

@@ -136,3 +136,85 @@ def test_sigkill_of_a_trainer_then_resume_finishes_with_the_same_metrics(tmp_pat
     got = json.loads(resumed.stdout.strip().splitlines()[-1])
     for key in ("loss", "traversed_events", "val_ap", "test_ap", "test_mrr"):
         assert got[key] == expected[key], key
+
+
+@pytest.mark.parametrize("layout,nproc", [("2,1,1", 2), ("1,2,1", 2)])
+def test_daemon_and_depcache_backends_give_identical_runs(tmp_path, layout, nproc):
+    """DistTGL's memory daemon (shared memory, one server process per group) and DepCache
+    (replicas kept equal by all-gathered writes) are two implementations of one memory copy per
+    group: both copy rows with the same code, so whole runs are bit-identical; no segment is left."""
+    i, j, k = layout.split(",")
+    common = [*SMALL, "train.batch_size=100", f"parallel.i={i}", f"parallel.j={j}", f"parallel.k={k}",
+              "train.epochs=2", "train.num_neg_eval=4", "train.lr=1e-3"]
+    runs = {}
+    before = {p for p in os.listdir("/dev/shm") if p.startswith("tgdist-")}
+    for backend in ("depcache", "daemon"):
+        r = torchrun(nproc, "-m", "tgdist.train", *common, f"memory.backend={backend}",
+                     f"run_dir={tmp_path / backend}", cwd=tmp_path)
+        runs[backend] = json.loads(r.stdout.strip().splitlines()[-1])
+    for key in ("loss", "traversed_events", "val_ap", "test_ap", "test_mrr"):
+        assert runs["daemon"][key] == runs["depcache"][key], key
+    assert runs["daemon"]["memory_backend"] == "daemon"
+    assert {p for p in os.listdir("/dev/shm") if p.startswith("tgdist-")} <= before  # nothing of ours is left
+
+
+def _descendants(root: int) -> list[tuple[int, str]]:
+    """(pid, command line) of every process below ``root``."""
+    children: dict[int, list[int]] = {}
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                ppid = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(pid))
+    out, todo = [], [root]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            try:
+                out.append((c, open(f"/proc/{c}/cmdline", "rb").read().replace(b"\0", b" ").decode()))
+            except OSError:
+                continue
+            todo.append(c)
+    return out
+
+
+def test_sigkill_of_the_memory_daemon_then_resume(tmp_path):
+    """The daemon of a 2 x 1 x 1 group is SIGKILLed mid-run: both trainers stop within 30 s with a
+    message naming the daemon, no segment or process is left; a resume from the last checkpoint
+    (memory copied out of the daemon) finishes with the metrics of an uninterrupted run."""
+    import signal
+    import time
+
+    common = [*SMALL, "train.batch_size=50", "parallel.i=2", "train.epochs=2", "train.num_neg_eval=4",
+              "train.checkpoint_every=3", "train.lr=1e-3", "memory.backend=daemon"]
+    expected = json.loads(torchrun(2, "-m", "tgdist.train", *common, f"run_dir={tmp_path / 'full'}",
+                                   cwd=tmp_path).stdout.strip().splitlines()[-1])
+    before = {p for p in os.listdir("/dev/shm") if p.startswith("tgdist-")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "-m", "tgdist.train", *common, f"run_dir={tmp_path / 'cut'}"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "cut" / "checkpoints" / "last.pt").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
+            time.sleep(0.05)
+        [daemon] = [pid for pid, cmdline in _descendants(proc.pid) if "tgdist.runtime.daemon" in cmdline]
+        os.kill(daemon, signal.SIGKILL)
+        killed = time.monotonic()
+        out, err = proc.communicate(timeout=60)
+        assert time.monotonic() - killed < 30
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode != 0
+    assert f"memory daemon of group 0 (pid {daemon})" in err and "SIGKILL" in err
+    assert _descendants(proc.pid) == [] and _leftovers(str(tmp_path / "cut")) == []
+    assert {p for p in os.listdir("/dev/shm") if p.startswith("tgdist-")} <= before
+
+    resumed = torchrun(2, "-m", "tgdist.train", *common, f"run_dir={tmp_path / 'resumed'}",
+                       f"train.resume={tmp_path / 'cut'}", cwd=tmp_path)
+    got = json.loads(resumed.stdout.strip().splitlines()[-1])
+    for key in ("loss", "traversed_events", "val_ap", "test_ap", "test_mrr"):
+        assert got[key] == expected[key], key

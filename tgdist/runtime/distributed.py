@@ -101,9 +101,8 @@ def memory_backend(cfg: DictConfig, layout: Layout) -> str:
     backend = cfg.memory.backend
     if backend == "auto":
         return "local" if layout.group_size == 1 else "depcache"
-    if backend not in ("local", "depcache"):
-        raise ConfigError(f"memory.backend={backend}: parallel training supports local and depcache so far "
-                          f"(the DistTGL daemon backend is being integrated)")
+    if backend not in ("local", "depcache", "daemon"):
+        raise ConfigError(f"memory.backend={backend}: parallel training supports local, depcache and daemon")
     return backend
 
 
@@ -169,12 +168,17 @@ class ParallelRun:
                 os.kill(os.getpid(), signal.SIGKILL)
             # read-ahead: the position this subgroup trains at iteration t + jj is read now, before
             # subgroup 0 writes it at the end of this iteration
-            if t + self.jj < self.iterations:
-                ahead = step(lay, self.rank, t + self.jj, self.n_train, tr.batch_size, self.epochs)
-                if ahead.active:
-                    if ahead.reset_memory:
-                        mem.reset_state()
-                    self.slots[ahead.read_slot] = tr.prepare(ahead.lo, ahead.hi, self._negatives(ahead))
+            daemon = hasattr(mem, "begin")  # DistTGL daemon: one request per group position
+            ahead = step(lay, self.rank, t + self.jj, self.n_train, tr.batch_size, self.epochs) \
+                if t + self.jj < self.iterations else None
+            if ahead is not None and ahead.active:
+                if daemon:
+                    mem.begin(ahead.position, slot=ahead.read_slot, reset=ahead.reset_memory)
+                elif ahead.reset_memory:
+                    mem.reset_state()
+                self.slots[ahead.read_slot] = tr.prepare(ahead.lo, ahead.hi, self._negatives(ahead))
+                if daemon and self.jj:  # this position's read is done; subgroup 0 writes it below
+                    mem.end()
             now = step(lay, self.rank, t, self.n_train, tr.batch_size, self.epochs)
             loss = None
             if now.active and now.hi > now.lo:
@@ -185,8 +189,8 @@ class ParallelRun:
             else:
                 self.slots.pop(now.read_slot, None)
                 self._idle_step()
-            if isinstance(mem, ReplicatedMemory):
-                mem.flush()
+            if isinstance(mem, ReplicatedMemory) or (daemon and self.jj == 0 and ahead is not None and ahead.active):
+                mem.flush()  # depcache: exchange this iteration's writes; daemon: post them (end())
             if on_iteration is not None:
                 on_iteration(t, loss)
             if self.ckpt_dir is not None and self.ckpt_every and (t + 1) % self.ckpt_every == 0 and t + 1 < self.iterations:
@@ -232,7 +236,11 @@ class ParallelRun:
         d = path.parent / state["dir"]
         tr.model.load_state_dict(state["model"])
         tr.optimizer.load_state_dict(state["optimizer"])
-        tr.memory.load_state_dict(torch.load(d / f"memory-{self.kk}.pt", weights_only=True))
+        shared = hasattr(tr.memory, "begin")  # the daemon holds one copy per group: its writer loads it
+        if not shared or (self.ii == 0 and self.jj == 0):
+            tr.memory.load_state_dict(torch.load(d / f"memory-{self.kk}.pt", weights_only=True))
+        if shared:
+            collectives.barrier(self.groups.get("memory"), name="checkpoint")
         mine = torch.load(d / f"rank-{self.rank}.pt", weights_only=True)
         torch.set_rng_state(mine["torch_rng"])
         self.losses = [tuple(x) for x in mine["losses"]]
@@ -263,6 +271,7 @@ def run_parallel(cfg: DictConfig, run_dir) -> dict:
     backend = memory_backend(cfg, layout)
     validate(layout, world, backend, epochs=cfg.train.epochs)
     groups = ProcessGroups.init(world, layout)
+    trainer = daemon = None
     try:
         lr = scaled_lr(cfg.train.lr, layout.i, layout.j, layout.k, cfg.train.lr_scaling)
         run_cfg = OmegaConf.merge(cfg, {"train": {"lr": lr}})
@@ -278,11 +287,15 @@ def run_parallel(cfg: DictConfig, run_dir) -> dict:
             m = trainer.model
             trainer.memory = ReplicatedMemory(trainer.g.num_nodes, m.mem_dim, m.mail_dim, m.mailbox_size,
                                               group=groups.get("memory"), counter=par.counter).to(trainer.device)
+        elif backend == "daemon":
+            daemon = _attach_daemon(trainer, cfg, layout, world.rank, groups)
         if cfg.train.resume:
             par.load(ckpt_dir / "last.pt")
         res = par.train(progress=world.rank == 0 and cfg.train.progress)
         stats = collectives.all_gather_object({**res, "losses": par.losses}, groups.get("world"))
         summary = None
+        if backend == "daemon" and world.rank != 0:
+            trainer.memory.finish()  # rank 0 evaluates alone on group 0's memory
         if world.rank == 0:  # memory group 0 ends its last pass at the end of the stream
             if isinstance(trainer.memory, ReplicatedMemory):
                 trainer.memory.sync = False
@@ -300,4 +313,32 @@ def run_parallel(cfg: DictConfig, run_dir) -> dict:
         summary = collectives.broadcast_object(summary, src=0, group=groups.get("world"))
         return summary
     finally:
+        if trainer is not None and hasattr(trainer.memory, "close"):
+            trainer.memory.close()  # detach from the daemon's segments
+        if daemon is not None:
+            daemon.stop()  # the daemon unlinks its segments on the way out
         groups.destroy()
+
+
+def _attach_daemon(trainer: Trainer, cfg: DictConfig, layout: Layout, rank: int, groups):
+    """Start the memory daemon of this rank's group (on its first rank) and attach every trainer of
+    the group to it. Returns the handle on the starting rank, None elsewhere."""
+    from tgdist.runtime.daemon import DaemonMemory, read_bound, start_daemon
+
+    ii, jj, kk = layout.coords(rank)
+    group = groups.get("memory")
+    pids = collectives.all_gather_object(os.getpid(), group, name="daemon_setup")
+    m, g = trainer.model, trainer.g
+    fanouts = trainer.sampler.fanouts if trainer.sampler is not None else []
+    num_neg = max(1, cfg.train.num_neg_eval)
+    handle, run_id = None, None
+    if ii == 0 and jj == 0:
+        handle = start_daemon(kk, layout.group_size, i=layout.i, j=layout.j, num_nodes=g.num_nodes, mem_dim=m.mem_dim,
+                              mail_dim=m.mail_dim, mailbox_size=m.mailbox_size, trainer_pids=pids,
+                              max_ids=cfg.memory.max_ids or read_bound(trainer.batch_size, num_neg, fanouts, g.num_nodes),
+                              timeout=cfg.memory.timeout, num_threads=cfg.memory.num_threads)
+        run_id = handle.run_id
+    run_id = collectives.broadcast_object(run_id, src=layout.memory_group_ranks(kk)[0], group=group,
+                                          name="daemon_setup")
+    trainer.memory = DaemonMemory(run_id, kk, jj * layout.i + ii, handle=handle, timeout=cfg.memory.timeout)
+    return handle

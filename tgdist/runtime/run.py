@@ -206,10 +206,12 @@ class _Stop(Exception):
 
 
 def is_parallel(cfg: DictConfig) -> bool:
-    """Parallel layout requested, or started by torchrun / SLURM / MPI with several processes."""
+    """Parallel layout requested, started by torchrun / SLURM / MPI with several processes, or node
+    memory in a daemon process (which the parallel runner starts and stops, also for 1 x 1 x 1)."""
     from tgdist.launcher.world import detect
 
-    return (cfg.parallel.i, cfg.parallel.j, cfg.parallel.k) != (1, 1, 1) or detect().world_size > 1
+    return ((cfg.parallel.i, cfg.parallel.j, cfg.parallel.k) != (1, 1, 1) or detect().world_size > 1
+            or cfg.memory.backend == "daemon")
 
 
 def run(cfg: DictConfig, run_dir: str | Path) -> dict:
