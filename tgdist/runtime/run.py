@@ -180,8 +180,8 @@ class Run:
         pos_w = ((y[lo:hi] == 0).sum(0) / (y[lo:hi] == 1).sum(0).clamp(min=1)).clamp(max=100)
         for _ in range(self.cfg.train.node_class_epochs):
             dec.train()
-            for s in range(lo, hi, 1000):
-                e = min(s + 1000, hi)
+            for s in range(lo, hi, 200):
+                e = min(s + 200, hi)
                 loss = F.binary_cross_entropy_with_logits(dec(x[s:e]), y[s:e].to(x.device), pos_weight=pos_w.to(x.device))
                 opt.zero_grad()
                 loss.backward()
