@@ -22,7 +22,7 @@ def main(out: str, *overrides: str) -> None:
         tr = build_trainer(cfg, progress=False)
         m = tr.model
         tr.memory = ReplicatedMemory(tr.g.num_nodes, m.mem_dim, m.mail_dim, m.mailbox_size, group=groups.get("memory"))
-        par = ParallelRun(tr, layout, world.rank, groups, cfg.train.epochs, cfg.train.seed)
+        par = ParallelRun(tr, layout, world.rank, groups, cfg.train.epochs)
         losses, mems, grads = [], [], []
 
         def record(t, loss):

@@ -109,12 +109,12 @@ def memory_backend(cfg: DictConfig, layout: Layout) -> str:
 class ParallelRun:
     """One rank of an i x j x k run (``ProcessGroups`` already initialised)."""
 
-    def __init__(self, trainer: Trainer, layout: Layout, rank: int, groups, epochs: int, seed: int,
+    def __init__(self, trainer: Trainer, layout: Layout, rank: int, groups, epochs: int,
                  ckpt_dir: Path | None = None, ckpt_every: int = 0, cfg: DictConfig | None = None):
         self.tr, self.layout, self.rank, self.groups = trainer, layout, rank, groups
         self.ckpt_dir, self.ckpt_every, self.cfg = ckpt_dir, ckpt_every, cfg
         self.start_iteration = 0
-        self.epochs, self.seed = epochs, seed
+        self.epochs = epochs
         self.counter = collectives.ByteCounter()
         self.n_train = trainer.split.range("train")[1]
         self.ii, self.jj, self.kk = layout.coords(rank)
@@ -163,12 +163,12 @@ class ParallelRun:
         start = time.perf_counter()
         trained = 0
         fault = _fault_injection(self.rank)
+        daemon = hasattr(mem, "begin")  # DistTGL daemon: one request per group position
         for t in range(self.start_iteration, self.iterations):
             if fault == t:  # tests: a real SIGKILL of this rank at a chosen iteration
                 os.kill(os.getpid(), signal.SIGKILL)
             # read-ahead: the position this subgroup trains at iteration t + jj is read now, before
             # subgroup 0 writes it at the end of this iteration
-            daemon = hasattr(mem, "begin")  # DistTGL daemon: one request per group position
             ahead = step(lay, self.rank, t + self.jj, self.n_train, tr.batch_size, self.epochs) \
                 if t + self.jj < self.iterations else None
             if ahead is not None and ahead.active:
@@ -193,7 +193,8 @@ class ParallelRun:
                 mem.flush()  # depcache: exchange this iteration's writes; daemon: post them (end())
             if on_iteration is not None:
                 on_iteration(t, loss)
-            if self.ckpt_dir is not None and self.ckpt_every and (t + 1) % self.ckpt_every == 0 and t + 1 < self.iterations:
+            due = self.ckpt_every and (t + 1) % self.ckpt_every == 0 and t + 1 < self.iterations
+            if due and self.ckpt_dir is not None:
                 self.save(t + 1)
             if progress and (t % 50 == 0 or t == self.iterations - 1):
                 el = time.perf_counter() - start
@@ -202,7 +203,6 @@ class ParallelRun:
         el = time.perf_counter() - start
         return {"iterations": self.iterations, "rank_events": trained, "rank_seconds": el,
                 "rank_events_per_s": trained / max(el, 1e-9)}
-
 
     # ------------------------------------------------------------------------------------------
     # Checkpoints: one directory per iteration with every memory copy (saved by each group's
@@ -216,9 +216,7 @@ class ParallelRun:
         checkpoint.atomic_save({"torch_rng": torch.get_rng_state(), "slots": slots, "losses": self.losses},
                                d / f"rank-{self.rank}.pt")
         if self.ii == 0 and self.jj == 0:
-            mem = tr.memory
-            state = {k: v for k, v in mem.state_dict().items()}
-            checkpoint.atomic_save(state, d / f"memory-{self.kk}.pt")
+            checkpoint.atomic_save(tr.memory.state_dict(), d / f"memory-{self.kk}.pt")
         collectives.barrier(self.groups.get("world"), name="checkpoint")
         if self.rank == 0:
             checkpoint.atomic_save({"format": 1, "config": checkpoint.identity(self.cfg), "iteration": iteration,
@@ -278,19 +276,16 @@ def run_parallel(cfg: DictConfig, run_dir) -> dict:
         trainer = build_trainer(run_cfg, progress=False)
         validate(layout, world, backend, num_train_events=trainer.split.range("train")[1],
                  batch_size=cfg.train.batch_size, epochs=cfg.train.epochs)
-        ckpt_dir = Path(run_dir) / "checkpoints"
-        if cfg.train.resume:  # every rank reads the same files (one machine or a shared file system)
-            ckpt_dir = checkpoint.find(cfg.train.resume).parent
-        par = ParallelRun(trainer, layout, world.rank, groups, cfg.train.epochs, cfg.train.seed,
-                          ckpt_dir=Path(run_dir) / "checkpoints", ckpt_every=cfg.train.checkpoint_every, cfg=cfg)
+        par = ParallelRun(trainer, layout, world.rank, groups, cfg.train.epochs, ckpt_dir=Path(run_dir) / "checkpoints",
+                          ckpt_every=cfg.train.checkpoint_every, cfg=cfg)
         if backend == "depcache":
             m = trainer.model
             trainer.memory = ReplicatedMemory(trainer.g.num_nodes, m.mem_dim, m.mail_dim, m.mailbox_size,
                                               group=groups.get("memory"), counter=par.counter).to(trainer.device)
         elif backend == "daemon":
             daemon = _attach_daemon(trainer, cfg, layout, world.rank, groups)
-        if cfg.train.resume:
-            par.load(ckpt_dir / "last.pt")
+        if cfg.train.resume:  # every rank reads the same files (one machine or a shared file system)
+            par.load(checkpoint.find(cfg.train.resume))
         res = par.train(progress=world.rank == 0 and cfg.train.progress)
         stats = collectives.all_gather_object({**res, "losses": par.losses}, groups.get("world"))
         summary = None
@@ -333,9 +328,9 @@ def _attach_daemon(trainer: Trainer, cfg: DictConfig, layout: Layout, rank: int,
     num_neg = max(1, cfg.train.num_neg_eval)
     handle, run_id = None, None
     if ii == 0 and jj == 0:
+        max_ids = cfg.memory.max_ids or read_bound(trainer.batch_size, num_neg, fanouts, g.num_nodes)
         handle = start_daemon(kk, layout.group_size, i=layout.i, j=layout.j, num_nodes=g.num_nodes, mem_dim=m.mem_dim,
-                              mail_dim=m.mail_dim, mailbox_size=m.mailbox_size, trainer_pids=pids,
-                              max_ids=cfg.memory.max_ids or read_bound(trainer.batch_size, num_neg, fanouts, g.num_nodes),
+                              mail_dim=m.mail_dim, mailbox_size=m.mailbox_size, trainer_pids=pids, max_ids=max_ids,
                               timeout=cfg.memory.timeout, num_threads=cfg.memory.num_threads)
         run_id = handle.run_id
     run_id = collectives.broadcast_object(run_id, src=layout.memory_group_ranks(kk)[0], group=group,

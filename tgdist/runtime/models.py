@@ -320,7 +320,8 @@ class MLPClassifier(nn.Module):
 
     def __init__(self, in_dim: int, num_classes: int, hidden: int = 100, dropout: float = 0.1):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(), nn.Dropout(dropout), nn.Linear(hidden, num_classes))
+        self.net = nn.Sequential(nn.Linear(in_dim, hidden), nn.ReLU(), nn.Dropout(dropout),
+                                 nn.Linear(hidden, num_classes))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)

@@ -130,7 +130,8 @@ class Run:
         memory (every event supervises it, whatever the batch size)."""
         tr = self.trainer
         static, pred = tr.model.static, tr.model.predictor
-        opt = torch.optim.Adam(list(static.parameters()) + list(pred.parameters()), lr=max(tr.optimizer.param_groups[0]["lr"], 1e-3))
+        lr = max(tr.optimizer.param_groups[0]["lr"], 1e-3)
+        opt = torch.optim.Adam(list(static.parameters()) + list(pred.parameters()), lr=lr)
         lo, hi = tr.split.range("train")
         src = torch.from_numpy(tr.g.src[lo:hi])
         dst = torch.from_numpy(tr.g.dst[lo:hi])
@@ -182,7 +183,8 @@ class Run:
             dec.train()
             for s in range(lo, hi, 200):
                 e = min(s + 200, hi)
-                loss = F.binary_cross_entropy_with_logits(dec(x[s:e]), y[s:e].to(x.device), pos_weight=pos_w.to(x.device))
+                loss = F.binary_cross_entropy_with_logits(dec(x[s:e]), y[s:e].to(x.device),
+                                                          pos_weight=pos_w.to(x.device))
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
