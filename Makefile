@@ -15,7 +15,7 @@ install:
 install-dev:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q "torch==2.13.0"
 	$(PIP) install -q -e ".[dev]"
-	@if [ -x scripts/install_test_deps.sh ]; then scripts/install_test_deps.sh; fi
+	@if [ -x scripts/install_test_deps.sh ]; then PYTHON=$(PYTHON) scripts/install_test_deps.sh; fi
 
 train: install
 	$(PYTHON) -m tgdist train $(ARGS)
