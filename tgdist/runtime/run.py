@@ -83,18 +83,19 @@ class Run:
                     log.info("stopping after %d training batches (train.stop_after_batches)", done_batches)
                     return {"stopped": True, "checkpoint": str(self.ckpt_path)}
                 start_batch = 0
+                train_stages = type(tr.timer)(dict(tr.timer.seconds))  # before evaluation adds to it
                 res.update(tr.evaluate("val"))
                 last = epoch == cfg.train.epochs - 1
                 if cfg.train.test_every_epoch or last:
                     res.update(tr.evaluate("test"))
-                res["stage_seconds"] = {k: round(v, 4) for k, v in tr.timer.seconds.items()}
+                res["stage_seconds"] = {k: round(v, 4) for k, v in train_stages.seconds.items()}
                 self.history.append(_jsonable(res))
                 mf.write(json.dumps(self.history[-1]) + "\n")
                 mf.flush()
                 log.info("epoch %d: loss %.4f, %s, %.0f train events/s", epoch, res["loss"],
                          ", ".join(f"{k} {v:.4f}" for k, v in res.items() if k.startswith(("val_", "test_"))),
                          res["events_per_s"])
-                log.info("stage times (train + eval):\n%s", tr.timer.table(res["train_events"]))
+                log.info("training stage times:\n%s", train_stages.table(res["train_events"]))
                 self._checkpoint(epoch + 1, 0)
         summary = self.summary()
         if cfg.train.task in ("node", "edge"):
