@@ -122,6 +122,7 @@ class Run:
         out["best_val_ap"] = best.get("val_ap")
         out["test_ap_at_best_val"] = best.get("test_ap")
         out["train_events_per_s"] = float(np.mean([h["events_per_s"] for h in self.history]))
+        out["traversed_events"] = int(sum(h["train_events"] for h in self.history))
         return out
 
     # ------------------------------------------------------------------------------------------
