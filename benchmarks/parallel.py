@@ -45,7 +45,7 @@ def launch(layout: str, args) -> dict:
         s = json.loads(r.stdout.strip().splitlines()[-1])
     return {"layout": layout, "processes": n, "wall_seconds": wall, "train_events_per_s": s["train_events_per_s"],
             "traversed_events": s["traversed_events"], "loss": s["loss"], "test_ap": s["test_ap"],
-            "test_mrr": s.get("test_mrr"), "val_ap": s["val_ap"], "memory_backend": s["memory_backend"]}
+            "test_mrr": s.get("test_mrr"), "val_ap": s["val_ap"], "memory_backend": s.get("memory_backend", "local")}
 
 
 def main():
