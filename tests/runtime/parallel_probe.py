@@ -38,6 +38,7 @@ def main(out: str, *overrides: str) -> None:
                         "params": [p.detach() for p in m.parameters()],
                         "events": events}, out)
             print(json.dumps({"iterations": par.iterations}))
+        collectives.barrier(groups.get("world"), name="shutdown")  # all done before teardown
     finally:
         groups.destroy()
 

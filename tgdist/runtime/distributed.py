@@ -306,6 +306,10 @@ def run_parallel(cfg: DictConfig, run_dir) -> dict:
                        "communication": par.counter.as_dict()}
             Run.write_summary(run_dir, run_cfg, summary)
         summary = collectives.broadcast_object(summary, src=0, group=groups.get("world"))
+        # every rank is done before any tears its process group down: a rank that leaves while a
+        # peer still talks to it can abort in gloo's shutdown ("terminate called without an
+        # active exception"). Only on this success path, so failures still exit at once.
+        collectives.barrier(groups.get("world"), name="shutdown")
         return summary
     finally:
         if trainer is not None and hasattr(trainer.memory, "close"):
