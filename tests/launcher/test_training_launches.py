@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from .helpers import REPO, free_port, run_all
+from .helpers import REPO, free_port, run_all, train_events
 from .test_mpi import mpiexec
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -20,18 +20,10 @@ SMALL = ["data.max_events=1500", "model.mem_dim=16", "model.time_dim=8", "train.
 ENV = {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
 
 
-def train_events() -> int:
-    from tgdist.config import load_data
-    from tgdist.runtime.build import compose
-    from tgdist.runtime.data import chronological_split
-
-    return chronological_split(load_data(compose(SMALL).data)).train_end
-
-
 def check_summary(run_dir, layout: str, epochs: int) -> dict:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["parallel"] == layout
-    assert summary["traversed_events"] == epochs * train_events()
+    assert summary["traversed_events"] == epochs * train_events(*SMALL)
     assert 0.0 <= summary["test_ap"] <= 1.0
     return summary
 

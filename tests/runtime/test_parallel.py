@@ -2,13 +2,14 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.launcher.helpers import free_port, train_events
 
 pytestmark = pytest.mark.distributed
 
@@ -17,25 +18,14 @@ SMALL = ["data.max_events=1500", "model.mem_dim=16", "model.time_dim=8", "model.
          "train.num_threads=1", "sampler.num_threads=1", "train.lr_scaling=none", "train.progress=false"]
 
 
-def train_events() -> int:
-    from tgdist.runtime.build import compose
-    from tgdist.config import load_data
-    from tgdist.runtime.data import chronological_split
-
-    return chronological_split(load_data(compose(SMALL).data)).train_end
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def torchrun_cmd(nproc: int, *args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{free_port()}", *args]
 
 
 def torchrun(nproc: int, *args: str, cwd=None) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
-           "--rdzv-endpoint", f"127.0.0.1:{free_port()}", *args]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=cwd)
+    r = subprocess.run(torchrun_cmd(nproc, *args), capture_output=True, text=True, timeout=300, env=env, cwd=cwd)
     assert r.returncode == 0, r.stderr[-3000:]
     return r
 
@@ -50,7 +40,7 @@ def test_2x1x1_with_batch_b_matches_1x1x1_with_batch_2b(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     torchrun(2, PROBE, str(para), *SMALL, "train.batch_size=100", "parallel.i=2", "train.epochs=1")
     a, b = torch.load(single, weights_only=True), torch.load(para, weights_only=True)
-    n = train_events()
+    n = train_events(*SMALL)
     assert a["events"] == b["events"] == n  # the whole training split, once
     assert a["mem"].shape == b["mem"].shape and a["mem"].abs().sum() > 0
     torch.testing.assert_close(a["mem"], b["mem"], rtol=1e-4, atol=1e-5)  # memory after every step
@@ -76,7 +66,7 @@ def test_torchrun_layouts_train_every_event_the_expected_number_of_times(tmp_pat
                  cwd=tmp_path)
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["parallel"] == f"{i} x {j} x {k}"
-    assert summary["traversed_events"] == epochs * train_events()  # as many as the single-process run
+    assert summary["traversed_events"] == epochs * train_events(*SMALL)  # as many as the single-process run
     assert 0.0 <= summary["test_ap"] <= 1.0
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["test_ap"] == summary["test_ap"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no per-rank leftovers
@@ -84,9 +74,7 @@ def test_torchrun_layouts_train_every_event_the_expected_number_of_times(tmp_pat
 
 def test_layout_not_matching_the_world_fails_before_training(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-           "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "-m", "tgdist.train", *SMALL, "parallel.i=3",
-           f"run_dir={tmp_path / 'run'}"]
+    cmd = torchrun_cmd(2, "-m", "tgdist.train", *SMALL, "parallel.i=3", f"run_dir={tmp_path / 'run'}")
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert r.returncode != 0
     assert "parallel.i x parallel.j x parallel.k = 3 x 1 x 1 = 3 but the world has 2 processes" in r.stderr
@@ -121,8 +109,7 @@ def test_sigkill_of_a_trainer_then_resume_finishes_with_the_same_metrics(tmp_pat
     expected = json.loads(full.stdout.strip().splitlines()[-1])
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TGDIST_FAULT_KILL": "1:9"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
-           "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "-m", "tgdist.train", *common, f"run_dir={tmp_path / 'cut'}"]
+    cmd = torchrun_cmd(nproc, "-m", "tgdist.train", *common, f"run_dir={tmp_path / 'cut'}")
     start = time.monotonic()
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert r.returncode != 0 and time.monotonic() - start < 60
@@ -191,8 +178,7 @@ def test_sigkill_of_the_memory_daemon_then_resume(tmp_path):
     expected = json.loads(torchrun(2, "-m", "tgdist.train", *common, f"run_dir={tmp_path / 'full'}",
                                    cwd=tmp_path).stdout.strip().splitlines()[-1])
     before = {p for p in os.listdir("/dev/shm") if p.startswith("tgdist-")}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-           "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "-m", "tgdist.train", *common, f"run_dir={tmp_path / 'cut'}"]
+    cmd = torchrun_cmd(2, "-m", "tgdist.train", *common, f"run_dir={tmp_path / 'cut'}")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
                             env={**os.environ, "OMP_NUM_THREADS": "1"}, start_new_session=True)
     try:

@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from numba import njit, prange
 
+from tgdist.runtime.kernels import torch_threads_kept
+
 
 @njit(parallel=True, cache=True, fastmath=False)
 def attention_forward(q, kvn, kvt, kve, nbr, dti, ei, mask, num_heads, scale, out, w):
@@ -120,12 +122,6 @@ def attention_backward(g, q, kvn, kvt, kve, nbr, dti, ei, mask, w, num_heads, sc
                         dkve[e, d + c] += gv
 
 
-def _restore_threads(threads: int) -> None:
-    """numba's OpenMP layer shares libgomp with torch and may reset its thread count."""
-    if torch.get_num_threads() != threads:
-        torch.set_num_threads(threads)
-
-
 class FusedAttention(torch.autograd.Function):
     """out [n, D] = multi-head attention of ``q`` over pairs whose key/value rows are
     ``kvn[nbr] + kvt[dti] (+ kve[ei])`` (see ``attention_forward``)."""
@@ -139,9 +135,8 @@ class FusedAttention(torch.autograd.Function):
         out = np.empty_like(qn)
         w = np.empty((n, kk, num_heads), dtype=np.float32)
         scale = np.float32(1.0 / math.sqrt(q.shape[1] // num_heads))
-        threads = torch.get_num_threads()
-        attention_forward(qn, *tabs, *idx, num_heads, scale, out, w)
-        _restore_threads(threads)
+        with torch_threads_kept():
+            attention_forward(qn, *tabs, *idx, num_heads, scale, out, w)
         ctx.save_for_backward(q, kvn, kvt, kve, nbr, dti, ei, mask, torch.from_numpy(w))
         ctx.num_heads, ctx.scale = num_heads, scale
         return torch.from_numpy(out)
@@ -152,10 +147,9 @@ class FusedAttention(torch.autograd.Function):
         arrays = [t.detach().contiguous().numpy() for t in (q, kvn, kvt, kve)]
         dq = np.empty_like(arrays[0])
         dtabs = [np.zeros_like(a) for a in arrays[1:]]
-        threads = torch.get_num_threads()
-        attention_backward(g.contiguous().numpy(), *arrays, nbr.numpy(), dti.numpy(), ei.numpy(), mask.numpy(),
-                           w.numpy(), ctx.num_heads, ctx.scale, dq, *dtabs)
-        _restore_threads(threads)
+        with torch_threads_kept():
+            attention_backward(g.contiguous().numpy(), *arrays, nbr.numpy(), dti.numpy(), ei.numpy(),
+                               mask.numpy(), w.numpy(), ctx.num_heads, ctx.scale, dq, *dtabs)
         return (torch.from_numpy(dq), *(torch.from_numpy(t) for t in dtabs), None, None, None, None, None)
 
 

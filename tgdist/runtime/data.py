@@ -289,19 +289,25 @@ def _locate_loadtxt_error(path: Path, msg: str, lines: np.ndarray) -> str:
     return f"{path}: {msg.splitlines()[0] if msg else 'unreadable table'}"
 
 
-def _as_ids(table: _Table, col: int, what: str) -> np.ndarray:
+def _integral(table: _Table, col: int, what: str) -> np.ndarray:
+    """Column ``col`` as int64; NaN, inf or fractions are errors naming ``what``, file and line."""
     v = table.column(col)
     if v.dtype.kind == "f":
         bad = ~np.isfinite(v) | (v != np.floor(v))
         if bad.any():
             r = int(np.argmax(bad))
-            raise DataError(f"{table.path}:{table.lines[r]}: {what} id {v[r].item()} is not an integer")
+            raise DataError(f"{table.path}:{table.lines[r]}: {what} {v[r].item()} is not an integer")
         v = v.astype(np.int64)
+    return np.ascontiguousarray(v)
+
+
+def _as_ids(table: _Table, col: int, what: str) -> np.ndarray:
+    v = _integral(table, col, f"{what} id")
     neg = v < 0
     if neg.any():
         r = int(np.argmax(neg))
         raise DataError(f"{table.path}:{table.lines[r]}: {what} id {v[r].item()} is negative")
-    return np.ascontiguousarray(v)
+    return v
 
 
 def _as_times(table: _Table, col: int, what: str = "time") -> np.ndarray:
@@ -313,18 +319,6 @@ def _as_times(table: _Table, col: int, what: str = "time") -> np.ndarray:
             raise DataError(f"{table.path}:{table.lines[r]}: {what} {v[r].item()} is not a finite number")
         if (v == np.floor(v)).all() and np.abs(v).max() < 2**53:
             v = v.astype(np.int64)  # integral after all (a float column elsewhere forced float64)
-    return np.ascontiguousarray(v)
-
-
-def _as_labels(table: _Table, col: int, what: str = "label") -> np.ndarray:
-    """An integer class-label column (int64); NaN, inf or fractions are errors."""
-    v = table.column(col)
-    if v.dtype.kind == "f":
-        bad = ~np.isfinite(v) | (v != np.floor(v))
-        if bad.any():
-            r = int(np.argmax(bad))
-            raise DataError(f"{table.path}:{table.lines[r]}: {what} {v[r].item()} is not an integer")
-        v = v.astype(np.int64)
     return np.ascontiguousarray(v)
 
 
@@ -362,7 +356,7 @@ def _read_edgelist(path: Path, data: bytes, columns: str | None) -> dict:
            "t": _as_times(table, pos["t"]), "table": table}
     feat_cols = [i for i in range(ncol) if i >= len(spec) or spec[i] == "feat"]
     if "label" in pos:
-        out["label"] = _as_labels(table, pos["label"])
+        out["label"] = _integral(table, pos["label"], "label")
     if feat_cols:
         feats = table.values[:, feat_cols].astype(np.float32)
         _check_finite(feats, table, "edge feature")
@@ -375,7 +369,7 @@ def _read_jodie(path: Path, data: bytes) -> dict:
     if table.values.shape[1] < 4:
         raise DataError(f"{path}:{table.lines[0]}: a JODIE file needs user,item,timestamp,state_label[,features...]; found {table.values.shape[1]} fields")
     out = {"src": _as_ids(table, 0, "user"), "dst": _as_ids(table, 1, "item"), "t": _as_times(table, 2),
-           "label": _as_labels(table, 3, "state_label"), "table": table, "bipartite": True}
+           "label": _integral(table, 3, "state_label"), "table": table, "bipartite": True}
     if table.values.shape[1] > 4:
         feats = table.values[:, 4:].astype(np.float32)
         _check_finite(feats, table, "edge feature")
@@ -416,7 +410,7 @@ def _read_tgl_labels(path: Path) -> dict:
         if need not in col:
             raise DataError(f"{path}:1: TGL labels.csv needs columns ,node,time,label; header is {','.join(header)!r}")
     return {"node": _as_ids(table, col["node"], "node"), "t": _as_times(table, col["time"]),
-            "label": _as_labels(table, col["label"]), "table": table}
+            "label": _integral(table, col["label"], "label"), "table": table}
 
 
 def _read_tgl(path: Path) -> dict:
@@ -431,7 +425,7 @@ def _read_tgl(path: Path) -> dict:
     out = {"src": _as_ids(table, col["src"], "source"), "dst": _as_ids(table, col["dst"], "destination"),
            "t": _as_times(table, col["time"]), "table": table}
     if "ext_roll" in col:
-        roll = _as_labels(table, col["ext_roll"], "ext_roll")
+        roll = _integral(table, col["ext_roll"], "ext_roll")
         bad = (roll < 0) | (roll > 2)
         if bad.any():
             r = int(np.argmax(bad))

@@ -6,6 +6,8 @@ specialisation per dtype); outputs have fixed shapes with a boolean mask for emp
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numba
 import numpy as np
 from numba import njit, prange
@@ -274,6 +276,24 @@ def synth_events(start, stop, key, src_cum, dst_nodes, dst_cum, comm_ptr, comm, 
             recent[v, p] = u
             recent_pos[v] = (p + 1) % ring
             recent_count[v] = min(recent_count[v] + 1, ring)
+
+
+@contextmanager
+def torch_threads_kept():
+    """Run numba parallel kernels without changing torch's thread count.
+
+    numba's OpenMP layer shares libgomp with torch, and a parallel launch resets the thread count
+    torch reads: without this, ``train.num_threads`` would be silently ignored after the first
+    launch, and results (which depend on the reduction order) would change between reruns.
+    """
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
 
 
 def set_threads(num_threads: int) -> int:

@@ -106,10 +106,11 @@ class TemporalSampler:
         roots = np.ascontiguousarray(roots, dtype=np.int64)
         root_t = np.ascontiguousarray(root_t, dtype=self.tcsr.t.dtype)
         hops = []
-        for level, k in enumerate(self.fanouts):
-            hop = self._sample_hop(roots, root_t, k, level)
-            hops.append(hop)
-            roots, root_t = hop.nbr.reshape(-1), hop.t.reshape(-1)
+        with kernels.torch_threads_kept():
+            for level, k in enumerate(self.fanouts):
+                hop = self._sample_hop(roots, root_t, k, level)
+                hops.append(hop)
+                roots, root_t = hop.nbr.reshape(-1), hop.t.reshape(-1)
         self.calls += 1
         return hops
 

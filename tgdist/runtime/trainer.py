@@ -122,7 +122,6 @@ class Trainer:
         self.writes_enabled = True
         if num_threads > 0:
             torch.set_num_threads(num_threads)
-        self.torch_threads = torch.get_num_threads()
         self.epoch_loss_sum, self.epoch_events = 0.0, 0
         self.grad_hook = None  # called between backward and the optimizer step (gradient averaging)
 
@@ -145,11 +144,6 @@ class Trainer:
         roots = np.concatenate([g.src[lo:hi], g.dst[lo:hi], neg.T.reshape(-1)])
         root_t = np.tile(g.t[lo:hi], 2 + num_neg)
         hops = self.sampler.sample(roots, root_t) if model.num_hops else []
-        if torch.get_num_threads() != self.torch_threads:
-            # numba's OpenMP layer shares libgomp with torch and resets its thread count on a
-            # parallel launch; without this, train.num_threads is silently ignored (and results
-            # change with the thread count, breaking bit-identical reruns).
-            torch.set_num_threads(self.torch_threads)
         t1 = time.perf_counter()
         tm.add("sample", t1 - t0)
 
