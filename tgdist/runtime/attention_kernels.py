@@ -1,12 +1,23 @@
 """Fused temporal attention on CPU: numba kernels and the autograd Function around them.
 
-The torch formulation gathers per-pair key/value rows ``[num_roots, K, 2 * dim]`` from three
-tables (per node, per distinct time gap, per distinct event), adds them, and scatters their
-gradients back. Here each pair's rows are read on the fly and never materialised; the backward
-pass accumulates straight into the tables. Forward runs in parallel over roots; backward in
-parallel over heads, whose table columns are disjoint, so the accumulation needs no atomics.
-``TemporalAttentionLayer`` uses this on CPU and the torch formulation on GPUs; the tests check
-that both give the same values and gradients.
+A pair (root r, neighbour j) has key/value rows ``kv_h(h_a) + kv_t(phi(dt)) + kv_e(e)`` (node a,
+time gap dt, event e). The torch formulation projects every distinct gap and event through
+``kv_t`` / ``kv_e`` and gathers per-pair rows ``[num_roots, K, 2 * dim]``. Both projections are
+linear without bias, so per head h
+
+    q_h . (W_t,h phi)  = (W_t,h^T q_h) . phi         (score term: one small product per root)
+    sum_j p_j W_t,h phi_j = W_t,h (sum_j p_j phi_j)  (value term: one small product per root)
+
+and the kernels work on the raw ``phi`` and edge-feature rows instead: the per-gap product
+``[num_gaps, time_dim] x [time_dim, 2 * dim]`` (the largest matmul of a TGN step on CPU, with
+about 10,000 distinct gaps per 600 events) is replaced by two ``[num_roots, dim] x [dim, time_dim]``
+products. Pair rows are read on the fly and never materialised.
+
+Forward runs in parallel over roots. Backward runs in two passes: per-root gradients in parallel
+over roots, then the accumulation into the tables in parallel over fixed column blocks (disjoint,
+so no atomics, and the summation order is the same for any thread count: results do not depend on
+``train.num_threads``). ``TemporalAttentionLayer`` uses this on CPU and the torch formulation on
+GPUs; the tests check that both give the same values and gradients.
 """
 
 from __future__ import annotations
@@ -15,143 +26,208 @@ import math
 
 import numpy as np
 import torch
+import numba
 from numba import njit, prange
 
 from tgdist.runtime.kernels import torch_threads_kept
 
+# Reassociation lets LLVM vectorise the dot products; no NaN/inf assumptions are made. Rows are
+# handled as 1-d slices through the small helpers below: indexing 3-d arrays element by element in
+# the inner loops kept LLVM from vectorising them (2.7x slower forward).
+FASTMATH = {"reassoc", "contract"}
 
-@njit(parallel=True, cache=True, fastmath=False)
-def attention_forward(q, kvn, kvt, kve, nbr, dti, ei, mask, num_heads, scale, out, w):
-    """``q [n, D]``; tables ``kvn [U, 2D]``, ``kvt [T, 2D]``, ``kve [E, 2D]`` (keys in the first D
-    columns, values in the last D); ``nbr, dti, ei, mask [n, K]``; writes ``out [n, D]`` and the
-    attention weights ``w [n, K, H]`` (0 where masked). ``kve`` has 0 rows when there are no edge
-    features."""
+
+@njit(fastmath=FASTMATH, inline="always")
+def _dot(a, b):
+    s = np.float32(0.0)
+    for c in range(a.shape[0]):
+        s += a[c] * b[c]
+    return s
+
+
+@njit(fastmath=FASTMATH, inline="always")
+def _axpy(x, a, out):
+    """out += x * a"""
+    for c in range(a.shape[0]):
+        out[c] += x * a[c]
+
+
+@njit(parallel=True, cache=True, fastmath=FASTMATH)
+def attention_forward(q, kvn, ut, phi, ue, ef, nbr, dti, ei, mask, num_heads, scale, out, aggt, agge, w):
+    """Scores ``scale * (q_h . kn_a,h + ut_h . phi_b + ue_h . ef_e)``, softmax over valid pairs.
+
+    ``q [n, D]``; ``kvn [U, 2D]`` node keys (first D columns) and values (last D); ``ut [n, H, Tt]``
+    and ``ue [n, H, Te]`` the queries projected into time and edge-feature space; ``phi [T, Tt]``,
+    ``ef [E, Te]`` (0 rows without edge features); ``nbr, dti, ei, mask [n, K]``.
+    Writes ``out [n, D]`` (node values), ``aggt [n, H, Tt]`` and ``agge [n, H, Te]`` (weighted sums
+    of phi and edge rows) and the weights ``w [n, K, H]`` (0 where masked)."""
     n, k = nbr.shape
     d = q.shape[1]
     dh = d // num_heads
-    has_edge = kve.shape[0] > 0
+    has_edge = ef.shape[0] > 0
     for r in prange(n):
-        for h in range(num_heads):
-            c0 = h * dh
-            best = -np.inf
-            for j in range(k):
-                if not mask[r, j]:
-                    w[r, j, h] = 0.0
-                    continue
-                a, b, e = nbr[r, j], dti[r, j], ei[r, j]
-                s = 0.0
-                for c in range(c0, c0 + dh):
-                    kv = kvn[a, c] + kvt[b, c]
-                    if has_edge:
-                        kv += kve[e, c]
-                    s += q[r, c] * kv
+        qr, ur, uer, wr = q[r], ut[r], ue[r], w[r]
+        best = np.full(num_heads, -np.inf, dtype=np.float32)
+        for j in range(k):
+            if not mask[r, j]:
+                wr[j] = 0.0
+                continue
+            kv, ph = kvn[nbr[r, j]], phi[dti[r, j]]
+            for h in range(num_heads):
+                s = _dot(qr[h * dh:(h + 1) * dh], kv[h * dh:(h + 1) * dh]) + _dot(ur[h], ph)
+                if has_edge:
+                    s += _dot(uer[h], ef[ei[r, j]])
                 s *= scale
-                w[r, j, h] = s
-                if s > best:
-                    best = s
-            total = 0.0
-            for j in range(k):
-                if mask[r, j]:
-                    x = math.exp(w[r, j, h] - best)
-                    w[r, j, h] = x
-                    total += x
-            for c in range(c0, c0 + dh):
-                out[r, c] = 0.0
-            if total > 0.0:
-                for j in range(k):
-                    if not mask[r, j]:
-                        continue
-                    p = w[r, j, h] / total
-                    w[r, j, h] = p
-                    a, b, e = nbr[r, j], dti[r, j], ei[r, j]
-                    for c in range(c0, c0 + dh):
-                        v = kvn[a, d + c] + kvt[b, d + c]
-                        if has_edge:
-                            v += kve[e, d + c]
-                        out[r, c] += p * v
+                wr[j, h] = s
+                best[h] = max(best[h], s)
+        total = np.zeros(num_heads, dtype=np.float32)
+        for j in range(k):
+            if mask[r, j]:
+                for h in range(num_heads):
+                    x = np.float32(math.exp(wr[j, h] - best[h]))
+                    wr[j, h] = x
+                    total[h] += x
+        out[r] = 0.0
+        aggt[r] = 0.0
+        agge[r] = 0.0
+        for j in range(k):
+            if not mask[r, j]:
+                continue
+            kv, ph = kvn[nbr[r, j]], phi[dti[r, j]]
+            for h in range(num_heads):
+                p = wr[j, h] / total[h]
+                wr[j, h] = p
+                _axpy(p, kv[d + h * dh:d + (h + 1) * dh], out[r, h * dh:(h + 1) * dh])
+                _axpy(p, ph, aggt[r, h])
+                if has_edge:
+                    _axpy(p, ef[ei[r, j]], agge[r, h])
 
 
-@njit(parallel=True, cache=True, fastmath=False)
-def attention_backward(g, q, kvn, kvt, kve, nbr, dti, ei, mask, w, num_heads, scale, dq, dkvn, dkvt, dkve):
-    """Gradients of ``attention_forward`` given ``g = dL/dout [n, D]``; ``dq`` is written,
-    ``dkvn, dkvt, dkve`` (zero-initialised, table shapes) are accumulated into."""
+@njit(parallel=True, cache=True, fastmath=FASTMATH)
+def attention_backward_roots(g, gt, ge, q, kvn, ut, phi, ue, ef, nbr, dti, ei, mask, w, num_heads, scale,
+                             ds, dq, dut, due):
+    """Per-root pass: ``ds [n, K, H]`` (score gradients, scale included), ``dq [n, D]``,
+    ``dut [n, H, Tt]``, ``due [n, H, Te]`` from the output gradients ``g [n, D]``,
+    ``gt [n, H, Tt]``, ``ge [n, H, Te]``. Softmax backward: ds_j = p_j (dp_j - sum_i p_i dp_i)."""
     n, k = nbr.shape
     d = q.shape[1]
     dh = d // num_heads
-    has_edge = kve.shape[0] > 0
-    for h in prange(num_heads):
-        c0 = h * dh
-        dw = np.empty(k, dtype=np.float32)
+    has_edge = ef.shape[0] > 0
+    for r in prange(n):
+        gr, gtr, ger, wr, dsr = g[r], gt[r], ge[r], w[r], ds[r]
+        acc = np.zeros(num_heads, dtype=np.float32)
+        for j in range(k):
+            if not mask[r, j]:
+                dsr[j] = 0.0
+                continue
+            kv, ph = kvn[nbr[r, j]], phi[dti[r, j]]
+            for h in range(num_heads):
+                s = _dot(gr[h * dh:(h + 1) * dh], kv[d + h * dh:d + (h + 1) * dh]) + _dot(gtr[h], ph)
+                if has_edge:
+                    s += _dot(ger[h], ef[ei[r, j]])
+                dsr[j, h] = s  # dp_j for now
+                acc[h] += wr[j, h] * s
+        dq[r] = 0.0
+        dut[r] = 0.0
+        due[r] = 0.0
+        for j in range(k):
+            if not mask[r, j]:
+                continue
+            kv, ph = kvn[nbr[r, j]], phi[dti[r, j]]
+            for h in range(num_heads):
+                x = wr[j, h] * (dsr[j, h] - acc[h]) * scale
+                dsr[j, h] = x
+                _axpy(x, kv[h * dh:(h + 1) * dh], dq[r, h * dh:(h + 1) * dh])
+                _axpy(x, ph, dut[r, h])
+                if has_edge:
+                    _axpy(x, ef[ei[r, j]], due[r, h])
+
+
+@njit(parallel=True, cache=True, fastmath=FASTMATH)
+def attention_backward_tables(g, gt, ge, q, ut, ue, nbr, dti, ei, mask, w, ds, num_heads, num_jobs,
+                              dkvn, dphi, def_):
+    """Table pass: accumulate into ``dkvn [U, 2D]``, ``dphi [T, Tt]``, ``def_ [E, Te]`` (zeroed;
+    0 rows for ``def_`` skips it). Node keys get ``ds_h q_h``, node values ``p_h g_h``, time and
+    edge rows ``sum_h ds_h u_h + p_h g_h``.
+
+    Each job owns a range of table rows and walks every pair in order: no two jobs write the same
+    row, and every element is summed in pair order whatever the number of jobs or threads."""
+    n, k = nbr.shape
+    d = q.shape[1]
+    dh = d // num_heads
+    has_edge = def_.shape[0] > 0
+    for job in prange(num_jobs):
+        lo_n, hi_n = job * dkvn.shape[0] // num_jobs, (job + 1) * dkvn.shape[0] // num_jobs
+        lo_t, hi_t = job * dphi.shape[0] // num_jobs, (job + 1) * dphi.shape[0] // num_jobs
+        lo_e, hi_e = job * def_.shape[0] // num_jobs, (job + 1) * def_.shape[0] // num_jobs
         for r in range(n):
-            for c in range(c0, c0 + dh):
-                dq[r, c] = 0.0
-            # dL/dw_j = g . v_j ; softmax backward: ds_j = w_j (dw_j - sum_i w_i dw_i)
-            acc = 0.0
-            for j in range(k):
-                dw[j] = 0.0
-                if not mask[r, j]:
-                    continue
-                a, b, e = nbr[r, j], dti[r, j], ei[r, j]
-                s = 0.0
-                for c in range(c0, c0 + dh):
-                    v = kvn[a, d + c] + kvt[b, d + c]
-                    if has_edge:
-                        v += kve[e, d + c]
-                    s += g[r, c] * v
-                dw[j] = s
-                acc += w[r, j, h] * s
+            qr, gr, utr, gtr, uer, ger, wr, dsr = q[r], g[r], ut[r], gt[r], ue[r], ge[r], w[r], ds[r]
             for j in range(k):
                 if not mask[r, j]:
                     continue
-                p = w[r, j, h]
-                ds = p * (dw[j] - acc) * scale
-                a, b, e = nbr[r, j], dti[r, j], ei[r, j]
-                for c in range(c0, c0 + dh):
-                    kk = kvn[a, c] + kvt[b, c]
-                    if has_edge:
-                        kk += kve[e, c]
-                    dq[r, c] += ds * kk
-                    gk = ds * q[r, c]
-                    gv = p * g[r, c]
-                    dkvn[a, c] += gk
-                    dkvt[b, c] += gk
-                    dkvn[a, d + c] += gv
-                    dkvt[b, d + c] += gv
-                    if has_edge:
-                        dkve[e, c] += gk
-                        dkve[e, d + c] += gv
+                a, b = nbr[r, j], dti[r, j]
+                if lo_n <= a < hi_n:
+                    row = dkvn[a]
+                    for h in range(num_heads):
+                        _axpy(dsr[j, h], qr[h * dh:(h + 1) * dh], row[h * dh:(h + 1) * dh])
+                        _axpy(wr[j, h], gr[h * dh:(h + 1) * dh], row[d + h * dh:d + (h + 1) * dh])
+                if lo_t <= b < hi_t:
+                    row = dphi[b]
+                    for h in range(num_heads):
+                        _axpy(dsr[j, h], utr[h], row)
+                        _axpy(wr[j, h], gtr[h], row)
+                if has_edge:
+                    e = ei[r, j]
+                    if lo_e <= e < hi_e:
+                        row = def_[e]
+                        for h in range(num_heads):
+                            _axpy(dsr[j, h], uer[h], row)
+                            _axpy(wr[j, h], ger[h], row)
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().contiguous().numpy()
 
 
 class FusedAttention(torch.autograd.Function):
-    """out [n, D] = multi-head attention of ``q`` over pairs whose key/value rows are
-    ``kvn[nbr] + kvt[dti] (+ kve[ei])`` (see ``attention_forward``)."""
+    """``(out [n, D], aggt [n, H, Tt], agge [n, H, Te])``: node values, and phi and edge rows,
+    averaged with the attention weights of ``attention_forward``."""
 
     @staticmethod
-    def forward(ctx, q, kvn, kvt, kve, nbr, dti, ei, mask, num_heads):
-        qn = q.detach().contiguous().numpy()
-        tabs = [t.detach().contiguous().numpy() for t in (kvn, kvt, kve)]
-        idx = [x.contiguous().numpy() for x in (nbr, dti, ei, mask)]
+    def forward(ctx, q, kvn, ut, phi, ue, ef, nbr, dti, ei, mask, num_heads):
+        arrays = [_np(t) for t in (q, kvn, ut, phi, ue, ef)]
+        idx = [_np(x) for x in (nbr, dti, ei, mask)]
         n, kk = nbr.shape
-        out = np.empty_like(qn)
+        out = np.empty_like(arrays[0])
+        aggt, agge = np.empty_like(arrays[2]), np.empty_like(arrays[4])
         w = np.empty((n, kk, num_heads), dtype=np.float32)
         scale = np.float32(1.0 / math.sqrt(q.shape[1] // num_heads))
         with torch_threads_kept():
-            attention_forward(qn, *tabs, *idx, num_heads, scale, out, w)
-        ctx.save_for_backward(q, kvn, kvt, kve, nbr, dti, ei, mask, torch.from_numpy(w))
+            attention_forward(*arrays, *idx, num_heads, scale, out, aggt, agge, w)
+        ctx.save_for_backward(q, kvn, ut, phi, ue, ef, nbr, dti, ei, mask, torch.from_numpy(w))
         ctx.num_heads, ctx.scale = num_heads, scale
-        return torch.from_numpy(out)
+        return torch.from_numpy(out), torch.from_numpy(aggt), torch.from_numpy(agge)
 
     @staticmethod
-    def backward(ctx, g):
-        q, kvn, kvt, kve, nbr, dti, ei, mask, w = ctx.saved_tensors
-        arrays = [t.detach().contiguous().numpy() for t in (q, kvn, kvt, kve)]
-        dq = np.empty_like(arrays[0])
-        dtabs = [np.zeros_like(a) for a in arrays[1:]]
+    def backward(ctx, g, gt, ge):
+        q, kvn, ut, phi, ue, ef, nbr, dti, ei, mask, w = ctx.saved_tensors
+        qa, kvna, uta, phia, uea, efa = (_np(t) for t in (q, kvn, ut, phi, ue, ef))
+        idx = [_np(x) for x in (nbr, dti, ei, mask)]
+        grads = [_np(x) for x in (g, gt, ge)]
+        wa = w.numpy()
+        ds = np.empty_like(wa)
+        dq, dut, due = np.empty_like(qa), np.empty_like(uta), np.empty_like(uea)
+        dkvn, dphi = np.zeros_like(kvna), np.zeros_like(phia)
+        edge_grad = ctx.needs_input_grad[5]  # raw edge features usually need none: skip their job
+        def_ = np.zeros_like(efa) if edge_grad else np.zeros((0, efa.shape[1]), dtype=efa.dtype)
         with torch_threads_kept():
-            attention_backward(g.contiguous().numpy(), *arrays, nbr.numpy(), dti.numpy(), ei.numpy(),
-                               mask.numpy(), w.numpy(), ctx.num_heads, ctx.scale, dq, *dtabs)
-        return (torch.from_numpy(dq), *(torch.from_numpy(t) for t in dtabs), None, None, None, None, None)
+            attention_backward_roots(*grads, qa, kvna, uta, phia, uea, efa, *idx, wa, ctx.num_heads, ctx.scale,
+                                     ds, dq, dut, due)
+            attention_backward_tables(*grads, qa, uta, uea, *idx, wa, ds, ctx.num_heads, numba.get_num_threads(),
+                                      dkvn, dphi, def_)
+        grads = [torch.from_numpy(x) for x in (dq, dkvn, dut, dphi, due)]
+        return (*grads, torch.from_numpy(def_) if edge_grad else None, None, None, None, None, None)
 
 
-def fused_attention(q, kvn, kvt, kve, nbr, dti, ei, mask, num_heads: int) -> torch.Tensor:
-    return FusedAttention.apply(q, kvn, kvt, kve, nbr, dti, ei, mask, num_heads)
+def fused_attention(q, kvn, ut, phi, ue, ef, nbr, dti, ei, mask, num_heads: int):
+    return FusedAttention.apply(q, kvn, ut, phi, ue, ef, nbr, dti, ei, mask, num_heads)

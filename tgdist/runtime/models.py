@@ -59,7 +59,11 @@ class MemoryUpdate:
 
 
 class _CellUpdater(nn.Module):
-    """s' = CELL([mail || phi(mail_ts - mem_ts)], s) for nodes with a pending mail (one slot)."""
+    """s' = CELL([mail || phi(mail_ts - mem_ts)], s) for nodes with a pending mail (one slot).
+
+    The cell's input map is applied split, ``W_m mail + W_t phi``: mails and memory are stored
+    (detached) values, so only the ``phi`` columns need an input gradient. ``cell`` holds the
+    parameters with torch's names and initialisation (``weight_ih``, ``weight_hh``, ...)."""
 
     def __init__(self, cell: nn.Module, time_enc: TimeEncoder):
         super().__init__()
@@ -73,25 +77,44 @@ class _CellUpdater(nn.Module):
             return MemoryUpdate(read.mem, read.mem_ts, has)
         idx = torch.nonzero(has).squeeze(1)
         dt = (mail_ts[idx] - read.mem_ts[idx]).float()
-        new = self.cell(torch.cat([mail[idx], self.time_enc(dt)], dim=1), read.mem[idx])
+        new = self.step(mail[idx], self.time_enc(dt), read.mem[idx])
         mem = read.mem.index_copy(0, idx, new)
         return MemoryUpdate(mem, torch.where(has, mail_ts, read.mem_ts), has)
 
+    def input_map(self, mail: torch.Tensor, phi: torch.Tensor) -> torch.Tensor:
+        """``W_ih [mail || phi] + b_ih`` without the concatenation."""
+        w, m = self.cell.weight_ih, mail.shape[1]
+        return F.linear(mail, w[:, :m]) + F.linear(phi, w[:, m:], self.cell.bias_ih)
+
+    def step(self, mail: torch.Tensor, phi: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
 
 class GRUUpdater(_CellUpdater):
-    """TGN: a GRU cell (DistTGL eq. 3 with UPDT = GRU)."""
+    """TGN: a GRU cell (DistTGL eq. 3 with UPDT = GRU), gates as in ``torch.nn.GRUCell``."""
 
     def __init__(self, mem_dim: int, mail_dim: int, time_dim: int):
         te = TimeEncoder(time_dim)
         super().__init__(nn.GRUCell(mail_dim + time_dim, mem_dim), te)
 
+    def step(self, mail, phi, h):
+        i_r, i_z, i_n = self.input_map(mail, phi).chunk(3, dim=1)
+        h_r, h_z, h_n = F.linear(h, self.cell.weight_hh, self.cell.bias_hh).chunk(3, dim=1)
+        r = torch.sigmoid(i_r + h_r)
+        z = torch.sigmoid(i_z + h_z)
+        n = torch.tanh(torch.addcmul(i_n, r, h_n))
+        return n + z * (h - n)  # (1 - z) n + z h
+
 
 class RNNUpdater(_CellUpdater):
-    """JODIE: a vanilla tanh RNN cell."""
+    """JODIE: a vanilla tanh RNN cell (``torch.nn.RNNCell``)."""
 
     def __init__(self, mem_dim: int, mail_dim: int, time_dim: int):
         te = TimeEncoder(time_dim)
         super().__init__(nn.RNNCell(mail_dim + time_dim, mem_dim), te)
+
+    def step(self, mail, phi, h):
+        return torch.tanh(self.input_map(mail, phi) + F.linear(h, self.cell.weight_hh, self.cell.bias_hh))
 
 
 class MailboxAttentionUpdater(nn.Module):
@@ -212,31 +235,45 @@ class TemporalAttentionLayer(nn.Module):
         table ``hop.nbr`` points into. Returns ``[n, out]``."""
         zero = self.time_enc(torch.zeros(1, device=h_query.device))
         q = self.q_h(h_query) + self.q_t(zero)
-        kv_time = self.kv_t(self.time_enc(hop.dt_values))
-        kv_edge = None
-        if self.kv_e is not None and hop.edge_feat is not None:
-            kv_edge = self.kv_e(hop.edge_feat)
+        edge = self.kv_e is not None and hop.edge_feat is not None
         if self.fused and q.device.type == "cpu":
-            attn = self._fused(q, kv_node, kv_time, kv_edge, hop)
+            attn = self._fused(q, kv_node, hop, edge)
         else:
-            kv = _gather(kv_node, hop.nbr) + _gather(kv_time, hop.dt_index)
-            if kv_edge is not None:
-                kv = kv + _gather(kv_edge, hop.edge_index)
+            kv = _gather(kv_node, hop.nbr) + _gather(self.kv_t(self.time_enc(hop.dt_values)), hop.dt_index)
+            if edge:
+                kv = kv + _gather(self.kv_e(hop.edge_feat), hop.edge_index)
             k, v = kv.chunk(2, dim=2)
             attn = _masked_attention(q, k, v, hop.mask, self.num_heads)
         attn = self.dropout(attn)
         return self.norm(F.relu(self.dropout(self.out(torch.cat([attn, h_query], dim=1)))))
 
-    def _fused(self, q, kv_node, kv_time, kv_edge, hop: HopTables) -> torch.Tensor:
+    def _fused(self, q, kv_node, hop: HopTables, edge: bool) -> torch.Tensor:
+        """The same attention with the time and edge projections moved to the root side
+        (attention_kernels.py): ``q_h . W_h x = (W_h^T q_h) . x`` for the scores and
+        ``sum_j p_j W_h x_j = W_h sum_j p_j x_j`` for the values, both linear maps without bias."""
         from tgdist.runtime.attention_kernels import fused_attention
 
-        if kv_edge is None:
-            kv_edge = kv_node.new_zeros(0, kv_node.shape[1])
-            edge_index = hop.dt_index  # unused: the kernel reads no edge rows
+        n, d = q.shape
+        heads, dh = self.num_heads, q.shape[1] // self.num_heads
+        qh = q.view(n, heads, dh).transpose(0, 1)  # [H, n, dh]
+
+        def split(linear):  # W [2D, in] -> key and value maps per head, [H, dh, in] each
+            wk, wv = linear.weight.chunk(2, dim=0)
+            return wk.reshape(heads, dh, -1), wv.reshape(heads, dh, -1)
+
+        wk_t, wv_t = split(self.kv_t)
+        ut = torch.bmm(qh, wk_t).transpose(0, 1)  # [n, H, time_dim]
+        phi = self.time_enc(hop.dt_values)
+        if edge:
+            wk_e, wv_e = split(self.kv_e)
+            ue, ef, ei = torch.bmm(qh, wk_e).transpose(0, 1), hop.edge_feat, hop.edge_index
         else:
-            edge_index = hop.edge_index
-        return fused_attention(q, kv_node, kv_time, kv_edge, hop.nbr, hop.dt_index, edge_index, hop.mask,
-                               self.num_heads)
+            ue, ef, ei = q.new_zeros(n, heads, 0), q.new_zeros(0, 0), hop.dt_index  # ei unused
+        out, aggt, agge = fused_attention(q, kv_node, ut, phi, ue, ef, hop.nbr, hop.dt_index, ei, hop.mask, heads)
+        values = torch.bmm(aggt.transpose(0, 1), wv_t.transpose(1, 2))  # [H, n, dh]
+        if edge:
+            values = values + torch.bmm(agge.transpose(0, 1), wv_e.transpose(1, 2))
+        return out + values.transpose(0, 1).reshape(n, d)
 
 
 class AttentionEmbedding(nn.Module):
