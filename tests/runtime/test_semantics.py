@@ -6,7 +6,7 @@ import torch
 
 from tgdist.runtime.data import TemporalGraph, chronological_split
 from tgdist.runtime.memory import LocalMemory, mail_rounds
-from tgdist.runtime.models import HopTables, TemporalAttentionLayer, build_model
+from tgdist.runtime.models import HopTables, TemporalAttentionLayer, build_model, use_cpu_kernels
 from tgdist.runtime.sampler import TCSR, NegativeSampler, TemporalSampler
 from tgdist.runtime.trainer import Trainer, memory_for
 
@@ -231,7 +231,7 @@ def test_fused_cpu_attention_equals_torch_formulation(edge_dim):
     weight = torch.randn(n, d)
     results = []
     for fused in (False, True):
-        layer.fused = fused
+        use_cpu_kernels(layer, fused)
         for t in [h_table, h_query, *layer.parameters()]:
             t.grad = None
         out = layer(h_query, layer.kv_h(h_table), hop)

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tgdist.runtime import cpu_ops
 from tgdist.runtime.memory import MemoryRead
 
 
@@ -24,7 +25,8 @@ class TimeEncoder(nn.Module):
     """phi(dt) = cos(w dt + b) with w initialised to 1 / 10^linspace(0, 9, dim) (TGAT / TGN).
 
     Trainable like TGN's; written as one fused multiply-add rather than ``Linear(1, dim)``, whose
-    rank-1 matmul is slow on CPU.
+    rank-1 matmul is slow on CPU. On CPU a numba kernel computes cos and the sin its backward needs
+    in one pass (cpu_ops.py); ``fused = False`` or a GPU uses the torch ops.
     """
 
     def __init__(self, dim: int):
@@ -32,6 +34,7 @@ class TimeEncoder(nn.Module):
         self.dim = dim
         self.w = nn.Parameter(torch.empty(dim))
         self.b = nn.Parameter(torch.empty(dim))
+        self.fused = True
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -41,7 +44,28 @@ class TimeEncoder(nn.Module):
 
     def forward(self, dt: torch.Tensor) -> torch.Tensor:
         """``dt [...]`` float32 -> ``[..., dim]``."""
+        if self.fused and dt.device.type == "cpu" and self.w.dtype == torch.float32 and not dt.requires_grad:
+            return cpu_ops.time_encode(dt, self.w, self.b)
         return torch.cos(torch.addcmul(self.b, dt.unsqueeze(-1), self.w))
+
+
+class Dropout(nn.Dropout):
+    """``nn.Dropout`` drawing its mask with cpu_ops' counter-based hash on CPU (7x faster than
+    torch's Bernoulli sampling there); seeded from torch's generator, so runs stay reproducible."""
+
+    fused = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused and x.device.type == "cpu" and x.dtype == torch.float32:
+            return cpu_ops.dropout(x, self.p, self.training)
+        return super().forward(x)
+
+
+def use_cpu_kernels(module: nn.Module, enabled: bool) -> None:
+    """Switch every part of ``module`` between its numba CPU kernels and the plain torch ops."""
+    for m in module.modules():
+        if hasattr(m, "fused"):
+            m.fused = enabled
 
 
 # ----------------------------------------------------------------------------------------------
@@ -225,7 +249,7 @@ class TemporalAttentionLayer(nn.Module):
         self.kv_t = nn.Linear(time_dim, 2 * out_dim, bias=False)
         self.out = nn.Linear(out_dim + in_dim, out_dim)
         self.norm = nn.LayerNorm(out_dim)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         # CPU: numba kernel that never materialises per-pair rows (attention_kernels.py); GPU and
         # fused=False: the torch formulation below. Both give the same values and gradients.
         self.fused = True

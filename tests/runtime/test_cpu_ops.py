@@ -1,0 +1,138 @@
+"""The numba CPU kernels against the torch ops they replace: values, gradients, and results that
+do not depend on the number of threads."""
+
+import copy
+
+import numba
+import numpy as np
+import pytest
+import torch
+
+from tgdist.runtime import cpu_ops
+from tgdist.runtime.models import HopTables, TemporalAttentionLayer, TimeEncoder, use_cpu_kernels
+
+
+def time_gaps(n=3000, seed=0):
+    """Gaps from sub-second to decades (large arguments take torch's slow cos path)."""
+    g = torch.Generator().manual_seed(seed)
+    scale = torch.tensor([1e-3, 1.0, 1e3, 1e5, 1e6, 1e9]).repeat(n // 6 + 1)[:n]
+    return torch.rand(n, generator=g) * scale
+
+
+def assert_as_accurate_as_torch(got, torch_float32, exact, slack=4.0):
+    """Gradients summed over thousands of terms of both signs (w's gradient sums g sin(x) dt with
+    dt up to 1e9) differ from any other float32 summation by rounding far above 1e-5 relative:
+    compare each against a float64 run instead, and require the kernel's error to be of the size
+    of torch's own."""
+    for a, b, ref in zip(got, torch_float32, exact):
+        if ref is None:
+            assert a is None and b is None
+            continue
+        err_torch = float((b.double() - ref).abs().max())
+        err_got = float((a.double() - ref).abs().max())
+        floor = 1e-6 * max(1.0, float(ref.abs().max()))
+        assert err_got <= slack * err_torch + floor, (err_got, err_torch, floor)
+
+
+def test_time_encoding_equals_torch_in_values_and_gradients():
+    torch.manual_seed(0)
+    enc = TimeEncoder(100)
+    with torch.no_grad():
+        enc.b.normal_(0, 0.5)
+    dt = time_gaps()
+    weight = torch.randn(dt.shape[0], 100)
+
+    def run(fused, dtype=torch.float32):
+        e = copy.deepcopy(enc).to(dtype)
+        e.fused = fused
+        out = e(dt.to(dtype))
+        (out * weight.to(dtype)).sum().backward()
+        return [out.detach(), e.w.grad, e.b.grad]
+
+    got, want, exact = run(True), run(False), run(False, torch.float64)
+    torch.testing.assert_close(got[0], want[0], rtol=0, atol=2e-7)
+    assert_as_accurate_as_torch(got, want, exact)
+
+
+def test_time_encoding_keeps_shape_and_handles_small_inputs():
+    enc = TimeEncoder(8)
+    for shape in [(0,), (1,), (3, 5)]:
+        dt = torch.rand(shape) * 100
+        torch.testing.assert_close(enc(dt), torch.cos(torch.addcmul(enc.b, dt.unsqueeze(-1), enc.w)),
+                                   rtol=0, atol=2e-7)
+
+
+def test_dropout_masks_scale_and_backward():
+    torch.manual_seed(0)
+    x = torch.randn(500, 40, requires_grad=True)
+    y = cpu_ops.dropout(x, 0.3, True)
+    kept = y != 0
+    assert abs(kept.float().mean().item() - 0.7) < 0.01
+    torch.testing.assert_close(y[kept], x[kept] / 0.7)
+    y.sum().backward()
+    # the gradient goes through exactly the kept entries, with the same scale
+    torch.testing.assert_close(x.grad, kept.float() / 0.7)
+    assert cpu_ops.dropout(x, 0.3, False) is x
+    assert torch.equal(cpu_ops.dropout(x, 1.0, True), torch.zeros_like(x))
+
+
+def test_dropout_mask_follows_torch_seed():
+    x = torch.ones(100, 10)
+    torch.manual_seed(5)
+    a = cpu_ops.dropout(x, 0.5, True)
+    b = cpu_ops.dropout(x, 0.5, True)
+    torch.manual_seed(5)
+    assert torch.equal(cpu_ops.dropout(x, 0.5, True), a)
+    assert not torch.equal(a, b)
+
+
+def attention_case(edge_dim, n=300, k=10, d=16, num_nodes=80, seed=0):
+    torch.manual_seed(seed)
+    layer = TemporalAttentionLayer(d, edge_dim, 12, d, num_heads=2, dropout=0.0)
+    mask = torch.rand(n, k) > 0.2
+    mask[:3] = False
+    dt_values, dt_index = torch.unique(time_gaps(n * k, seed).view(n, k), return_inverse=True)
+    hop = HopTables(torch.randint(0, num_nodes, (n, k)), mask, dt_index, dt_values,
+                    torch.randint(0, 50, (n, k)) if edge_dim else None, torch.randn(50, edge_dim) if edge_dim else None)
+    return layer, torch.randn(num_nodes, d, requires_grad=True), torch.randn(n, d, requires_grad=True), hop
+
+
+def run_layer(layer, h_table, h_query, hop, dtype=torch.float32):
+    layer = copy.deepcopy(layer).to(dtype)
+    h_table = h_table.detach().to(dtype).requires_grad_()
+    h_query = h_query.detach().to(dtype).requires_grad_()
+    if dtype != torch.float32:
+        hop = HopTables(hop.nbr, hop.mask, hop.dt_index, hop.dt_values.to(dtype), hop.edge_index,
+                        None if hop.edge_feat is None else hop.edge_feat.to(dtype))
+    out = layer(h_query, layer.kv_h(h_table), hop)
+    (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+    return [out.detach(), h_table.grad, h_query.grad, *[p.grad for p in layer.parameters()]]
+
+
+@pytest.mark.parametrize("edge_dim", [0, 5])
+def test_cpu_attention_layer_equals_torch_at_scale(edge_dim):
+    """Many roots, ten neighbours, masked rows and gaps of every size: the numba layer (kernels,
+    time encoding) gives the torch formulation's outputs and gradients."""
+    layer, h_table, h_query, hop = attention_case(edge_dim)
+    use_cpu_kernels(layer, False)
+    want = run_layer(layer, h_table, h_query, hop)
+    exact = run_layer(layer, h_table, h_query, hop, torch.float64)
+    use_cpu_kernels(layer, True)
+    got = run_layer(layer, h_table, h_query, hop)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+    assert_as_accurate_as_torch(got, want, exact)
+
+
+def test_cpu_kernels_do_not_depend_on_the_thread_count():
+    layer, h_table, h_query, hop = attention_case(5)
+    use_cpu_kernels(layer, True)
+    before = numba.get_num_threads()
+    results = []
+    try:
+        for threads in (1, numba.config.NUMBA_NUM_THREADS):
+            numba.set_num_threads(threads)
+            results.append(run_layer(layer, h_table, h_query, hop))
+    finally:
+        numba.set_num_threads(before)
+    for a, b in zip(*results):
+        assert (a is None and b is None) or torch.equal(a, b)

@@ -1,0 +1,167 @@
+"""CPU kernels for two elementwise layers of every step: the time encoding and dropout.
+
+Time encoding ``cos(w dt + b)``: torch computes ``cos`` in one pass and, in backward, ``sin`` in
+another, and its vectorised ``cos`` falls back to a slow path for large arguments (gaps of days in
+seconds, times w = 1). Here one pass computes both (``sin`` is kept for backward) with the argument
+reduced in float64 and short polynomials on [-pi/4, pi/4]; results agree with torch to float32
+rounding. Dropout: torch draws a Bernoulli per element through a Mersenne twister; here a
+counter-based hash of (seed, position) is used, with the seed drawn from torch's generator, so runs
+stay reproducible and checkpoints (which hold torch's RNG state) resume identically.
+
+The modules in models.py use these on CPU and the plain torch ops on GPUs; tests compare both.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from numba import njit, prange
+
+from tgdist.runtime.kernels import torch_threads_kept
+
+_TWO_OVER_PI = 2.0 / math.pi
+_PI_OVER_2_HI = 1.5707963267341256  # pi/2 in two parts: k * hi is exact for |k| < 2**27
+_PI_OVER_2_LO = 6.077100506506192e-11
+_MIN_PARALLEL = 1 << 15  # elements; below this a parallel launch costs more than it saves
+_BACKWARD_BLOCKS = 8
+
+
+@njit(cache=True)
+def _time_encode_rows(dt, w, b, cos_out, sin_out, lo, hi):
+    """cos and sin of ``x = w dt + b`` for rows ``lo:hi``. ``x`` is rounded to float32 once, as
+    torch's fused ``addcmul`` does, then reduced by k pi/2 in float64 (exact for |x| < 2**27 and
+    accurate far beyond), and the quadrant's sin/cos taken from Taylor polynomials on
+    [-pi/4, pi/4] (truncation below 2e-9). Written branch-free so LLVM vectorises the loop."""
+    for i in range(lo, hi):
+        t = np.float64(dt[i])
+        for c in range(w.shape[0]):
+            x = np.float64(np.float32(t * np.float64(w[c]) + np.float64(b[c])))
+            k = np.floor(x * _TWO_OVER_PI + 0.5)
+            r = (x - k * _PI_OVER_2_HI) - k * _PI_OVER_2_LO
+            r2 = r * r
+            s = r * (1.0 + r2 * (-1.0 / 6 + r2 * (1.0 / 120 + r2 * (-1.0 / 5040 + r2 * (1.0 / 362880)))))
+            co = 1.0 + r2 * (-0.5 + r2 * (1.0 / 24 + r2 * (-1.0 / 720 + r2 * (1.0 / 40320 + r2 * (-1.0 / 3628800)))))
+            q = np.int64(k)
+            odd = (q & 1) != 0
+            sv = co if odd else s  # quadrant q: sin = s, c, -s, -c ; cos = c, -s, -c, s
+            cv = s if odd else co
+            if (q & 2) != 0:
+                sv = -sv
+            if ((q + 1) & 2) != 0:
+                cv = -cv
+            cos_out[i, c] = cv
+            sin_out[i, c] = sv
+
+
+@njit(parallel=True, cache=True)
+def _time_encode_parallel(dt, w, b, cos_out, sin_out, chunk):
+    n = dt.shape[0]
+    for p in prange((n + chunk - 1) // chunk):
+        _time_encode_rows(dt, w, b, cos_out, sin_out, p * chunk, min(n, (p + 1) * chunk))
+
+
+@njit(parallel=True, cache=True, fastmath={"reassoc", "contract"})
+def _time_encode_backward(g, sin, dt, parts):
+    """Partial sums of d/dw and d/db of sum(g * cos(w dt + b)), i.e. -sum_i g sin dt_i and
+    -sum_i g sin, over fixed row blocks: ``parts [num_blocks, 2, dim]``. The caller adds the
+    blocks in order, so the result does not depend on the number of threads."""
+    n, dim = g.shape
+    nb = parts.shape[0]
+    for p in prange(nb):
+        dw, db = parts[p, 0], parts[p, 1]
+        dw[:] = 0.0
+        db[:] = 0.0
+        for i in range(p * n // nb, (p + 1) * n // nb):
+            t = np.float32(dt[i])
+            for c in range(dim):
+                x = -g[i, c] * sin[i, c]
+                db[c] += x
+                dw[c] += x * t
+
+
+class TimeEncoding(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, dt, w, b):
+        d = dt.detach().reshape(-1).contiguous().numpy()
+        wn, bn = w.detach().contiguous().numpy(), b.detach().contiguous().numpy()
+        cos = np.empty((d.shape[0], wn.shape[0]), dtype=np.float32)
+        sin = np.empty_like(cos)
+        if cos.size >= _MIN_PARALLEL:
+            with torch_threads_kept():
+                _time_encode_parallel(d, wn, bn, cos, sin, 256)
+        else:
+            _time_encode_rows(d, wn, bn, cos, sin, 0, d.shape[0])
+        ctx.save_for_backward(dt, torch.from_numpy(sin))
+        ctx.shape = (*dt.shape, wn.shape[0])
+        return torch.from_numpy(cos).view(ctx.shape)
+
+    @staticmethod
+    def backward(ctx, g):
+        dt, sin = ctx.saved_tensors
+        if ctx.needs_input_grad[0]:
+            raise NotImplementedError("time gaps are data: no gradient flows into them")
+        gn = g.reshape(sin.shape).contiguous().numpy()
+        parts = np.empty((_BACKWARD_BLOCKS, 2, sin.shape[1]), dtype=np.float32)
+        with torch_threads_kept():
+            _time_encode_backward(gn, sin.numpy(), dt.detach().reshape(-1).contiguous().numpy(), parts)
+        dw, db = torch.from_numpy(parts).sum(0)  # sequential over blocks
+        return None, dw, db
+
+
+def time_encode(dt: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``cos(w * dt[..., None] + b)`` for float32 CPU tensors."""
+    return TimeEncoding.apply(dt, w, b)
+
+
+# ----------------------------------------------------------------------------------------------
+# Dropout
+
+
+@njit(inline="always")
+def _keep(seed, i, threshold):
+    z = np.uint64(seed) + np.uint64(i) * np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(40)) >= np.uint64(threshold)
+
+
+@njit(parallel=True, cache=True)
+def _dropout(x, seed, threshold, scale, out, chunk):
+    n = x.shape[0]
+    for p in prange((n + chunk - 1) // chunk):
+        for i in range(p * chunk, min(n, (p + 1) * chunk)):
+            out[i] = x[i] * scale if _keep(seed, i, threshold) else np.float32(0.0)
+
+
+class Dropout(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, p):
+        seed = int(torch.randint(0, 2**62, (1,)))
+        threshold = int(round(p * (1 << 24)))
+        scale = np.float32(1.0 / (1.0 - p))
+        ctx.params = (seed, threshold, scale)
+        return _apply(x, *ctx.params)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _apply(g, *ctx.params), None
+
+
+def _apply(x: torch.Tensor, seed: int, threshold: int, scale) -> torch.Tensor:
+    xn = x.detach().contiguous().numpy()
+    out = np.empty_like(xn)
+    with torch_threads_kept():
+        _dropout(xn.reshape(-1), seed, threshold, scale, out.reshape(-1), 1 << 14)
+    return torch.from_numpy(out)
+
+
+def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """Inverted dropout with a counter-based mask (float32 CPU tensors)."""
+    if not training or p == 0.0:
+        return x
+    if p >= 1.0:
+        return x * 0.0
+    return Dropout.apply(x, float(p))
