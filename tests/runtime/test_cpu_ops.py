@@ -12,18 +12,32 @@ from tgdist.runtime import cpu_ops
 from tgdist.runtime.models import HopTables, TemporalAttentionLayer, TimeEncoder, use_cpu_kernels
 
 
-def time_gaps(n=3000, seed=0):
-    """Gaps from sub-second to decades (large arguments take torch's slow cos path)."""
+def exact_phases(enc, bias=True, seed=0):
+    """Frequencies 2**-k and biases in steps of 1/16: with the gaps below, every phase w dt + b
+    is exact in float32, so a float64 run computes the same function and its difference from a
+    float32 run is float32 rounding alone."""
+    dim = enc.w.shape[0]
     g = torch.Generator().manual_seed(seed)
-    scale = torch.tensor([1e-3, 1.0, 1e3, 1e5, 1e6, 1e9]).repeat(n // 6 + 1)[:n]
-    return torch.rand(n, generator=g) * scale
+    with torch.no_grad():
+        enc.w.copy_(2.0 ** -torch.linspace(0, 20, dim).round())
+        enc.b.copy_((torch.randn(dim, generator=g) * 8).round() / 16 if bias else torch.zeros(dim))
+
+
+def time_gaps(n, seed=0, large=False):
+    """Integer gaps below 2**19 (with a bias, 24 significant bits at most); ``large``: gaps up to
+    2**30 with 24 significant bits, whose phases take torch's slow cos path and the kernel's range
+    reduction (use without a bias)."""
+    g = torch.Generator().manual_seed(seed)
+    if large:
+        return torch.randint(0, 2**24, (n,), generator=g).float() * 2.0 ** torch.randint(0, 7, (n,), generator=g)
+    return torch.randint(0, 2**19, (n,), generator=g).float()
 
 
 def assert_as_accurate_as_torch(got, torch_float32, exact, slack=4.0):
-    """Gradients summed over thousands of terms of both signs (w's gradient sums g sin(x) dt with
-    dt up to 1e9) differ from any other float32 summation by rounding far above 1e-5 relative:
-    compare each against a float64 run instead, and require the kernel's error to be of the size
-    of torch's own."""
+    """Sums over thousands of terms of both signs (w's gradient sums g sin(w dt + b) dt) differ
+    between two float32 summation orders by far more than 1e-5 relative: compare each result
+    against a float64 run of the same function instead, and require the kernel's error to be of
+    the size of torch's own."""
     for a, b, ref in zip(got, torch_float32, exact):
         if ref is None:
             assert a is None and b is None
@@ -34,12 +48,12 @@ def assert_as_accurate_as_torch(got, torch_float32, exact, slack=4.0):
         assert err_got <= slack * err_torch + floor, (err_got, err_torch, floor)
 
 
-def test_time_encoding_equals_torch_in_values_and_gradients():
+@pytest.mark.parametrize("large", [False, True])
+def test_time_encoding_equals_torch_in_values_and_gradients(large):
     torch.manual_seed(0)
     enc = TimeEncoder(100)
-    with torch.no_grad():
-        enc.b.normal_(0, 0.5)
-    dt = time_gaps()
+    exact_phases(enc, bias=not large)
+    dt = time_gaps(3000, large=large)
     weight = torch.randn(dt.shape[0], 100)
 
     def run(fused, dtype=torch.float32):
@@ -51,6 +65,7 @@ def test_time_encoding_equals_torch_in_values_and_gradients():
 
     got, want, exact = run(True), run(False), run(False, torch.float64)
     torch.testing.assert_close(got[0], want[0], rtol=0, atol=2e-7)
+    torch.testing.assert_close(got[0].double(), exact[0], rtol=0, atol=2e-7)
     assert_as_accurate_as_torch(got, want, exact)
 
 
@@ -89,6 +104,7 @@ def test_dropout_mask_follows_torch_seed():
 def attention_case(edge_dim, n=300, k=10, d=16, num_nodes=80, seed=0):
     torch.manual_seed(seed)
     layer = TemporalAttentionLayer(d, edge_dim, 12, d, num_heads=2, dropout=0.0)
+    exact_phases(layer.time_enc, seed=seed)
     mask = torch.rand(n, k) > 0.2
     mask[:3] = False
     dt_values, dt_index = torch.unique(time_gaps(n * k, seed).view(n, k), return_inverse=True)
@@ -97,28 +113,29 @@ def attention_case(edge_dim, n=300, k=10, d=16, num_nodes=80, seed=0):
     return layer, torch.randn(num_nodes, d, requires_grad=True), torch.randn(n, d, requires_grad=True), hop
 
 
-def run_layer(layer, h_table, h_query, hop, dtype=torch.float32):
+def run_layer(layer, h_table, h_query, hop, dtype=torch.float32, edge_grad=False):
     layer = copy.deepcopy(layer).to(dtype)
     h_table = h_table.detach().to(dtype).requires_grad_()
     h_query = h_query.detach().to(dtype).requires_grad_()
-    if dtype != torch.float32:
-        hop = HopTables(hop.nbr, hop.mask, hop.dt_index, hop.dt_values.to(dtype), hop.edge_index,
-                        None if hop.edge_feat is None else hop.edge_feat.to(dtype))
+    edge_feat = None if hop.edge_feat is None else hop.edge_feat.detach().to(dtype).requires_grad_(edge_grad)
+    hop = HopTables(hop.nbr, hop.mask, hop.dt_index, hop.dt_values.to(dtype), hop.edge_index, edge_feat)
     out = layer(h_query, layer.kv_h(h_table), hop)
-    (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
-    return [out.detach(), h_table.grad, h_query.grad, *[p.grad for p in layer.parameters()]]
+    (out * torch.linspace(-1, 1, out.numel()).view_as(out).to(dtype)).sum().backward()
+    extra = [edge_feat.grad] if edge_grad else []
+    return [out.detach(), h_table.grad, h_query.grad, *extra, *[p.grad for p in layer.parameters()]]
 
 
-@pytest.mark.parametrize("edge_dim", [0, 5])
-def test_cpu_attention_layer_equals_torch_at_scale(edge_dim):
+@pytest.mark.parametrize("edge_dim, edge_grad", [(0, False), (5, False), (5, True)])
+def test_cpu_attention_layer_equals_torch_at_scale(edge_dim, edge_grad):
     """Many roots, ten neighbours, masked rows and gaps of every size: the numba layer (kernels,
-    time encoding) gives the torch formulation's outputs and gradients."""
+    time encoding) gives the torch formulation's outputs and gradients (edge features included,
+    for inputs that carry a gradient)."""
     layer, h_table, h_query, hop = attention_case(edge_dim)
     use_cpu_kernels(layer, False)
-    want = run_layer(layer, h_table, h_query, hop)
-    exact = run_layer(layer, h_table, h_query, hop, torch.float64)
+    want = run_layer(layer, h_table, h_query, hop, edge_grad=edge_grad)
+    exact = run_layer(layer, h_table, h_query, hop, torch.float64, edge_grad=edge_grad)
     use_cpu_kernels(layer, True)
-    got = run_layer(layer, h_table, h_query, hop)
+    got = run_layer(layer, h_table, h_query, hop, edge_grad=edge_grad)
     torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
     assert_as_accurate_as_torch(got, want, exact)
 
@@ -131,7 +148,7 @@ def test_cpu_kernels_do_not_depend_on_the_thread_count():
     try:
         for threads in (1, numba.config.NUMBA_NUM_THREADS):
             numba.set_num_threads(threads)
-            results.append(run_layer(layer, h_table, h_query, hop))
+            results.append(run_layer(layer, h_table, h_query, hop, edge_grad=True))
     finally:
         numba.set_num_threads(before)
     for a, b in zip(*results):

@@ -56,17 +56,17 @@ def _axpy(x, a, out):
 def attention_forward(q, kvn, ut, phi, ue, ef, nbr, dti, ei, mask, num_heads, scale, out, aggt, agge, w):
     """Scores ``scale * (q_h . kn_a,h + ut_h . phi_b + ue_h . ef_e)``, softmax over valid pairs.
 
-    ``q [n, D]``; ``kvn [U, 2D]`` node keys (first D columns) and values (last D); ``ut [n, H, Tt]``
-    and ``ue [n, H, Te]`` the queries projected into time and edge-feature space; ``phi [T, Tt]``,
+    ``q [n, D]``; ``kvn [U, 2D]`` node keys (first D columns) and values (last D); ``ut [H, n, Tt]``
+    and ``ue [H, n, Te]`` the queries projected into time and edge-feature space; ``phi [T, Tt]``,
     ``ef [E, Te]`` (0 rows without edge features); ``nbr, dti, ei, mask [n, K]``.
-    Writes ``out [n, D]`` (node values), ``aggt [n, H, Tt]`` and ``agge [n, H, Te]`` (weighted sums
+    Writes ``out [n, D]`` (node values), ``aggt [H, n, Tt]`` and ``agge [H, n, Te]`` (weighted sums
     of phi and edge rows) and the weights ``w [n, K, H]`` (0 where masked)."""
     n, k = nbr.shape
     d = q.shape[1]
     dh = d // num_heads
     has_edge = ef.shape[0] > 0
     for r in prange(n):
-        qr, ur, uer, wr = q[r], ut[r], ue[r], w[r]
+        qr, wr = q[r], w[r]
         best = np.full(num_heads, -np.inf, dtype=np.float32)
         for j in range(k):
             if not mask[r, j]:
@@ -74,9 +74,9 @@ def attention_forward(q, kvn, ut, phi, ue, ef, nbr, dti, ei, mask, num_heads, sc
                 continue
             kv, ph = kvn[nbr[r, j]], phi[dti[r, j]]
             for h in range(num_heads):
-                s = _dot(qr[h * dh:(h + 1) * dh], kv[h * dh:(h + 1) * dh]) + _dot(ur[h], ph)
+                s = _dot(qr[h * dh:(h + 1) * dh], kv[h * dh:(h + 1) * dh]) + _dot(ut[h, r], ph)
                 if has_edge:
-                    s += _dot(uer[h], ef[ei[r, j]])
+                    s += _dot(ue[h, r], ef[ei[r, j]])
                 s *= scale
                 wr[j, h] = s
                 best[h] = max(best[h], s)
@@ -88,8 +88,8 @@ def attention_forward(q, kvn, ut, phi, ue, ef, nbr, dti, ei, mask, num_heads, sc
                     wr[j, h] = x
                     total[h] += x
         out[r] = 0.0
-        aggt[r] = 0.0
-        agge[r] = 0.0
+        aggt[:, r] = 0.0
+        agge[:, r] = 0.0
         for j in range(k):
             if not mask[r, j]:
                 continue
@@ -98,23 +98,23 @@ def attention_forward(q, kvn, ut, phi, ue, ef, nbr, dti, ei, mask, num_heads, sc
                 p = wr[j, h] / total[h]
                 wr[j, h] = p
                 _axpy(p, kv[d + h * dh:d + (h + 1) * dh], out[r, h * dh:(h + 1) * dh])
-                _axpy(p, ph, aggt[r, h])
+                _axpy(p, ph, aggt[h, r])
                 if has_edge:
-                    _axpy(p, ef[ei[r, j]], agge[r, h])
+                    _axpy(p, ef[ei[r, j]], agge[h, r])
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH)
 def attention_backward_roots(g, gt, ge, q, kvn, ut, phi, ue, ef, nbr, dti, ei, mask, w, num_heads, scale,
                              ds, dq, dut, due):
     """Per-root pass: ``ds [n, K, H]`` (score gradients, scale included), ``dq [n, D]``,
-    ``dut [n, H, Tt]``, ``due [n, H, Te]`` from the output gradients ``g [n, D]``,
-    ``gt [n, H, Tt]``, ``ge [n, H, Te]``. Softmax backward: ds_j = p_j (dp_j - sum_i p_i dp_i)."""
+    ``dut [H, n, Tt]``, ``due [H, n, Te]`` from the output gradients ``g [n, D]``,
+    ``gt [H, n, Tt]``, ``ge [H, n, Te]``. Softmax backward: ds_j = p_j (dp_j - sum_i p_i dp_i)."""
     n, k = nbr.shape
     d = q.shape[1]
     dh = d // num_heads
     has_edge = ef.shape[0] > 0
     for r in prange(n):
-        gr, gtr, ger, wr, dsr = g[r], gt[r], ge[r], w[r], ds[r]
+        gr, wr, dsr = g[r], w[r], ds[r]
         acc = np.zeros(num_heads, dtype=np.float32)
         for j in range(k):
             if not mask[r, j]:
@@ -122,14 +122,14 @@ def attention_backward_roots(g, gt, ge, q, kvn, ut, phi, ue, ef, nbr, dti, ei, m
                 continue
             kv, ph = kvn[nbr[r, j]], phi[dti[r, j]]
             for h in range(num_heads):
-                s = _dot(gr[h * dh:(h + 1) * dh], kv[d + h * dh:d + (h + 1) * dh]) + _dot(gtr[h], ph)
+                s = _dot(gr[h * dh:(h + 1) * dh], kv[d + h * dh:d + (h + 1) * dh]) + _dot(gt[h, r], ph)
                 if has_edge:
-                    s += _dot(ger[h], ef[ei[r, j]])
+                    s += _dot(ge[h, r], ef[ei[r, j]])
                 dsr[j, h] = s  # dp_j for now
                 acc[h] += wr[j, h] * s
         dq[r] = 0.0
-        dut[r] = 0.0
-        due[r] = 0.0
+        dut[:, r] = 0.0
+        due[:, r] = 0.0
         for j in range(k):
             if not mask[r, j]:
                 continue
@@ -138,16 +138,16 @@ def attention_backward_roots(g, gt, ge, q, kvn, ut, phi, ue, ef, nbr, dti, ei, m
                 x = wr[j, h] * (dsr[j, h] - acc[h]) * scale
                 dsr[j, h] = x
                 _axpy(x, kv[h * dh:(h + 1) * dh], dq[r, h * dh:(h + 1) * dh])
-                _axpy(x, ph, dut[r, h])
+                _axpy(x, ph, dut[h, r])
                 if has_edge:
-                    _axpy(x, ef[ei[r, j]], due[r, h])
+                    _axpy(x, ef[ei[r, j]], due[h, r])
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH)
 def attention_backward_tables(g, gt, ge, q, ut, ue, nbr, dti, ei, mask, w, ds, num_heads, num_jobs,
                               dkvn, dphi, def_):
-    """Table pass: accumulate into ``dkvn [U, 2D]``, ``dphi [T, Tt]``, ``def_ [E, Te]`` (zeroed;
-    0 rows for ``def_`` skips it). Node keys get ``ds_h q_h``, node values ``p_h g_h``, time and
+    """Table pass: write ``dkvn [U, 2D]``, ``dphi [T, Tt]``, ``def_ [E, Te]`` (0 rows for ``def_``
+    skips it). Node keys get ``ds_h q_h``, node values ``p_h g_h``, time and
     edge rows ``sum_h ds_h u_h + p_h g_h``.
 
     Each job owns a range of table rows and walks every pair in order: no two jobs write the same
@@ -160,8 +160,11 @@ def attention_backward_tables(g, gt, ge, q, ut, ue, nbr, dti, ei, mask, w, ds, n
         lo_n, hi_n = job * dkvn.shape[0] // num_jobs, (job + 1) * dkvn.shape[0] // num_jobs
         lo_t, hi_t = job * dphi.shape[0] // num_jobs, (job + 1) * dphi.shape[0] // num_jobs
         lo_e, hi_e = job * def_.shape[0] // num_jobs, (job + 1) * def_.shape[0] // num_jobs
+        dkvn[lo_n:hi_n] = 0.0  # each job clears its own rows (no serial zeroing pass)
+        dphi[lo_t:hi_t] = 0.0
+        def_[lo_e:hi_e] = 0.0
         for r in range(n):
-            qr, gr, utr, gtr, uer, ger, wr, dsr = q[r], g[r], ut[r], gt[r], ue[r], ge[r], w[r], ds[r]
+            qr, gr, wr, dsr = q[r], g[r], w[r], ds[r]
             for j in range(k):
                 if not mask[r, j]:
                     continue
@@ -174,15 +177,15 @@ def attention_backward_tables(g, gt, ge, q, ut, ue, nbr, dti, ei, mask, w, ds, n
                 if lo_t <= b < hi_t:
                     row = dphi[b]
                     for h in range(num_heads):
-                        _axpy(dsr[j, h], utr[h], row)
-                        _axpy(wr[j, h], gtr[h], row)
+                        _axpy(dsr[j, h], ut[h, r], row)
+                        _axpy(wr[j, h], gt[h, r], row)
                 if has_edge:
                     e = ei[r, j]
                     if lo_e <= e < hi_e:
                         row = def_[e]
                         for h in range(num_heads):
-                            _axpy(dsr[j, h], uer[h], row)
-                            _axpy(wr[j, h], ger[h], row)
+                            _axpy(dsr[j, h], ue[h, r], row)
+                            _axpy(wr[j, h], ge[h, r], row)
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
@@ -190,7 +193,7 @@ def _np(t: torch.Tensor) -> np.ndarray:
 
 
 class FusedAttention(torch.autograd.Function):
-    """``(out [n, D], aggt [n, H, Tt], agge [n, H, Te])``: node values, and phi and edge rows,
+    """``(out [n, D], aggt [H, n, Tt], agge [H, n, Te])``: node values, and phi and edge rows,
     averaged with the attention weights of ``attention_forward``."""
 
     @staticmethod
@@ -217,9 +220,9 @@ class FusedAttention(torch.autograd.Function):
         wa = w.numpy()
         ds = np.empty_like(wa)
         dq, dut, due = np.empty_like(qa), np.empty_like(uta), np.empty_like(uea)
-        dkvn, dphi = np.zeros_like(kvna), np.zeros_like(phia)
-        edge_grad = ctx.needs_input_grad[5]  # raw edge features usually need none: skip their job
-        def_ = np.zeros_like(efa) if edge_grad else np.zeros((0, efa.shape[1]), dtype=efa.dtype)
+        dkvn, dphi = np.empty_like(kvna), np.empty_like(phia)
+        edge_grad = ctx.needs_input_grad[5]  # raw edge features usually need none: skip their rows
+        def_ = np.empty_like(efa) if edge_grad else np.empty((0, efa.shape[1]), dtype=efa.dtype)
         with torch_threads_kept():
             attention_backward_roots(*grads, qa, kvna, uta, phia, uea, efa, *idx, wa, ctx.num_heads, ctx.scale,
                                      ds, dq, dut, due)

@@ -250,8 +250,9 @@ class TemporalAttentionLayer(nn.Module):
         self.out = nn.Linear(out_dim + in_dim, out_dim)
         self.norm = nn.LayerNorm(out_dim)
         self.dropout = Dropout(dropout)
-        # CPU: numba kernel that never materialises per-pair rows (attention_kernels.py); GPU and
-        # fused=False: the torch formulation below. Both give the same values and gradients.
+        # CPU (float32): numba kernels that never materialise per-pair rows and never project each
+        # distinct time gap (attention_kernels.py); GPU and fused=False: the torch formulation
+        # below. Both give the same values and gradients (tests/runtime/test_cpu_ops.py).
         self.fused = True
 
     def forward(self, h_query: torch.Tensor, kv_node: torch.Tensor, hop: HopTables) -> torch.Tensor:
@@ -260,7 +261,7 @@ class TemporalAttentionLayer(nn.Module):
         zero = self.time_enc(torch.zeros(1, device=h_query.device))
         q = self.q_h(h_query) + self.q_t(zero)
         edge = self.kv_e is not None and hop.edge_feat is not None
-        if self.fused and q.device.type == "cpu":
+        if self.fused and q.device.type == "cpu" and q.dtype == torch.float32:
             attn = self._fused(q, kv_node, hop, edge)
         else:
             kv = _gather(kv_node, hop.nbr) + _gather(self.kv_t(self.time_enc(hop.dt_values)), hop.dt_index)
@@ -286,17 +287,17 @@ class TemporalAttentionLayer(nn.Module):
             return wk.reshape(heads, dh, -1), wv.reshape(heads, dh, -1)
 
         wk_t, wv_t = split(self.kv_t)
-        ut = torch.bmm(qh, wk_t).transpose(0, 1)  # [n, H, time_dim]
+        ut = torch.bmm(qh, wk_t)  # [H, n, time_dim]
         phi = self.time_enc(hop.dt_values)
         if edge:
             wk_e, wv_e = split(self.kv_e)
-            ue, ef, ei = torch.bmm(qh, wk_e).transpose(0, 1), hop.edge_feat, hop.edge_index
+            ue, ef, ei = torch.bmm(qh, wk_e), hop.edge_feat, hop.edge_index
         else:
-            ue, ef, ei = q.new_zeros(n, heads, 0), q.new_zeros(0, 0), hop.dt_index  # ei unused
+            ue, ef, ei = q.new_zeros(heads, n, 0), q.new_zeros(0, 0), hop.dt_index  # ei unused
         out, aggt, agge = fused_attention(q, kv_node, ut, phi, ue, ef, hop.nbr, hop.dt_index, ei, hop.mask, heads)
-        values = torch.bmm(aggt.transpose(0, 1), wv_t.transpose(1, 2))  # [H, n, dh]
+        values = torch.bmm(aggt, wv_t.transpose(1, 2))  # [H, n, dh]
         if edge:
-            values = values + torch.bmm(agge.transpose(0, 1), wv_e.transpose(1, 2))
+            values = values + torch.bmm(agge, wv_e.transpose(1, 2))
         return out + values.transpose(0, 1).reshape(n, d)
 
 
