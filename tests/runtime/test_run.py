@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tgdist.errors import ConfigError
-from tgdist.runtime.build import compose
+from tgdist.runtime.build import build_trainer, compose
 from tgdist.runtime.run import Run
 
 SMALL = ["data.max_events=1500", "model.mem_dim=16", "model.time_dim=8", "train.batch_size=100",
@@ -29,6 +29,36 @@ def test_same_seed_gives_bit_identical_metrics(tmp_path):
     assert metrics(a) == metrics(b) and len(metrics(a)) >= 6
     c, _ = run(tmp_path, "c", ["train.epochs=2", "train.seed=1"])
     assert metrics(c) != metrics(a)
+
+
+def test_cpu_kernels_switch_selects_the_path_and_both_compute_the_same_step():
+    """``model.cpu_kernels=false`` runs the plain torch formulation. From the same state both give
+    the same loss and gradients (to float32 rounding). Whole runs are not compared: Adam turns
+    rounding-level differences of near-zero gradient components (the time encoder's high
+    frequencies) into full-size steps, so trajectories part like any two float32 summation orders."""
+    trainers, grads, losses = [], [], []
+    for flag in ("true", "false"):
+        tr = build_trainer(compose(SMALL + ["model.dropout=0.0", f"model.cpu_kernels={flag}"]), progress=False)
+        tr.grad_hook = lambda tr=tr: grads.append([p.grad for p in tr.model.parameters()])
+        trainers.append(tr)
+    kernels = [m.fused for m in trainers[0].model.modules() if hasattr(m, "fused")]
+    plain = [m.fused for m in trainers[1].model.modules() if hasattr(m, "fused")]
+    assert kernels and all(kernels) and not any(plain)
+    for s, e in list(trainers[0].batches("train"))[:2]:  # the second step has pending mails
+        neg = trainers[0].negatives.train(e - s, 1)
+        losses.append([tr.step(s, e, neg, train=True).loss for tr in trainers])
+        for tr in trainers[1:]:  # continue both from the same state
+            tr.model.load_state_dict(trainers[0].model.state_dict())
+            tr.optimizer.load_state_dict(trainers[0].optimizer.state_dict())
+            tr.memory.load_state_dict(trainers[0].memory.state_dict())
+    for a, b in losses:
+        assert a == pytest.approx(b, rel=1e-6)
+    for k in (0, 2):
+        for a, b in zip(grads[k], grads[k + 1]):
+            if b is None:  # e.g. the GRU before any mail is pending
+                assert a is None
+                continue
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5 * float(b.abs().max()))
 
 
 def test_resume_mid_epoch_reaches_the_same_final_metrics(tmp_path):

@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 from tgdist.config import load_data
 from tgdist.errors import ConfigError
 from tgdist.runtime.data import TemporalGraph, chronological_split
-from tgdist.runtime.models import build_model
+from tgdist.runtime.models import build_model, use_cpu_kernels
 from tgdist.runtime.sampler import TCSR, NegativeSampler, TemporalSampler
 from tgdist.runtime.trainer import Trainer, memory_for, time_scale
 
@@ -66,6 +66,7 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
                         edge_dim=graph.edge_dim, node_dim=graph.node_dim, num_layers=m.num_layers,
                         num_heads=m.num_heads, dropout=m.dropout, mailbox_size=m.mailbox_size,
                         static_memory=m.static_memory, time_scale=time_scale(graph) if m.name == "jodie" else 1.0)
+    use_cpu_kernels(model, m.cpu_kernels)
     dev = device or resolve_device(cfg.train.device)
     model.to(dev)
     memory = memory_for(model, graph.num_nodes).to(dev)
