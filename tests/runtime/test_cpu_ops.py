@@ -4,12 +4,16 @@ do not depend on the number of threads."""
 import copy
 
 import numba
-import numpy as np
 import pytest
 import torch
 
 from tgdist.runtime import cpu_ops
-from tgdist.runtime.models import HopTables, TemporalAttentionLayer, TimeEncoder, use_cpu_kernels
+from tgdist.runtime.models import (
+    HopTables,
+    TemporalAttentionLayer,
+    TimeEncoder,
+    use_cpu_kernels,
+)
 
 
 def exact_phases(enc, bias=True, seed=0):

@@ -14,9 +14,9 @@ about 10,000 distinct gaps per 600 events) is replaced by two ``[num_roots, dim]
 products. Pair rows are read on the fly and never materialised.
 
 Forward runs in parallel over roots. Backward runs in two passes: per-root gradients in parallel
-over roots, then the accumulation into the tables in parallel over fixed column blocks (disjoint,
-so no atomics, and the summation order is the same for any thread count: results do not depend on
-``train.num_threads``). ``TemporalAttentionLayer`` uses this on CPU and the torch formulation on
+over roots, then the accumulation into the tables in parallel over ranges of table rows (disjoint,
+so no atomics; every element is summed in pair order, so results do not depend on the number of
+threads). ``TemporalAttentionLayer`` uses this on CPU and the torch formulation on
 GPUs; the tests check that both give the same values and gradients.
 """
 
@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import math
 
+import numba
 import numpy as np
 import torch
-import numba
 from numba import njit, prange
 
 from tgdist.runtime.kernels import torch_threads_kept

@@ -140,7 +140,7 @@ class Dropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, p):
         seed = int(torch.randint(0, 2**62, (1,)))
-        threshold = int(round(p * (1 << 24)))
+        threshold = round(p * (1 << 24))
         scale = np.float32(1.0 / (1.0 - p))
         ctx.params = (seed, threshold, scale)
         return _apply(x, *ctx.params)
