@@ -12,6 +12,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DATASETS = Path(os.environ.get("TGDIST_DATASETS", REPO.parent / "shared" / "datasets"))
+# the shared data sets the training benchmarks take by name (--data)
+DATA_FILES = {"wikipedia": "wikipedia/wikipedia.csv.gz", "enron": "enron/ml_enron.txt.gz",
+              "collegemsg": "collegemsg/CollegeMsg.txt.gz"}
 
 
 def machine() -> dict:

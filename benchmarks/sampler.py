@@ -88,21 +88,27 @@ def time_sampler(g, tcsr, strategy, fanouts, threads, neg, args) -> dict:
     # warm-up (numba compile or cache load) on the first batch, outside the clock
     for _, roots, rt in batches(g, args.batch, neg, first, min(first + args.batch, g.num_events)):
         [h.to_torch() for h in s.sample(roots, rt)]
+    rates, passes = timed_passes(g, neg, args, lambda roots, rt: [h.to_torch() for h in s.sample(roots, rt)], first)
+    return {"strategy": strategy, "fanouts": fanouts, "threads": s.num_threads, **summary(rates), "passes": passes,
+            "full_pass": passes[-1]["events"] == g.num_events}
+
+
+def timed_passes(g, neg, args, sample_batch, first: int = 0) -> tuple[list, list]:
+    """``args.repeats`` timed passes of ``sample_batch(roots, root_t)`` over the stream from event
+    ``first``, each cut at ``args.budget_s`` seconds: events/s per pass and what each pass covered."""
     rates, passes = [], []
     for _ in range(args.repeats):
         events = 0
         start = time.perf_counter()
         for n, roots, rt in batches(g, args.batch, neg, first, g.num_events):
-            hops = s.sample(roots, rt)
-            [h.to_torch() for h in hops]
+            sample_batch(roots, rt)
             events += n
             if time.perf_counter() - start > args.budget_s:
                 break
         sec = time.perf_counter() - start
         rates.append(events / sec)
         passes.append({"events": events, "seconds": round(sec, 4)})
-    return {"strategy": strategy, "fanouts": fanouts, "threads": s.num_threads, **summary(rates), "passes": passes,
-            "full_pass": passes[-1]["events"] == g.num_events}
+    return rates, passes
 
 
 def summary(rates: list[float]) -> dict:
@@ -141,25 +147,18 @@ def time_numpy_baseline(g, tcsr, neg, args, hops: int) -> dict:
         got_mask = got[3] & (r >= 0)[:, None]
         assert np.array_equal(np.where(got_mask, got[1], -1), hop.eid), "numpy baseline disagrees with the kernel"
         r, t_ = hop.nbr.reshape(-1), hop.t.reshape(-1)
-    rates, passes = [], []
-    for _ in range(args.repeats):
-        events = 0
-        start = time.perf_counter()
-        for n, roots, rt in batches(g, args.batch, neg, 0, g.num_events):
-            r, t_ = roots, rt
-            for _ in range(hops):
-                valid = r >= 0
-                nbr, eid, t, mask, dt = numpy_recent(tcsr, key, span, tmin, np.where(valid, r, 0), t_, 10)
-                mask &= valid[:, None]
-                nbr[~mask] = -1
-                [torch.from_numpy(a) for a in (nbr, eid, mask, dt)]
-                r, t_ = nbr.reshape(-1), t.reshape(-1)
-            events += n
-            if time.perf_counter() - start > args.budget_s:
-                break
-        sec = time.perf_counter() - start
-        rates.append(events / sec)
-        passes.append({"events": events, "seconds": round(sec, 4)})
+
+    def sample_batch(roots, rt):
+        r, t_ = roots, rt
+        for _ in range(hops):
+            valid = r >= 0
+            nbr, eid, t, mask, dt = numpy_recent(tcsr, key, span, tmin, np.where(valid, r, 0), t_, 10)
+            mask &= valid[:, None]
+            nbr[~mask] = -1
+            [torch.from_numpy(a) for a in (nbr, eid, mask, dt)]
+            r, t_ = nbr.reshape(-1), t.reshape(-1)
+
+    rates, passes = timed_passes(g, neg, args, sample_batch)
     return {"sampler": "numpy vectorised searchsorted", "fanouts": [10] * hops, **summary(rates), "passes": passes}
 
 

@@ -17,13 +17,11 @@ import time
 from collections import defaultdict
 
 import torch
-from common import DATASETS, emit, machine, note
+from common import DATA_FILES, DATASETS, emit, machine, note
 
-from tgdist.runtime import models, trainer
+from tgdist.runtime import trainer
 from tgdist.runtime.build import build_trainer, compose
 from tgdist.runtime.data import load_graph
-
-PATHS = {"wikipedia": "wikipedia/wikipedia.csv.gz", "enron": "enron/ml_enron.txt.gz"}
 
 
 class PhaseClock:
@@ -97,7 +95,7 @@ def profile(graph, threads: int, batch: int, warmup: int, window: int, windows: 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", default="wikipedia", choices=sorted(PATHS))
+    ap.add_argument("--data", default="wikipedia", choices=sorted(DATA_FILES))
     ap.add_argument("--batch", type=int, default=600)
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--warmup", type=int, default=60)
@@ -105,7 +103,7 @@ def main():
     ap.add_argument("--windows", type=int, default=6)
     ap.add_argument("--cpu-kernels", choices=["true", "false"], default="true")
     args = ap.parse_args()
-    graph = load_graph(DATASETS / PATHS[args.data])
+    graph = load_graph(DATASETS / DATA_FILES[args.data])
     res = {"machine": machine(), "data": args.data, "profiles": []}
     for threads in args.threads:
         note(f"profiling {args.window * args.windows} steps at batch {args.batch}, {threads} thread(s)")

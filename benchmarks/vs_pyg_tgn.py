@@ -20,15 +20,12 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F
-from common import DATASETS, emit, machine, note, peak_rss_mib
+from common import DATA_FILES, DATASETS, emit, machine, note, peak_rss_mib
 
 from tgdist.runtime.build import build_trainer, compose
 from tgdist.runtime.data import chronological_split, load_graph
 from tgdist.runtime.metrics import average_precision, roc_auc
 from tgdist.runtime.sampler import NegativeSampler
-
-PATHS = {"wikipedia": "wikipedia/wikipedia.csv.gz", "enron": "enron/ml_enron.txt.gz",
-         "collegemsg": "collegemsg/CollegeMsg.txt.gz"}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -185,7 +182,7 @@ def interleaved_speed(graph, split, batch, seed, threads, chunk=10):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", default="wikipedia", choices=sorted(PATHS))
+    ap.add_argument("--data", default="wikipedia", choices=sorted(DATA_FILES))
     ap.add_argument("--speed-batch", type=int, default=600)
     ap.add_argument("--acc-batch", type=int, default=200)
     ap.add_argument("--epochs", type=int, default=5, help="epochs for the accuracy comparison (0 skips it)")
@@ -194,7 +191,7 @@ def main():
     ap.add_argument("--max-events", type=int, default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    graph = load_graph(DATASETS / PATHS[args.data])
+    graph = load_graph(DATASETS / DATA_FILES[args.data])
     if args.max_events:
         from tgdist.runtime.data import subset
         graph = subset(graph, args.max_events)

@@ -3,6 +3,7 @@ segment names and permissions, state round trips (tgdist/runtime/daemon.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import stat
@@ -525,7 +526,9 @@ WORKER = textwrap.dedent('''
 ''')
 
 
+@contextlib.contextmanager
 def launch_pair(tmp_path: Path, mode: str):
+    """Start two worker ranks; yields ``(run_id, out, procs)`` and kills any left running on exit."""
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     run_id = new_run_id()
@@ -533,7 +536,12 @@ def launch_pair(tmp_path: Path, mode: str):
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
     procs = [subprocess.Popen([sys.executable, str(script), run_id, str(r), mode, out], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
-    return run_id, out, procs
+    try:
+        yield run_id, out, procs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
 
 
 def wait_files(paths, procs, timeout=60.0):
@@ -563,15 +571,11 @@ def assert_clean(run_id):
 @pytest.mark.distributed
 @pytest.mark.parametrize("victim", [1, 0])  # rank 0 also started the daemon (its parent)
 def test_sigkill_of_a_trainer_stops_the_group(tmp_path, victim):
-    run_id, out, procs = launch_pair(tmp_path, "run")
-    try:
+    with launch_pair(tmp_path, "run") as (run_id, out, procs):
         wait_files([out + ".ready0", out + ".ready1", out + ".daemon"], procs)
         dpid, vpid = int(Path(out + ".daemon").read_text()), procs[victim].pid
         os.kill(vpid, signal.SIGKILL)
         codes, outs = finish(procs)
-    finally:
-        for p in procs:
-            p.kill() if p.poll() is None else None
     other = 1 - victim
     assert codes[victim] == -signal.SIGKILL and codes[other] == 3
     assert (f"rank {other} error: memory daemon of group 0 (pid {dpid}) stopped: trainer rank {victim} "
@@ -581,15 +585,11 @@ def test_sigkill_of_a_trainer_stops_the_group(tmp_path, victim):
 
 @pytest.mark.distributed
 def test_sigkill_of_the_daemon_stops_the_trainers(tmp_path):
-    run_id, out, procs = launch_pair(tmp_path, "run")
-    try:
+    with launch_pair(tmp_path, "run") as (run_id, out, procs):
         wait_files([out + ".ready0", out + ".ready1", out + ".daemon"], procs)
         dpid = int(Path(out + ".daemon").read_text())
         os.kill(dpid, signal.SIGKILL)
         codes, outs = finish(procs)
-    finally:
-        for p in procs:
-            p.kill() if p.poll() is None else None
     assert codes == [3, 3]
     assert f"rank 0 error: memory daemon of group 0 (pid {dpid}) died (killed by SIGKILL)" in outs[0][1], outs[0][1]
     assert f"rank 1 error: memory daemon of group 0 (pid {dpid}) died" in outs[1][1], outs[1][1]
@@ -598,12 +598,8 @@ def test_sigkill_of_the_daemon_stops_the_trainers(tmp_path):
 
 @pytest.mark.distributed
 def test_exception_in_a_trainer_stops_the_group(tmp_path):
-    run_id, out, procs = launch_pair(tmp_path, "raise")
-    try:
+    with launch_pair(tmp_path, "raise") as (run_id, out, procs):
         codes, outs = finish(procs, 60)
-    finally:
-        for p in procs:
-            p.kill() if p.poll() is None else None
     assert codes == [3, 1]
     assert "RuntimeError: boom in trainer 1" in outs[1][1]
     assert (f"trainer rank 1 (pid {procs[1].pid}) detached before posting its write for position 5"
@@ -613,12 +609,8 @@ def test_exception_in_a_trainer_stops_the_group(tmp_path):
 
 @pytest.mark.distributed
 def test_normal_shutdown_cleans_up(tmp_path):
-    run_id, out, procs = launch_pair(tmp_path, "normal")
-    try:
+    with launch_pair(tmp_path, "normal") as (run_id, out, procs):
         codes, outs = finish(procs, 60)
-    finally:
-        for p in procs:
-            p.kill() if p.poll() is None else None
     assert codes == [0, 0], outs
     assert [o[0].strip() for o in outs] == ["rank 0 done", "rank 1 done"]
     assert_clean(run_id)

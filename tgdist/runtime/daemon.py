@@ -1132,34 +1132,29 @@ class DaemonMemory(MemoryStore):
     def write_memory(self, ids: torch.Tensor, mem: torch.Tensor, mem_ts: torch.Tensor) -> None:
         """``ids`` unique ``[n]``; ``mem [n, mem_dim]``; ``mem_ts [n]`` (buffered until ``end()``)."""
         self._begin_write("write memory")
-        ids = self._check_ids(ids)
-        n, off = ids.numel(), self._mem_off
-        if off + n > self._conn.max_write:
-            raise ConfigError(f"write of {off + n} memory rows exceeds the daemon buffer of {self._conn.max_write} "
-                              f"rows (set memory.max_write)")
-        w = self._wr
-        w["wr_mem_ids"][off:off + n].copy_(ids)
-        w["wr_mem"][off:off + n].copy_(mem.detach())
-        w["wr_mem_ts"][off:off + n].copy_(mem_ts.detach())
-        self._ops[self._nops] = (OP_MEM, off, n)
-        self._nops += 1
-        self._mem_off = off + n
+        self._mem_off = self._stage(OP_MEM, "wr_mem", self._mem_off, self._conn.max_write, "memory", ids, mem, mem_ts)
 
     def write_mail(self, ids: torch.Tensor, mail: torch.Tensor, mail_ts: torch.Tensor) -> None:
         """Append one mail per (unique) id to its ring; several calls are applied in call order."""
         self._begin_write("write mail")
+        self._mail_off = self._stage(OP_MAIL, "wr_mail", self._mail_off, self._conn.max_mail, "mail", ids, mail,
+                                     mail_ts)
+
+    def _stage(self, op: int, prefix: str, off: int, capacity: int, what: str, ids, rows, ts) -> int:
+        """Copy a write into the ``prefix``_ids / ``prefix`` / ``prefix``_ts buffers at row ``off``
+        and record it as op ``op``; returns the next free row."""
         ids = self._check_ids(ids)
-        n, off = ids.numel(), self._mail_off
-        if off + n > self._conn.max_mail:
-            raise ConfigError(f"write of {off + n} mail rows exceeds the daemon buffer of {self._conn.max_mail} "
+        n = ids.numel()
+        if off + n > capacity:
+            raise ConfigError(f"write of {off + n} {what} rows exceeds the daemon buffer of {capacity} "
                               f"rows (set memory.max_write)")
         w = self._wr
-        w["wr_mail_ids"][off:off + n].copy_(ids)
-        w["wr_mail"][off:off + n].copy_(mail.detach())
-        w["wr_mail_ts"][off:off + n].copy_(mail_ts.detach())
-        self._ops[self._nops] = (OP_MAIL, off, n)
+        w[prefix + "_ids"][off:off + n].copy_(ids)
+        w[prefix][off:off + n].copy_(rows.detach())
+        w[prefix + "_ts"][off:off + n].copy_(ts.detach())
+        self._ops[self._nops] = (op, off, n)
         self._nops += 1
-        self._mail_off = off + n
+        return off + n
 
     def reset_state(self) -> None:
         """Reset before the next position is served (``begin(..., reset=True)`` in explicit use)."""

@@ -401,14 +401,21 @@ def _tensor_rows(path: Path) -> np.ndarray:
     return x
 
 
+def _tgl_columns(path: Path, table, need: tuple, layout: str) -> dict:
+    """Column index by header name (TGL writes a leading unnamed index column, ",src,dst,...");
+    one line naming the file when a needed column is missing."""
+    header = table.header or []
+    col = {n: i for i, n in enumerate(header) if n}
+    for name in need:
+        if name not in col:
+            raise DataError(f"{path}:1: TGL {path.name} needs columns {layout}; header is {','.join(header)!r}")
+    return col
+
+
 def _read_tgl_labels(path: Path) -> dict:
     """TGL ``labels.csv``: ``,node,time,label[,ext_roll]`` (node classification at times)."""
     table = _parse_table(path, _read_bytes(path), delimiter=",")
-    header = table.header or []
-    col = {n: i for i, n in enumerate(header) if n}
-    for need in ("node", "time", "label"):
-        if need not in col:
-            raise DataError(f"{path}:1: TGL labels.csv needs columns ,node,time,label; header is {','.join(header)!r}")
+    col = _tgl_columns(path, table, ("node", "time", "label"), ",node,time,label")
     return {"node": _as_ids(table, col["node"], "node"), "t": _as_times(table, col["time"]),
             "label": _integral(table, col["label"], "label"), "table": table}
 
@@ -416,12 +423,7 @@ def _read_tgl_labels(path: Path) -> dict:
 def _read_tgl(path: Path) -> dict:
     edges = path / "edges.csv"
     table = _parse_table(edges, _read_bytes(edges), delimiter=",")
-    header = table.header or []
-    # TGL writes a leading unnamed index column: ",src,dst,time,ext_roll".
-    col = {n: i for i, n in enumerate(header) if n}
-    for need in ("src", "dst", "time"):
-        if need not in col:
-            raise DataError(f"{edges}:1: TGL edges.csv needs columns ,src,dst,time,ext_roll; header is {','.join(header)!r}")
+    col = _tgl_columns(edges, table, ("src", "dst", "time"), ",src,dst,time,ext_roll")
     out = {"src": _as_ids(table, col["src"], "source"), "dst": _as_ids(table, col["dst"], "destination"),
            "t": _as_times(table, col["time"]), "table": table}
     if "ext_roll" in col:
