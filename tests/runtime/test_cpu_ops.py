@@ -117,13 +117,13 @@ def attention_case(edge_dim, n=300, k=10, d=16, num_nodes=80, seed=0):
     return layer, torch.randn(num_nodes, d, requires_grad=True), torch.randn(n, d, requires_grad=True), hop
 
 
-def run_layer(layer, h_table, h_query, hop, dtype=torch.float32, edge_grad=False):
+def run_layer(layer, h_table, h_query, hop, dtype=torch.float32, edge_grad=False, index=None):
     layer = copy.deepcopy(layer).to(dtype)
     h_table = h_table.detach().to(dtype).requires_grad_()
     h_query = h_query.detach().to(dtype).requires_grad_()
     edge_feat = None if hop.edge_feat is None else hop.edge_feat.detach().to(dtype).requires_grad_(edge_grad)
     hop = HopTables(hop.nbr, hop.mask, hop.dt_index, hop.dt_values.to(dtype), hop.edge_index, edge_feat)
-    out = layer(h_query, layer.kv_h(h_table), hop)
+    out = layer(h_query, layer.kv_h(h_table), hop, index)
     (out * torch.linspace(-1, 1, out.numel()).view_as(out).to(dtype)).sum().backward()
     extra = [edge_feat.grad] if edge_grad else []
     return [out.detach(), h_table.grad, h_query.grad, *extra, *[p.grad for p in layer.parameters()]]
@@ -144,6 +144,25 @@ def test_cpu_attention_layer_equals_torch_at_scale(edge_dim, edge_grad):
     assert_as_accurate_as_torch(got, want, exact)
 
 
+@pytest.mark.parametrize("kernels", [True, False])
+def test_queries_by_index_equal_queries_by_row(kernels):
+    """Query terms computed once per table row and gathered by ``index`` (the trainer's path:
+    1,800 roots, ~700 distinct root nodes) give the outputs and gradients of the same queries
+    passed row by row."""
+    layer, h_table, _, hop = attention_case(5)
+    use_cpu_kernels(layer, kernels)
+    n = hop.nbr.shape[0]
+    index = torch.randint(0, 40, (n,), generator=torch.Generator().manual_seed(1))
+    queries = torch.randn(50, h_table.shape[1])  # rows 40.. are never asked for
+    by_row = run_layer(layer, h_table, queries[index], hop, edge_grad=True)
+    by_index = run_layer(layer, h_table, queries, hop, edge_grad=True, index=index)
+    exact = run_layer(layer, h_table, queries, hop, torch.float64, edge_grad=True, index=index)
+    assert by_index[2].shape == queries.shape and not by_index[2][40:].any()
+    by_row[2] = torch.zeros_like(queries).index_add_(0, index, by_row[2])  # per-row grads summed per node
+    torch.testing.assert_close(by_index[0], by_row[0], rtol=1e-5, atol=1e-6)
+    assert_as_accurate_as_torch(by_index, by_row, exact)
+
+
 def test_cpu_kernels_do_not_depend_on_the_thread_count():
     layer, h_table, h_query, hop = attention_case(5)
     use_cpu_kernels(layer, True)
@@ -157,3 +176,33 @@ def test_cpu_kernels_do_not_depend_on_the_thread_count():
         numba.set_num_threads(before)
     for a, b in zip(*results):
         assert (a is None and b is None) or torch.equal(a, b)
+
+
+@pytest.mark.parametrize("name, edge_dim", [("tgn", 0), ("tgn", 3), ("jodie", 0)])
+def test_merged_own_memory_cell_equals_the_general_cell(name, edge_dim):
+    """TGN's mails start with the memory they update; the merged products that use this give the
+    general cell's updated memory and parameter gradients (float64 run as the accuracy yardstick)."""
+    from tgdist.runtime.memory import MemoryRead
+    from tgdist.runtime.models import build_model
+
+    torch.manual_seed(3)
+    n, d = 500, 16
+    model = build_model(name, num_nodes=n, mem_dim=d, time_dim=8, edge_dim=edge_dim)
+    exact_phases(model.updater.time_enc)
+    mem = torch.randn(n, d)
+    mail = torch.cat([mem, torch.randn(n, model.mail_dim - d)], 1).unsqueeze(1)
+    mem_ts = torch.rand(n, dtype=torch.float64) * 100
+    mail_ts = (mem_ts + time_gaps(n).double()).unsqueeze(1)
+    mail_ts[::7] = float("-inf")  # some nodes have no pending mail
+
+    def run(fused, dtype=torch.float32):
+        upd = copy.deepcopy(model.updater).to(dtype)
+        use_cpu_kernels(upd, fused)
+        read = MemoryRead(mem.to(dtype), mem_ts, mail.to(dtype), mail_ts)
+        out = upd(read).mem
+        (out * torch.linspace(-1, 1, out.numel()).view_as(out).to(dtype)).sum().backward()
+        return [out.detach(), *[p.grad for p in upd.parameters()]]
+
+    general, merged, exact = run(False), run(True), run(False, torch.float64)
+    torch.testing.assert_close(merged[0], general[0], rtol=1e-5, atol=1e-6)
+    assert_as_accurate_as_torch(merged, general, exact)

@@ -106,13 +106,27 @@ def test_mails_at_tied_timestamps_are_applied():
     assert tr.memory.mem[0].abs().sum() > 0 and tr.memory.mem[1].abs().sum() > 0
 
 
-def test_gru_and_rnn_updaters_equal_hand_computation():
+@pytest.mark.parametrize("own_memory_in_mail", [False, True])
+def test_gru_and_rnn_updaters_equal_hand_computation(own_memory_in_mail, monkeypatch):
+    """Both cell paths: any mail (general products) and TGN's mails, whose first half is the
+    memory being updated (merged own-memory products, models._CellUpdater)."""
+    from tgdist.runtime.memory import MemoryRead
+    from tgdist.runtime.models import GRUUpdater, RNNUpdater
+
+    merged = []
+    for cls in (GRUUpdater, RNNUpdater):
+        def counted(self, mail, phi, h, own, original=cls.fused_step):
+            merged.append((type(self).__name__, own))
+            return original(self, mail, phi, h, own)
+        monkeypatch.setattr(cls, "fused_step", counted)
     torch.manual_seed(1)
     for name in ("tgn", "jodie"):
         m = build_model(name, num_nodes=3, mem_dim=4, time_dim=4)
-        from tgdist.runtime.memory import MemoryRead
         mail = torch.randn(3, 1, m.mail_dim)
-        read = MemoryRead(torch.randn(3, 4), torch.tensor([0.0, 1.0, 2.0], dtype=torch.float64), mail,
+        mem = torch.randn(3, 4)
+        if own_memory_in_mail:
+            mail[:, 0, :4] = mem
+        read = MemoryRead(mem, torch.tensor([0.0, 1.0, 2.0], dtype=torch.float64), mail,
                           torch.tensor([[3.0], [float("-inf")], [2.0]], dtype=torch.float64))
         upd = m.updater(read)
         cell, enc = m.updater.cell, m.updater.time_enc
@@ -125,6 +139,7 @@ def test_gru_and_rnn_updaters_equal_hand_computation():
         # node 1 has no mail: memory and time unchanged
         assert torch.equal(upd.mem[1], read.mem[1]) and upd.mem_ts.tolist() == [3.0, 1.0, 2.0]
         assert upd.updated.tolist() == [True, False, True]
+    assert merged == [("GRUUpdater", own_memory_in_mail), ("RNNUpdater", own_memory_in_mail)]
 
 
 def test_mailbox_ring_order_and_rounds():

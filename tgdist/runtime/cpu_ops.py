@@ -165,3 +165,66 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     if p >= 1.0:
         return x * 0.0
     return Dropout.apply(x, float(p))
+
+
+# ----------------------------------------------------------------------------------------------
+# GRU cell
+
+
+class GRUCell(torch.autograd.Function):
+    """``torch.nn.GRUCell`` on ``[mail || phi]`` with a hand-written backward: one buffer per
+    gradient instead of autograd's chunk/slice/cat graph (whose slice backward zero-fills a full
+    ``[n, 4 d]`` tensor per slice), and gradients for ``phi`` and the parameters only.
+
+    ``own=True``: ``mail`` lacks its first ``d`` columns, which equal ``h`` (TGN's mails, see
+    models._CellUpdater); the input and hidden maps of ``h`` are merged where the GRU adds them,
+    the r and z gates, and their weight gradients, which are equal, are computed once."""
+
+    @staticmethod
+    def forward(ctx, mail, phi, h, w_ih, w_hh, b_ih, b_hh, own):
+        d, mf = h.shape[1], w_ih.shape[1] - phi.shape[1]
+        skip = d if own else 0
+        gx = torch.addmm(b_ih, mail, w_ih[:, skip:mf].t()).addmm_(phi, w_ih[:, mf:].t())  # [n, 3d]
+        if own:  # h's columns: [r, z] of both maps summed, the input map's n, the hidden map's n
+            w_own = w_ih[:, :d]
+            w = torch.cat([w_own[:2 * d] + w_hh[:2 * d], w_own[2 * d:], w_hh[2 * d:]])
+            gh = torch.addmm(torch.cat([b_hh[:2 * d], b_hh.new_zeros(d), b_hh[2 * d:]]), h, w.t())
+            gx += gh[:, :3 * d]
+            nh = gh[:, 3 * d:]
+        else:
+            gh = torch.addmm(b_hh, h, w_hh.t())
+            gx[:, :2 * d] += gh[:, :2 * d]
+            nh = gh[:, 2 * d:]
+        rz = torch.sigmoid(gx[:, :2 * d])
+        n = torch.tanh(torch.addcmul(gx[:, 2 * d:], rz[:, :d], nh))
+        ctx.save_for_backward(mail, phi, h, w_ih, rz, n, nh)
+        ctx.own = own
+        return torch.addcmul(n, rz[:, d:], h - n)  # (1 - z) n + z h
+
+    @staticmethod
+    def backward(ctx, g):
+        mail, phi, h, w_ih, rz, n, nh = ctx.saved_tensors
+        d, mf = h.shape[1], w_ih.shape[1] - phi.shape[1]
+        r, z = rz[:, :d], rz[:, d:]
+        grads = torch.empty(h.shape[0], 4 * d, dtype=g.dtype)  # pre-activation: [r | z | n_in | n_hidden]
+        dpr, dpz, dpn, dnh = grads.split(d, dim=1)
+        torch.mul(g * (1 - z), 1 - n * n, out=dpn)
+        torch.mul(g * (h - n), z * (1 - z), out=dpz)
+        torch.mul(dpn * nh, r * (1 - r), out=dpr)
+        torch.mul(dpn, r, out=dnh)
+        dgx = grads[:, :3 * d]
+        by_h = grads.t().mm(h)  # [4d, d]: rows r, z (both maps), n of the input map, n of the hidden map
+        d_ih = [dgx.t().mm(mail), dgx.t().mm(phi)]
+        if ctx.own:
+            d_ih.insert(0, by_h[:3 * d])
+        d_hh = torch.cat([by_h[:2 * d], by_h[3 * d:]])
+        sums = grads.sum(0)
+        d_bih, d_bhh = sums[:3 * d], torch.cat([sums[:2 * d], sums[3 * d:]])
+        d_phi = dgx.mm(w_ih[:, mf:]) if ctx.needs_input_grad[1] else None
+        return None, d_phi, None, torch.cat(d_ih, 1), d_hh, d_bih, d_bhh, None
+
+
+def gru_cell(mail: torch.Tensor, phi: torch.Tensor, h: torch.Tensor, cell: torch.nn.GRUCell, own: bool) -> torch.Tensor:
+    """``cell([mail || phi], h)`` for float32 CPU tensors with no gradient into ``mail`` or ``h``
+    (``own``: ``mail`` without its first ``d`` columns, which are ``h``)."""
+    return GRUCell.apply(mail, phi, h, cell.weight_ih, cell.weight_hh, cell.bias_ih, cell.bias_hh, own)

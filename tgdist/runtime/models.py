@@ -87,7 +87,17 @@ class _CellUpdater(nn.Module):
 
     The cell's input map is applied split, ``W_m mail + W_t phi``: mails and memory are stored
     (detached) values, so only the ``phi`` columns need an input gradient. ``cell`` holds the
-    parameters with torch's names and initialisation (``weight_ih``, ``weight_hh``, ...)."""
+    parameters with torch's names and initialisation (``weight_ih``, ``weight_hh``, ...).
+
+    On CPU (``fused``) the cells run ``fused_step``. A TGN mail of node u is ``[s'_u || s'_v || e]``
+    and is written in the same batch as u's memory ``s'_u``, so its first ``mem_dim`` columns equal
+    the memory the cell updates; when they do (checked every batch), the two maps of that one
+    vector are merged where the cell adds them, ``W_m,own s + W_hh s = (W_m,own + W_hh) s`` (all of
+    a tanh RNN's input, the r and z gates of a GRU). ``step`` is the plain formulation (GPUs,
+    ``cpu_kernels=false``); the tests check that both agree.
+    """
+
+    fused = True
 
     def __init__(self, cell: nn.Module, time_enc: TimeEncoder):
         super().__init__()
@@ -101,16 +111,27 @@ class _CellUpdater(nn.Module):
             return MemoryUpdate(read.mem, read.mem_ts, has)
         idx = torch.nonzero(has).squeeze(1)
         dt = (mail_ts[idx] - read.mem_ts[idx]).float()
-        new = self.step(mail[idx], self.time_enc(dt), read.mem[idx])
+        mail, phi, h = mail[idx], self.time_enc(dt), read.mem[idx]
+        if self.fused and h.device.type == "cpu" and not (mail.requires_grad or h.requires_grad):
+            d = h.shape[1]
+            own = torch.equal(mail[:, :d], h)
+            new = self.fused_step(mail[:, d:] if own else mail, phi, h, own)
+        else:
+            new = self.step(mail, phi, h)
         mem = read.mem.index_copy(0, idx, new)
         return MemoryUpdate(mem, torch.where(has, mail_ts, read.mem_ts), has)
 
-    def input_map(self, mail: torch.Tensor, phi: torch.Tensor) -> torch.Tensor:
-        """``W_ih [mail || phi] + b_ih`` without the concatenation."""
-        w, m = self.cell.weight_ih, mail.shape[1]
-        return F.linear(mail, w[:, :m]) + F.linear(phi, w[:, m:], self.cell.bias_ih)
+    def input_map(self, mail: torch.Tensor, phi: torch.Tensor, skip: int = 0) -> torch.Tensor:
+        """``W_ih [mail || phi] + b_ih`` without the concatenation; with ``skip``, ``mail`` lacks
+        its first ``skip`` columns (and so do the weights applied to it)."""
+        w, m = self.cell.weight_ih, skip + mail.shape[1]
+        return torch.addmm(F.linear(phi, w[:, m:], self.cell.bias_ih), mail, w[:, skip:m].t())
 
     def step(self, mail: torch.Tensor, phi: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def fused_step(self, mail: torch.Tensor, phi: torch.Tensor, h: torch.Tensor, own: bool) -> torch.Tensor:
+        """``step`` on CPU; with ``own``, ``mail`` lacks its first ``d`` columns, which are ``h``."""
         raise NotImplementedError
 
 
@@ -129,6 +150,9 @@ class GRUUpdater(_CellUpdater):
         n = torch.tanh(torch.addcmul(i_n, r, h_n))
         return n + z * (h - n)  # (1 - z) n + z h
 
+    def fused_step(self, mail, phi, h, own):
+        return cpu_ops.gru_cell(mail, phi, h, self.cell, own)
+
 
 class RNNUpdater(_CellUpdater):
     """JODIE: a vanilla tanh RNN cell (``torch.nn.RNNCell``)."""
@@ -139,6 +163,13 @@ class RNNUpdater(_CellUpdater):
 
     def step(self, mail, phi, h):
         return torch.tanh(self.input_map(mail, phi) + F.linear(h, self.cell.weight_hh, self.cell.bias_hh))
+
+    def fused_step(self, mail, phi, h, own):
+        if not own:
+            return self.step(mail, phi, h)
+        d = h.shape[1]
+        w = self.cell.weight_ih[:, :d] + self.cell.weight_hh
+        return torch.tanh(torch.addmm(self.input_map(mail, phi, skip=d), h, w.t()) + self.cell.bias_hh)
 
 
 class MailboxAttentionUpdater(nn.Module):
@@ -229,6 +260,11 @@ class EmbedInput:
     hops: list
 
 
+def _rows(x: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
+    """``x[index]`` (``x`` itself when ``index`` is None)."""
+    return x if index is None else x.index_select(0, index)
+
+
 def _gather(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``table[index]`` for an index of any shape, via index_select (whose backward is index_add)."""
     return table.index_select(0, index.reshape(-1)).view(*index.shape, table.shape[-1])
@@ -255,46 +291,63 @@ class TemporalAttentionLayer(nn.Module):
         # below. Both give the same values and gradients (tests/runtime/test_cpu_ops.py).
         self.fused = True
 
-    def forward(self, h_query: torch.Tensor, kv_node: torch.Tensor, hop: HopTables) -> torch.Tensor:
-        """``h_query [n, in]``; ``kv_node [m, 2*out]``: per-node key/value terms ``kv_h(h)`` of the
-        table ``hop.nbr`` points into. Returns ``[n, out]``."""
+    def forward(self, h_query: torch.Tensor, kv_node: torch.Tensor, hop: HopTables,
+                index: torch.Tensor | None = None) -> torch.Tensor:
+        """Queries are the rows ``h_query[index]`` (all of ``h_query`` when ``index`` is None);
+        ``kv_node [m, 2*out]``: per-node key/value terms ``kv_h(h)`` of the table ``hop.nbr`` points
+        into. Returns ``[len(index), out]``.
+
+        The query and the ``h`` half of the output map depend on the node only, so with an
+        ``index`` they are computed once per table row up to ``index.max()`` and gathered: a batch
+        of 600 events has 1,800 roots but about 700 distinct root nodes, and the trainer's unique
+        table lists root nodes first. (On GPUs the whole table is used: reading ``index.max()``
+        would wait for the device.)"""
+        if index is not None and index.device.type == "cpu":
+            h_query = h_query[: int(index.max()) + 1] if index.numel() else h_query[:0]
         zero = self.time_enc(torch.zeros(1, device=h_query.device))
-        q = self.q_h(h_query) + self.q_t(zero)
+        q = self.q_h(h_query) + self.q_t(zero)  # per table row
         edge = self.kv_e is not None and hop.edge_feat is not None
         if self.fused and q.device.type == "cpu" and q.dtype == torch.float32:
-            attn = self._fused(q, kv_node, hop, edge)
+            attn = self._fused(q, kv_node, hop, edge, index)
         else:
             kv = _gather(kv_node, hop.nbr) + _gather(self.kv_t(self.time_enc(hop.dt_values)), hop.dt_index)
             if edge:
                 kv = kv + _gather(self.kv_e(hop.edge_feat), hop.edge_index)
             k, v = kv.chunk(2, dim=2)
-            attn = _masked_attention(q, k, v, hop.mask, self.num_heads)
+            attn = _masked_attention(_rows(q, index), k, v, hop.mask, self.num_heads)
         attn = self.dropout(attn)
-        return self.norm(F.relu(self.dropout(self.out(torch.cat([attn, h_query], dim=1)))))
+        d = attn.shape[1]  # out([attn || h]) = W_a attn + (W_h h + b), the second term per node
+        node_term = _rows(F.linear(h_query, self.out.weight[:, d:], self.out.bias), index)
+        return self.norm(F.relu(self.dropout(torch.addmm(node_term, attn, self.out.weight[:, :d].t()))))
 
-    def _fused(self, q, kv_node, hop: HopTables, edge: bool) -> torch.Tensor:
+    def _fused(self, q, kv_node, hop: HopTables, edge: bool, index) -> torch.Tensor:
         """The same attention with the time and edge projections moved to the root side
         (attention_kernels.py): ``q_h . W_h x = (W_h^T q_h) . x`` for the scores and
-        ``sum_j p_j W_h x_j = W_h sum_j p_j x_j`` for the values, both linear maps without bias."""
+        ``sum_j p_j W_h x_j = W_h sum_j p_j x_j`` for the values, both linear maps without bias.
+        ``q`` is per table row; its projections are too, gathered to the roots by ``index``."""
         from tgdist.runtime.attention_kernels import fused_attention
 
-        n, d = q.shape
         heads, dh = self.num_heads, q.shape[1] // self.num_heads
-        qh = q.view(n, heads, dh).transpose(0, 1)  # [H, n, dh]
+        qh = q.view(q.shape[0], heads, dh).transpose(0, 1)  # [H, rows, dh]
 
         def split(linear):  # W [2D, in] -> key and value maps per head, [H, dh, in] each
             wk, wv = linear.weight.chunk(2, dim=0)
             return wk.reshape(heads, dh, -1), wv.reshape(heads, dh, -1)
 
+        def per_root(x):  # [H, rows, c] -> [H, n, c]
+            return x if index is None else x.index_select(1, index)
+
+        n, d = hop.nbr.shape[0], q.shape[1]
         wk_t, wv_t = split(self.kv_t)
-        ut = torch.bmm(qh, wk_t)  # [H, n, time_dim]
+        ut = per_root(torch.bmm(qh, wk_t))  # [H, n, time_dim]
         phi = self.time_enc(hop.dt_values)
         if edge:
             wk_e, wv_e = split(self.kv_e)
-            ue, ef, ei = torch.bmm(qh, wk_e), hop.edge_feat, hop.edge_index
+            ue, ef, ei = per_root(torch.bmm(qh, wk_e)), hop.edge_feat, hop.edge_index
         else:
             ue, ef, ei = q.new_zeros(heads, n, 0), q.new_zeros(0, 0), hop.dt_index  # ei unused
-        out, aggt, agge = fused_attention(q, kv_node, ut, phi, ue, ef, hop.nbr, hop.dt_index, ei, hop.mask, heads)
+        out, aggt, agge = fused_attention(_rows(q, index), kv_node, ut, phi, ue, ef, hop.nbr, hop.dt_index, ei,
+                                          hop.mask, heads)
         values = torch.bmm(aggt, wv_t.transpose(1, 2))  # [H, n, dh]
         if edge:
             values = values + torch.bmm(agge, wv_e.transpose(1, 2))
@@ -323,13 +376,13 @@ class AttentionEmbedding(nn.Module):
     def forward(self, x: EmbedInput) -> torch.Tensor:
         if self.num_layers == 1:
             layer = self.layers[0]
-            return layer(x.h.index_select(0, x.root), layer.kv_h(x.h), x.hops[0])
+            return layer(x.h, layer.kv_h(x.h), x.hops[0], x.root)
         # Two layers (TGAT): layer 1 on roots (over hop 1) and on hop-1 neighbours (over hop 2).
         hop1, hop2 = x.hops[0], x.hops[1]
         l1, l2 = self.layers
         kv1 = l1.kv_h(x.h)
-        z_root = l1(x.h.index_select(0, x.root), kv1, hop1)
-        z_nbr = l1(x.h.index_select(0, hop1.nbr.reshape(-1)), kv1, hop2)  # [n * K1, dim]
+        z_root = l1(x.h, kv1, hop1, x.root)
+        z_nbr = l1(x.h, kv1, hop2, hop1.nbr.reshape(-1))  # [n * K1, dim]
         rows = torch.arange(hop1.nbr.numel(), device=hop1.nbr.device).view_as(hop1.nbr)
         hop1_rows = HopTables(rows, hop1.mask, hop1.dt_index, hop1.dt_values, hop1.edge_index, hop1.edge_feat)
         return l2(z_root, l2.kv_h(z_nbr), hop1_rows)

@@ -182,9 +182,9 @@ class Trainer:
             root_t_rel = torch.from_numpy(np.tile(self.t_rel[lo:hi], 2 + num_neg)).to(dev)
             emb = model.embedding(EmbedInput(h, upd.mem_ts, p.root_idx, root_t_rel, p.hop_tables))
             h_src, h_dst = emb[:b], emb[b:2 * b]
-            h_neg = emb[2 * b:].view(num_neg, b, -1).transpose(0, 1)
-            pos = model.predictor(h_src, h_dst.unsqueeze(1)).squeeze(1)
-            negl = model.predictor(h_src, h_neg)
+            # one call scores [dst | neg_0 | neg_1 ...] per source, so W_s h_src is computed once
+            logits = model.predictor(h_src, emb[b:].view(1 + num_neg, b, -1).transpose(0, 1))
+            pos, negl = logits[:, 0], logits[:, 1:]
             loss = (F.binary_cross_entropy_with_logits(pos, torch.ones_like(pos))
                     + F.binary_cross_entropy_with_logits(negl, torch.zeros_like(negl)))
             if train:
