@@ -145,8 +145,8 @@ class ModelConfig:
     mailbox_size: int = 1  # APAN: mails kept per node
     static_memory: bool = False  # DistTGL section 3.1: learnable per-node embedding
     static_pretrain_epochs: int = 0  # pre-train the static memory on the same task first
-    # numba kernels on CPU for the attention, time encoding and dropout; false: plain torch ops
-    # (the same function up to float32 rounding, other dropout masks, about 2x slower)
+    # CPU kernels for the attention, time encoding, dropout and the GRU/RNN cell; false: plain torch
+    # ops (the same function up to float32 rounding, other dropout masks, about 2x slower)
     cpu_kernels: bool = True
 
 

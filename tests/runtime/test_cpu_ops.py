@@ -178,10 +178,12 @@ def test_cpu_kernels_do_not_depend_on_the_thread_count():
         assert (a is None and b is None) or torch.equal(a, b)
 
 
+@pytest.mark.parametrize("own", [True, False])
 @pytest.mark.parametrize("name, edge_dim", [("tgn", 0), ("tgn", 3), ("jodie", 0)])
-def test_merged_own_memory_cell_equals_the_general_cell(name, edge_dim):
-    """TGN's mails start with the memory they update; the merged products that use this give the
-    general cell's updated memory and parameter gradients (float64 run as the accuracy yardstick)."""
+def test_cpu_cell_equals_the_torch_cell(name, edge_dim, own):
+    """The CPU cells (GRU: hand-written backward) give the torch formulation's updated memory and
+    parameter gradients (float64 run as the accuracy yardstick), for any mail and for TGN's mails,
+    which start with the memory they update (``own``: merged products)."""
     from tgdist.runtime.memory import MemoryRead
     from tgdist.runtime.models import build_model
 
@@ -190,7 +192,7 @@ def test_merged_own_memory_cell_equals_the_general_cell(name, edge_dim):
     model = build_model(name, num_nodes=n, mem_dim=d, time_dim=8, edge_dim=edge_dim)
     exact_phases(model.updater.time_enc)
     mem = torch.randn(n, d)
-    mail = torch.cat([mem, torch.randn(n, model.mail_dim - d)], 1).unsqueeze(1)
+    mail = torch.cat([mem if own else torch.randn(n, d), torch.randn(n, model.mail_dim - d)], 1).unsqueeze(1)
     mem_ts = torch.rand(n, dtype=torch.float64) * 100
     mail_ts = (mem_ts + time_gaps(n).double()).unsqueeze(1)
     mail_ts[::7] = float("-inf")  # some nodes have no pending mail

@@ -1,4 +1,4 @@
-"""CPU kernels for two elementwise layers of every step: the time encoding and dropout.
+"""CPU versions of three layers of every step: the time encoding, dropout and the GRU cell.
 
 Time encoding ``cos(w dt + b)``: torch computes ``cos`` in one pass and, in backward, ``sin`` in
 another, and its vectorised ``cos`` falls back to a slow path for large arguments (gaps of days in
@@ -6,7 +6,8 @@ seconds, times w = 1). Here one pass computes both (``sin`` is kept for backward
 reduced in float64 and short polynomials on [-pi/4, pi/4]; results agree with torch to float32
 rounding. Dropout: torch draws a Bernoulli per element through a Mersenne twister; here a
 counter-based hash of (seed, position) is used, with the seed drawn from torch's generator, so runs
-stay reproducible and checkpoints (which hold torch's RNG state) resume identically.
+stay reproducible and checkpoints (which hold torch's RNG state) resume identically. GRU cell: the
+same torch ops as ``nn.GRUCell`` with a hand-written backward (see ``GRUCell``).
 
 The modules in models.py use these on CPU and the plain torch ops on GPUs; tests compare both.
 """
