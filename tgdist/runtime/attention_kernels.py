@@ -76,6 +76,26 @@ def _axpy_to2(x0, x1, a, out0, out1):
 
 
 @njit(fastmath=FASTMATH, inline="always")
+def _dots_per_head(u, r, ph, out):
+    """``out[h] = u[h, r] . ph`` for every head, two heads per pass over ``ph``."""
+    num_heads = u.shape[0]
+    for h in range(0, num_heads - 1, 2):
+        out[h], out[h + 1] = _dot2(u[h, r], u[h + 1, r], ph)
+    if num_heads % 2:
+        out[num_heads - 1] = _dot(u[num_heads - 1, r], ph)
+
+
+@njit(fastmath=FASTMATH, inline="always")
+def _axpys_per_head(x, ph, acc, r):
+    """``acc[h, r] += x[h] * ph`` for every head, two heads per pass over ``ph``."""
+    num_heads = acc.shape[0]
+    for h in range(0, num_heads - 1, 2):
+        _axpy_to2(x[h], x[h + 1], ph, acc[h, r], acc[h + 1, r])
+    if num_heads % 2:
+        _axpy(x[num_heads - 1], ph, acc[num_heads - 1, r])
+
+
+@njit(fastmath=FASTMATH, inline="always")
 def _axpy4(x0, a0, x1, a1, x2, a2, x3, a3, out):
     """out += x0 a0 + x1 a1 + x2 a2 + x3 a3 (one pass over ``out``)"""
     for c in range(out.shape[0]):
@@ -103,10 +123,7 @@ def attention_forward(q, kvn, ut, phi, ue, ef, nbr, dti, ei, mask, num_heads, sc
                 wr[j] = 0.0
                 continue
             kv, ph = kvn[nbr[r, j]], phi[dti[r, j]]
-            for h in range(0, num_heads - 1, 2):
-                wr[j, h], wr[j, h + 1] = _dot2(ut[h, r], ut[h + 1, r], ph)
-            if num_heads % 2:
-                wr[j, num_heads - 1] = _dot(ut[num_heads - 1, r], ph)
+            _dots_per_head(ut, r, ph, wr[j])
             for h in range(num_heads):
                 s = wr[j, h] + _dot(qr[h * dh:(h + 1) * dh], kv[h * dh:(h + 1) * dh])
                 if has_edge:
@@ -134,10 +151,7 @@ def attention_forward(q, kvn, ut, phi, ue, ef, nbr, dti, ei, mask, num_heads, sc
                 _axpy(p, kv[d + h * dh:d + (h + 1) * dh], out[r, h * dh:(h + 1) * dh])
                 if has_edge:
                     _axpy(p, ef[ei[r, j]], agge[h, r])
-            for h in range(0, num_heads - 1, 2):
-                _axpy_to2(wr[j, h], wr[j, h + 1], ph, aggt[h, r], aggt[h + 1, r])
-            if num_heads % 2:
-                _axpy(wr[j, num_heads - 1], ph, aggt[num_heads - 1, r])
+            _axpys_per_head(wr[j], ph, aggt, r)
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH)
@@ -158,10 +172,7 @@ def attention_backward_roots(g, gt, ge, q, kvn, ut, phi, ue, ef, nbr, dti, ei, m
                 dsr[j] = 0.0
                 continue
             kv, ph = kvn[nbr[r, j]], phi[dti[r, j]]
-            for h in range(0, num_heads - 1, 2):
-                dsr[j, h], dsr[j, h + 1] = _dot2(gt[h, r], gt[h + 1, r], ph)
-            if num_heads % 2:
-                dsr[j, num_heads - 1] = _dot(gt[num_heads - 1, r], ph)
+            _dots_per_head(gt, r, ph, dsr[j])
             for h in range(num_heads):
                 s = dsr[j, h] + _dot(gr[h * dh:(h + 1) * dh], kv[d + h * dh:d + (h + 1) * dh])
                 if has_edge:
@@ -181,10 +192,7 @@ def attention_backward_roots(g, gt, ge, q, kvn, ut, phi, ue, ef, nbr, dti, ei, m
                 _axpy(x, kv[h * dh:(h + 1) * dh], dq[r, h * dh:(h + 1) * dh])
                 if has_edge:
                     _axpy(x, ef[ei[r, j]], due[h, r])
-            for h in range(0, num_heads - 1, 2):
-                _axpy_to2(dsr[j, h], dsr[j, h + 1], ph, dut[h, r], dut[h + 1, r])
-            if num_heads % 2:
-                _axpy(dsr[j, num_heads - 1], ph, dut[num_heads - 1, r])
+            _axpys_per_head(dsr[j], ph, dut, r)
 
 
 @njit(parallel=True, cache=True, fastmath=FASTMATH)
