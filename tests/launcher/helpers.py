@@ -100,13 +100,17 @@ def torchrun_cmd(nproc: int, port: int, *args: str, nnodes: int = 1, node_rank: 
             "--max-restarts=0", str(PROBE), *args]
 
 
-def read_ranks(folder: Path, n: int) -> list[dict]:
-    """The probe's ``rank<N>.json`` files for ranks 0..n-1 (a missing one fails with its name)."""
+def read_ranks(folder: Path, n: int, freed: bool = True) -> list[dict]:
+    """The probe's ``rank<N>.json`` files for ranks 0..n-1 (a missing one fails with its name). With
+    ``freed``, ranks that built process groups must have freed them all in ``destroy()``."""
     out = []
     for r in range(n):
         f = Path(folder) / f"rank{r}.json"
         assert f.is_file(), f"no output from rank {r} in {folder}: {sorted(p.name for p in Path(folder).iterdir())}"
-        out.append(json.loads(f.read_text()))
+        rec = json.loads(f.read_text())
+        if freed and "leaked" in rec:
+            assert rec["leaked"] == [], f"rank {r}: groups {rec['leaked']} outlived destroy()"
+        out.append(rec)
     return out
 
 

@@ -3,7 +3,8 @@
 It resolves the world with ``tgdist.launcher.world.detect()``, validates a layout against it, and
 with ``--groups`` builds the named process groups (gloo) and averages each rank's number over every
 group. One JSON object per rank, ``{"world": {...}, "groups": {name: [ranks, mean]}, ...}``, on stdout
-or as ``rank<N>.json`` in ``--out``.
+or as ``rank<N>.json`` in ``--out``; ``"leaked"`` lists the groups still alive after ``destroy()``
+(``--hold NAME`` keeps a reference to one on purpose).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ def main() -> int:
     ap.add_argument("--layout", default=None, help="i,j,k (default: world_size,1,1)")
     ap.add_argument("--memory-backend", default="daemon")
     ap.add_argument("--groups", action="store_true", help="build process groups and all-reduce over each")
+    ap.add_argument("--hold", default=None, help="keep a reference to this group through destroy()")
     ap.add_argument("--timeout", type=float, default=60.0)
     ap.add_argument("--sleep", type=float, default=0.0,
                     help="write rank<N>.ready (holding the pid) into --out, then sleep (signal tests)")
@@ -45,6 +47,7 @@ def main() -> int:
 
         counter = C.ByteCounter()
         pg = ProcessGroups.init(world, layout, backend="gloo", timeout=args.timeout)
+        held = pg.get(args.hold) if args.hold else None
         try:
             for name in GROUP_NAMES:
                 if not pg.is_member(name):
@@ -58,6 +61,8 @@ def main() -> int:
             out["bytes"] = {n: t["bytes_sent"] for n, t in counter.as_dict().items()}
         finally:
             pg.destroy()
+        out["leaked"] = pg.leaked
+        del held
     if args.out:
         Path(args.out, f"rank{world.rank}.json").write_text(json.dumps(out) + "\n")
     else:

@@ -45,6 +45,18 @@ def test_torchrun_two_processes(tmp_path):
     assert len({r["master"] for r in records}) == 1
 
 
+def test_destroy_frees_every_group_and_names_one_kept_elsewhere(tmp_path):
+    """Gloo's shutdown is a no-op, so a group lives (with its threads) until its last reference goes;
+    one alive at interpreter exit can abort a finished rank. ``destroy`` frees ours and names the
+    group a caller still holds."""
+    (res,) = run_all([torchrun_cmd(2, free_port(), "--layout", "1,2,1", "--groups", "--hold", "memory",
+                                   "--out", str(tmp_path))])
+    res.check()
+    records = read_ranks(tmp_path, 2, freed=False)
+    assert [r["leaked"] for r in records] == [["memory"], ["memory"]]
+    assert "process groups memory are still referenced after destroy" in res.stderr
+
+
 def test_torchrun_two_nodes_on_loopback(tmp_path):
     """Two torchrun agents (--nnodes 2, node ranks 0 and 1) meeting at one c10d endpoint, two
     processes each: a 2 x 1 x 2 layout, one memory group per "machine"."""

@@ -40,6 +40,7 @@ def main(out: str, *overrides: str) -> None:
             print(json.dumps({"iterations": par.iterations}))
         collectives.barrier(groups.get("world"), name="shutdown")  # all done before teardown
     finally:
+        tr = par = None  # the memory holds a group handle: let destroy() free every group
         groups.destroy()
 
 

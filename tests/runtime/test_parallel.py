@@ -27,6 +27,7 @@ def torchrun(nproc: int, *args: str, cwd=None) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     r = subprocess.run(torchrun_cmd(nproc, *args), capture_output=True, text=True, timeout=300, env=env, cwd=cwd)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "still referenced after destroy" not in r.stderr  # every group freed before exit
     return r
 
 

@@ -20,9 +20,12 @@ Which launcher, in this order (the first that matches):
 
 from __future__ import annotations
 
+import gc
+import logging
 import os
 import re
 import socket
+import weakref
 import zlib
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -30,6 +33,8 @@ from typing import Mapping
 
 from tgdist.errors import ConfigError
 from tgdist.launcher.schedule import Layout, num_global_batches, passes_per_group, segment_bounds
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "WorldInfo",
@@ -450,6 +455,7 @@ class ProcessGroups:
         self._members = members
         self._initialised_dist = initialised_dist
         self._destroyed = False
+        self.leaked: list[str] = []  # groups still referenced after destroy (see there)
 
     @staticmethod
     def resolve_backend(backend: str = "auto") -> str:
@@ -493,6 +499,10 @@ class ProcessGroups:
             pg = cls(world, layout, backend, groups, members, initialised_dist=False)
             cls._current = pg
             return pg
+        # torch._dynamo (imported by the first optimizer) keeps ten references to the default group
+        # when it is first imported after init_process_group; destroy() could then never free it.
+        import torch._dynamo  # noqa: F401
+
         init_method = "env://" if world.launcher == "torchrun" else f"tcp://{world.master_addr}:{world.master_port}"
         dist.init_process_group(backend=backend, init_method=init_method, rank=world.rank,
                                 world_size=world.world_size, timeout=timeout)
@@ -535,17 +545,31 @@ class ProcessGroups:
         return bool(self._members.get(name))
 
     def destroy(self) -> None:
-        """Destroy every group once; later calls do nothing."""
+        """Destroy every group once and free them, so their threads are joined now (a group that
+        is still referenced elsewhere is named in ``leaked`` and a warning); later calls do nothing."""
         if self._destroyed:
             return
         self._destroyed = True
-        if self._initialised_dist:
-            import torch.distributed as dist
-
-            if dist.is_initialized():
-                dist.destroy_process_group()
         if ProcessGroups._current is self:
             ProcessGroups._current = None
+        if not self._initialised_dist:
+            return
+        import torch.distributed as dist
+
+        alive = {name: weakref.ref(g) for name, g in self._groups.items() if g is not None}
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        # Gloo's shutdown is a no-op: a group's worker and socket threads stop only when the group
+        # object is freed. One still referenced at interpreter exit keeps them running into
+        # finalization, where they can abort the process ("terminate called without an active
+        # exception") after a run that succeeded. So drop our references and collect now; whoever
+        # kept a group of their own must drop it before calling destroy.
+        self._groups = dict.fromkeys(self._groups)
+        gc.collect()
+        self.leaked = sorted(name for name, ref in alive.items() if ref() is not None)
+        if self.leaked:
+            log.warning("process groups %s are still referenced after destroy; their threads run until "
+                        "exit", ", ".join(self.leaked))
 
     def __enter__(self) -> "ProcessGroups":
         return self

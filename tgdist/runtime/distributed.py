@@ -269,7 +269,7 @@ def run_parallel(cfg: DictConfig, run_dir) -> dict:
     backend = memory_backend(cfg, layout)
     validate(layout, world, backend, epochs=cfg.train.epochs)
     groups = ProcessGroups.init(world, layout)
-    trainer = daemon = None
+    trainer = par = daemon = None
     try:
         lr = scaled_lr(cfg.train.lr, layout.i, layout.j, layout.k, cfg.train.lr_scaling)
         run_cfg = OmegaConf.merge(cfg, {"train": {"lr": lr}})
@@ -316,6 +316,7 @@ def run_parallel(cfg: DictConfig, run_dir) -> dict:
             trainer.memory.close()  # detach from the daemon's segments
         if daemon is not None:
             daemon.stop()  # the daemon unlinks its segments on the way out
+        trainer = par = None  # they hold group handles; destroy() frees the groups only with the last one
         groups.destroy()
 
 
