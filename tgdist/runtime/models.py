@@ -260,9 +260,9 @@ class EmbedInput:
     hops: list
 
 
-def _rows(x: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
-    """``x[index]`` (``x`` itself when ``index`` is None)."""
-    return x if index is None else x.index_select(0, index)
+def _rows(x: torch.Tensor, index: torch.Tensor | None, dim: int = 0) -> torch.Tensor:
+    """``x`` indexed by ``index`` along ``dim`` (``x`` itself when ``index`` is None)."""
+    return x if index is None else x.index_select(dim, index)
 
 
 def _gather(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -334,16 +334,13 @@ class TemporalAttentionLayer(nn.Module):
             wk, wv = linear.weight.chunk(2, dim=0)
             return wk.reshape(heads, dh, -1), wv.reshape(heads, dh, -1)
 
-        def per_root(x):  # [H, rows, c] -> [H, n, c]
-            return x if index is None else x.index_select(1, index)
-
         n, d = hop.nbr.shape[0], q.shape[1]
         wk_t, wv_t = split(self.kv_t)
-        ut = per_root(torch.bmm(qh, wk_t))  # [H, n, time_dim]
+        ut = _rows(torch.bmm(qh, wk_t), index, dim=1)  # [H, rows, time_dim] -> [H, n, time_dim]
         phi = self.time_enc(hop.dt_values)
         if edge:
             wk_e, wv_e = split(self.kv_e)
-            ue, ef, ei = per_root(torch.bmm(qh, wk_e)), hop.edge_feat, hop.edge_index
+            ue, ef, ei = _rows(torch.bmm(qh, wk_e), index, dim=1), hop.edge_feat, hop.edge_index
         else:
             ue, ef, ei = q.new_zeros(heads, n, 0), q.new_zeros(0, 0), hop.dt_index  # ei unused
         out, aggt, agge = fused_attention(_rows(q, index), kv_node, ut, phi, ue, ef, hop.nbr, hop.dt_index, ei,

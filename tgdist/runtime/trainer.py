@@ -324,7 +324,7 @@ class Trainer:
 
 def adam(params, lr: float) -> torch.optim.Adam:
     """Adam with the fused multi-tensor kernel where torch has one (6x faster per step on CPU
-    than the per-parameter loop for TGN's ~40 small tensors); the plain loop otherwise."""
+    than the per-parameter loop for TGN's two dozen small tensors); the plain loop otherwise."""
     params = list(params)
     try:
         return torch.optim.Adam(params, lr=lr, fused=True)
