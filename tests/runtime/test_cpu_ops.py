@@ -81,6 +81,17 @@ def test_time_encoding_keeps_shape_and_handles_small_inputs():
                                    rtol=0, atol=2e-7)
 
 
+def test_time_encoding_keeps_the_quadrant_of_phases_past_two_to_the_31():
+    """Gaps of decades in milliseconds give phases whose count of pi/2 steps overflows 32 bits;
+    the quadrant must still come out right (compared with float64 cos/sin of the same float32
+    phase, which is what torch's addcmul rounds to)."""
+    enc = TimeEncoder(100)
+    dt = torch.tensor([3e9, 7.5e10, 1e12, 1e15])
+    got = enc(dt).double()
+    phase = torch.addcmul(enc.b, dt.unsqueeze(-1), enc.w).double()
+    torch.testing.assert_close(got, torch.cos(phase), rtol=0, atol=2e-7)
+
+
 def test_dropout_masks_scale_and_backward():
     torch.manual_seed(0)
     x = torch.randn(500, 40, requires_grad=True)

@@ -50,7 +50,7 @@ def _time_encode_rows(dt, w, b, cos_out, sin_out, lo, hi):
             r2 = r * r
             s = r + r * r2 * (_S3 + r2 * (_S5 + r2 * (_S7 + r2 * _S9)))
             co = _ONE + r2 * (_C2 + r2 * (_C4 + r2 * (_C6 + r2 * (_C8 + r2 * _C10))))
-            q = np.int32(k)
+            q = np.int64(k)
             odd = (q & 1) != 0
             sv = co if odd else s  # quadrant q: sin = s, c, -s, -c ; cos = c, -s, -c, s
             cv = s if odd else co
