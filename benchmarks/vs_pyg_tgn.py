@@ -7,9 +7,14 @@ event for evaluation (AP). The PyG side is assembled from PyG's own TGN modules 
 example does (TGNMemory + IdentityMessage + LastAggregator, LastNeighborLoader, a TransformerConv
 embedding and an MLP link predictor).
 
+Both systems run on ``--device`` (default cpu; ``cuda`` puts both on the GPU, with the device
+synchronised before every clock read). The speed part reports each system's training time for one
+full epoch beside its events/s.
+
 Needs the bench extra: pip install -e '.[bench]'.
 
     python benchmarks/vs_pyg_tgn.py --data wikipedia --speed-batch 600 --acc-batch 200 --epochs 5
+    python benchmarks/vs_pyg_tgn.py --device cuda --epochs 0     # the GPU epoch time of both
 """
 
 from __future__ import annotations
@@ -33,17 +38,18 @@ from tgdist.runtime.sampler import NegativeSampler
 
 
 class PygTGN:
-    def __init__(self, graph, dim: int = 100, num_nbrs: int = 10, lr: float = 1e-4):
+    def __init__(self, graph, dim: int = 100, num_nbrs: int = 10, lr: float = 1e-4, device: str = "cpu"):
         from torch_geometric.nn import TransformerConv
         from torch_geometric.nn.models.tgn import IdentityMessage, LastAggregator, LastNeighborLoader, TGNMemory
 
-        self.g = graph
+        self.g, self.device = graph, torch.device(device)
         n = graph.num_nodes
         msg_dim = max(graph.edge_dim, 1)  # PyG's message module needs a raw message; zeros when absent
-        self.msg = torch.zeros(graph.num_events, msg_dim) if graph.edge_feat is None else torch.from_numpy(graph.edge_feat)
-        self.t = torch.from_numpy((graph.t - graph.t[0]).astype(np.int64))
+        msg = torch.zeros(graph.num_events, msg_dim) if graph.edge_feat is None else torch.from_numpy(graph.edge_feat)
+        self.msg = msg.to(self.device)
+        self.t = torch.from_numpy((graph.t - graph.t[0]).astype(np.int64)).to(self.device)
         self.memory = TGNMemory(n, msg_dim, dim, dim, message_module=IdentityMessage(msg_dim, dim, dim),
-                                aggregator_module=LastAggregator())
+                                aggregator_module=LastAggregator()).to(self.device)
         edge_dim = msg_dim + dim
 
         class Embed(torch.nn.Module):
@@ -65,12 +71,12 @@ class PygTGN:
             def forward(self, zs, zd):
                 return self.out(F.relu(self.src(zs) + self.dst(zd)))
 
-        self.gnn = Embed(self.memory.time_enc)
-        self.pred = Predict()
-        self.loader = LastNeighborLoader(n, size=num_nbrs)
-        self.assoc = torch.empty(n, dtype=torch.long)
+        self.gnn = Embed(self.memory.time_enc).to(self.device)
+        self.pred = Predict().to(self.device)
+        self.loader = LastNeighborLoader(n, size=num_nbrs, device=self.device)
+        self.assoc = torch.empty(n, dtype=torch.long, device=self.device)
         self.opt = torch.optim.Adam(set(self.memory.parameters()) | set(self.gnn.parameters()) | set(self.pred.parameters()), lr=lr)
-        self.src, self.dst = torch.from_numpy(graph.src), torch.from_numpy(graph.dst)
+        self.src, self.dst = torch.from_numpy(graph.src).to(self.device), torch.from_numpy(graph.dst).to(self.device)
 
     def reset(self):
         self.memory.reset_state()
@@ -78,10 +84,10 @@ class PygTGN:
 
     def _batch(self, lo, hi, neg, train):
         src, dst, t, msg = self.src[lo:hi], self.dst[lo:hi], self.t[lo:hi], self.msg[lo:hi]
-        neg = torch.from_numpy(neg)
+        neg = torch.from_numpy(neg).to(self.device)
         n_id = torch.cat([src, dst, neg]).unique()
         n_id, edge_index, e_id = self.loader(n_id)
-        self.assoc[n_id] = torch.arange(n_id.size(0))
+        self.assoc[n_id] = torch.arange(n_id.size(0), device=self.device)
         z, last_update = self.memory(n_id)
         z = self.gnn(z, last_update, edge_index, self.t[e_id], self.msg[e_id])
         pos = self.pred(z[self.assoc[src]], z[self.assoc[dst]])
@@ -100,10 +106,12 @@ class PygTGN:
 
     def train_epoch(self, lo, hi, batch, negs):
         self.memory.train(), self.gnn.train(), self.pred.train()
+        sync(self.device)
         t0 = time.perf_counter()
         for s in range(lo, hi, batch):
             e = min(s + batch, hi)
             self._batch(s, e, negs.train(e - s, 1)[:, 0], True)
+        sync(self.device)
         return (hi - lo) / (time.perf_counter() - t0)
 
     @torch.no_grad()
@@ -113,19 +121,30 @@ class PygTGN:
         for s in range(lo, hi, batch):
             e = min(s + batch, hi)
             p, n = self._batch(s, e, negs.fixed(part, s, e, 1)[:, 0], False)
-            ps.append(p.numpy())
-            ns.append(n.numpy())
+            ps.append(p.cpu().numpy())
+            ns.append(n.cpu().numpy())
         p, n = np.concatenate(ps), np.concatenate(ns)
         y = np.r_[np.ones(len(p)), np.zeros(len(n))]
         return average_precision(y, np.r_[p, n]), roc_auc(y, np.r_[p, n])
 
 
+def sync(device) -> None:
+    """Wait for queued GPU work, so a clock read after it covers it (no-op on CPU)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 # ------------------------------------------------------------------------------------------------
 
 
-def run_pyg(graph, split, batch, epochs, seed, eval_test):
+def _config(batch, seed, threads, device) -> list:
+    return [f"train.batch_size={batch}", f"train.seed={seed}", "train.num_neg_eval=1", f"train.device={device}",
+            f"train.num_threads={threads}", f"sampler.num_threads={threads}", "train.progress=false"]
+
+
+def run_pyg(graph, split, batch, epochs, seed, eval_test, device):
     torch.manual_seed(seed)
-    m = PygTGN(graph)
+    m = PygTGN(graph, device=device)
     negs = NegativeSampler(graph, seed)
     out = {"events_per_s": []}
     for _ in range(epochs):
@@ -138,10 +157,8 @@ def run_pyg(graph, split, batch, epochs, seed, eval_test):
     return out
 
 
-def run_tgdist(graph, batch, epochs, seed, eval_test, threads):
-    cfg = compose([f"train.batch_size={batch}", f"train.seed={seed}", "train.num_neg_eval=1",
-                   f"train.num_threads={threads}", f"sampler.num_threads={threads}", "train.progress=false"])
-    tr = build_trainer(cfg, graph=graph, progress=False)
+def run_tgdist(graph, batch, epochs, seed, eval_test, threads, device):
+    tr = build_trainer(compose(_config(batch, seed, threads, device)), graph=graph, progress=False)
     out = {"events_per_s": []}
     for ep in range(epochs):
         tr.memory.reset_state()
@@ -154,30 +171,30 @@ def run_tgdist(graph, batch, epochs, seed, eval_test, threads):
     return out
 
 
-def interleaved_speed(graph, split, batch, seed, threads, chunk=10):
-    """Training events/s of both systems over one full epoch each, run in alternating chunks of
+def interleaved_speed(graph, split, batch, seed, threads, device, chunk=10):
+    """Training seconds of both systems over one full epoch each, run in alternating chunks of
     ``chunk`` batches so both see the same machine conditions (this machine is shared)."""
-    cfg = compose([f"train.batch_size={batch}", f"train.seed={seed}", "train.num_neg_eval=1",
-                   f"train.num_threads={threads}", f"sampler.num_threads={threads}", "train.progress=false"])
-    tr = build_trainer(cfg, graph=graph, progress=False)
+    tr = build_trainer(compose(_config(batch, seed, threads, device)), graph=graph, progress=False)
     torch.manual_seed(seed)
-    pyg = PygTGN(graph)
+    pyg = PygTGN(graph, device=device)
     negs = NegativeSampler(graph, seed)
     batches = list(tr.batches("train"))
     spent = {"tgdist": 0.0, "pyg": 0.0}
     for c in range(0, len(batches), chunk):
         part = batches[c:c + chunk]
+        sync(device)
         t0 = time.perf_counter()
         for s, e in part:
             tr.step(s, e, tr.negatives.train(e - s, 1), train=True)
+        sync(device)
         t1 = time.perf_counter()
         for s, e in part:
             pyg._batch(s, e, negs.train(e - s, 1)[:, 0], True)
+        sync(device)
         t2 = time.perf_counter()
         spent["tgdist"] += t1 - t0
         spent["pyg"] += t2 - t1
-    n = split.range("train")[1] - split.range("train")[0]
-    return {k: n / v for k, v in spent.items()}, dict(tr.timer.seconds)
+    return spent, dict(tr.timer.seconds)
 
 
 def main():
@@ -189,24 +206,29 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-events", type=int, default=None)
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: both systems run there")
     args = ap.parse_args()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit(f"error: --device {args.device} but CUDA is not available on this machine")
     torch.set_num_threads(args.threads)
     graph = load_graph(DATASETS / DATA_FILES[args.data])
     if args.max_events:
         from tgdist.runtime.data import subset
         graph = subset(graph, args.max_events)
     split = chronological_split(graph)
-    res = {"machine": machine(), "data": graph.describe(), "threads": args.threads}
-    note(f"speed at batch {args.speed_batch} (interleaved chunks)")
-    speeds, stages = interleaved_speed(graph, split, args.speed_batch, args.seed, args.threads)
-    res["speed"] = {"batch": args.speed_batch, "tgdist_events_per_s": speeds["tgdist"],
-                    "pyg_events_per_s": speeds["pyg"], "ratio": speeds["tgdist"] / speeds["pyg"],
-                    "tgdist_stage_seconds": stages}
+    res = {"machine": machine(), "data": graph.describe(), "threads": args.threads, "device": args.device}
+    note(f"speed at batch {args.speed_batch} on {args.device} (interleaved chunks)")
+    seconds, stages = interleaved_speed(graph, split, args.speed_batch, args.seed, args.threads, args.device)
+    n = split.range("train")[1] - split.range("train")[0]
+    res["speed"] = {"batch": args.speed_batch, "train_events": n,
+                    "tgdist_epoch_seconds": seconds["tgdist"], "pyg_epoch_seconds": seconds["pyg"],
+                    "tgdist_events_per_s": n / seconds["tgdist"], "pyg_events_per_s": n / seconds["pyg"],
+                    "ratio": seconds["pyg"] / seconds["tgdist"], "tgdist_stage_seconds": stages}
     note(f"  {res['speed']}")
     if args.epochs:
         note(f"accuracy at batch {args.acc_batch}, {args.epochs} epochs")
-        t = run_tgdist(graph, args.acc_batch, args.epochs, args.seed, True, args.threads)
-        p = run_pyg(graph, split, args.acc_batch, args.epochs, args.seed, True)
+        t = run_tgdist(graph, args.acc_batch, args.epochs, args.seed, True, args.threads, args.device)
+        p = run_pyg(graph, split, args.acc_batch, args.epochs, args.seed, True, args.device)
         res["accuracy"] = {"batch": args.acc_batch, "epochs": args.epochs,
                            "tgdist": {k: v for k, v in t.items() if k != "stage_seconds"}, "pyg": p,
                            "test_ap_diff": t["test_ap"] - p["test_ap"],
