@@ -171,7 +171,7 @@ def run_tgdist(graph, batch, epochs, seed, eval_test, threads, device):
     return out
 
 
-def interleaved_speed(graph, split, batch, seed, threads, device, chunk=10):
+def interleaved_speed(graph, batch, seed, threads, device, chunk=10):
     """Training seconds of both systems over one full epoch each, run in alternating chunks of
     ``chunk`` batches so both see the same machine conditions (this machine is shared)."""
     tr = build_trainer(compose(_config(batch, seed, threads, device)), graph=graph, progress=False)
@@ -218,7 +218,7 @@ def main():
     split = chronological_split(graph)
     res = {"machine": machine(), "data": graph.describe(), "threads": args.threads, "device": args.device}
     note(f"speed at batch {args.speed_batch} on {args.device} (interleaved chunks)")
-    seconds, stages = interleaved_speed(graph, split, args.speed_batch, args.seed, args.threads, args.device)
+    seconds, stages = interleaved_speed(graph, args.speed_batch, args.seed, args.threads, args.device)
     n = split.range("train")[1] - split.range("train")[0]
     res["speed"] = {"batch": args.speed_batch, "train_events": n,
                     "tgdist_epoch_seconds": seconds["tgdist"], "pyg_epoch_seconds": seconds["pyg"],
