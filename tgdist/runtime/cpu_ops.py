@@ -6,8 +6,9 @@ seconds, times w = 1). Here one pass computes both (``sin`` is kept for backward
 reduced in float64 and short polynomials on [-pi/4, pi/4]; results agree with torch to float32
 rounding. Dropout: torch draws a Bernoulli per element through a Mersenne twister; here a
 counter-based hash of (seed, position) is used, with the seed drawn from torch's generator, so runs
-stay reproducible and checkpoints (which hold torch's RNG state) resume identically. GRU cell: the
-same torch ops as ``nn.GRUCell`` with a hand-written backward (see ``GRUCell``).
+stay reproducible and checkpoints (which hold torch's RNG state) resume identically. GRU cell:
+``nn.GRUCell``'s products in torch, its gates (sigmoid, tanh and the blend) and their backward in
+one numba pass each, with a hand-written backward (see ``GRUCell``).
 
 The modules in models.py use these on CPU and the plain torch ops on GPUs; tests compare both.
 """
@@ -184,6 +185,101 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------
 # GRU cell
 
+# sigmoid and tanh from exp(u), u <= 0, written so LLVM vectorises them (no SVML here: numba's
+# math.exp and math.tanh are scalar libm calls, 8-15x slower). u = k ln2 + r, |r| <= ln2 / 2,
+# with ln 2 split in two (k * _LN2_HI is exact for |k| < 2**15); exp(r) - 1 from its Taylor
+# series to r**7 (truncation below 6e-9); 2**k from the bits of -k, so no bit casts are needed.
+_HALF, _TWO = np.float32(0.5), np.float32(2.0)
+_LOG2E = np.float32(1.4426950408889634)
+_LN2_HI, _LN2_LO = np.float32(0.693359375), np.float32(-2.1219444005469057e-4)
+_E3, _E4, _E5, _E6, _E7 = (np.float32(1.0 / math.factorial(i)) for i in range(3, 8))
+_P1, _P2, _P4, _P8, _P16, _P32, _P64 = (np.float32(2.0 ** -(1 << i)) for i in range(7))  # 2**-1, 2**-2, ...
+
+
+@njit(fastmath={"contract"}, error_model="numpy", inline="always")
+def _exp_parts(u):
+    """``(s, q)`` with ``exp(u) = s (1 + q)`` for -87 <= u <= 0: ``s = 2**k`` exactly and
+    ``|q| <= 0.42``, so ``exp(u) - 1 = s q + (s - 1)`` keeps full precision near u = 0."""
+    k = np.floor(u * _LOG2E + _HALF)
+    r = (u - k * _LN2_HI) - k * _LN2_LO
+    q = r + r * r * (_HALF + r * (_E3 + r * (_E4 + r * (_E5 + r * (_E6 + r * _E7)))))
+    m = np.int32(-k)
+    s = _P1 if m & 1 else _ONE
+    s *= _P2 if m & 2 else _ONE
+    s *= _P4 if m & 4 else _ONE
+    s *= _P8 if m & 8 else _ONE
+    s *= _P16 if m & 16 else _ONE
+    s *= _P32 if m & 32 else _ONE
+    s *= _P64 if m & 64 else _ONE
+    return s, q
+
+
+@njit(fastmath={"contract"}, error_model="numpy", inline="always")
+def _sigmoid(x):
+    """1 / (1 + exp(-x)) via e = exp(-|x|), so neither side overflows (within 2 ulp)."""
+    s, q = _exp_parts(-min(abs(x), np.float32(87.0)))
+    e = s + s * q
+    y = _ONE / (_ONE + e)
+    return y if x >= 0 else e * y
+
+
+@njit(fastmath={"contract"}, error_model="numpy", inline="always")
+def _tanh(x):
+    """tanh|x| = -m / (2 + m), m = exp(-2|x|) - 1; tanh(10) rounds to 1 (within 3 ulp)."""
+    s, q = _exp_parts(-_TWO * min(abs(x), np.float32(10.0)))
+    m = s * q + (s - _ONE)
+    t = -m / (_TWO + m)
+    return t if x >= 0 else -t
+
+
+@njit(parallel=True, cache=True, fastmath={"contract"}, error_model="numpy")
+def _gru_gates(gx, gh, h, own, rz, n, out, chunk):
+    """GRU gates from the input map ``gx [N, 3d]`` (r, z, n columns) and the hidden map ``gh``:
+    ``[N, 3d]`` (r, z, n) or, with ``own``, ``[N, 4d]`` (r, z, the input map's n of ``h``, the
+    hidden map's n). Writes ``rz [N, 2d]``, ``n [N, d]`` and ``out = n + z (h - n)``."""
+    num, d = h.shape
+    nh0 = 3 * d if own else 2 * d
+    for p in prange((num + chunk - 1) // chunk):
+        for i in range(p * chunk, min(num, (p + 1) * chunk)):
+            gxi, ghi, hi, rzi, ni, oi = gx[i], gh[i], h[i], rz[i], n[i], out[i]
+            for c in range(2 * d):
+                rzi[c] = _sigmoid(gxi[c] + ghi[c])
+            r, z, nh, pre = rzi[:d], rzi[d:], ghi[nh0:nh0 + d], gxi[2 * d:]
+            if own:
+                own_n = ghi[2 * d:3 * d]
+                for c in range(d):
+                    ni[c] = pre[c] + own_n[c] + r[c] * nh[c]
+            else:
+                for c in range(d):
+                    ni[c] = pre[c] + r[c] * nh[c]
+            for c in range(d):
+                v = _tanh(ni[c])
+                ni[c] = v
+                oi[c] = v + z[c] * (hi[c] - v)
+
+
+@njit(parallel=True, cache=True, fastmath={"contract"})
+def _gru_gate_grads(g, rz, n, gh, h, own, grads, chunk):
+    """Pre-activation gradients ``grads [N, 4d]``: r, z, n of the input map, n of the hidden map
+    (before the product with r), from the output gradient ``g [N, d]``."""
+    num, d = h.shape
+    nh0 = 3 * d if own else 2 * d
+    for p in prange((num + chunk - 1) // chunk):
+        for i in range(p * chunk, min(num, (p + 1) * chunk)):
+            gi, hi, ni, rzi, out = g[i], h[i], n[i], rz[i], grads[i]
+            r, z, nh = rzi[:d], rzi[d:], gh[i, nh0:nh0 + d]
+            dr, dz, dn, dnh = out[:d], out[d:2 * d], out[2 * d:3 * d], out[3 * d:]
+            for c in range(d):
+                zc, nc, rc = z[c], ni[c], r[c]
+                dpn = gi[c] * (_ONE - zc) * (_ONE - nc * nc)
+                dz[c] = gi[c] * (hi[c] - nc) * (zc * (_ONE - zc))
+                dn[c] = dpn
+                dnh[c] = dpn * rc
+                dr[c] = dpn * nh[c] * (rc * (_ONE - rc))
+
+
+_GRU_CHUNK = 64  # rows per parallel task
+
 
 class GRUCell(torch.autograd.Function):
     """``torch.nn.GRUCell`` on ``[mail || phi]`` with a hand-written backward: one buffer per
@@ -203,29 +299,25 @@ class GRUCell(torch.autograd.Function):
             w_own = w_ih[:, :d]
             w = torch.cat([w_own[:2 * d] + w_hh[:2 * d], w_own[2 * d:], w_hh[2 * d:]])
             gh = torch.addmm(torch.cat([b_hh[:2 * d], b_hh.new_zeros(d), b_hh[2 * d:]]), h, w.t())
-            gx += gh[:, :3 * d]
-            nh = gh[:, 3 * d:]
         else:
             gh = torch.addmm(b_hh, h, w_hh.t())
-            gx[:, :2 * d] += gh[:, :2 * d]
-            nh = gh[:, 2 * d:]
-        rz = torch.sigmoid(gx[:, :2 * d])
-        n = torch.tanh(torch.addcmul(gx[:, 2 * d:], rz[:, :d], nh))
-        ctx.save_for_backward(mail, phi, h, w_ih, rz, n, nh)
+        h = h.contiguous()
+        rz, n, out = torch.empty(h.shape[0], 2 * d), torch.empty_like(h), torch.empty_like(h)
+        with torch_threads_kept():
+            _gru_gates(gx.numpy(), gh.numpy(), h.detach().numpy(), own, rz.numpy(), n.numpy(), out.numpy(),
+                       _GRU_CHUNK)
+        ctx.save_for_backward(mail, phi, h, w_ih, rz, n, gh)
         ctx.own = own
-        return torch.addcmul(n, rz[:, d:], h - n)  # (1 - z) n + z h
+        return out
 
     @staticmethod
     def backward(ctx, g):
-        mail, phi, h, w_ih, rz, n, nh = ctx.saved_tensors
+        mail, phi, h, w_ih, rz, n, gh = ctx.saved_tensors
         d, mf = h.shape[1], w_ih.shape[1] - phi.shape[1]
-        r, z = rz[:, :d], rz[:, d:]
         grads = torch.empty(h.shape[0], 4 * d, dtype=g.dtype)  # pre-activation: [r | z | n_in | n_hidden]
-        dpr, dpz, dpn, dnh = grads.split(d, dim=1)
-        torch.mul(g * (1 - z), 1 - n * n, out=dpn)
-        torch.mul(g * (h - n), z * (1 - z), out=dpz)
-        torch.mul(dpn * nh, r * (1 - r), out=dpr)
-        torch.mul(dpn, r, out=dnh)
+        with torch_threads_kept():
+            _gru_gate_grads(g.contiguous().numpy(), rz.numpy(), n.numpy(), gh.numpy(), h.detach().numpy(), ctx.own,
+                            grads.numpy(), _GRU_CHUNK)
         dgx = grads[:, :3 * d]
         by_h = grads.t().mm(h)  # [4d, d]: rows r, z (both maps), n of the input map, n of the hidden map
         d_ih = [dgx.t().mm(mail), dgx.t().mm(phi)]

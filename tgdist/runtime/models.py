@@ -112,7 +112,8 @@ class _CellUpdater(nn.Module):
         idx = torch.nonzero(has).squeeze(1)
         dt = (mail_ts[idx] - read.mem_ts[idx]).float()
         mail, phi, h = mail[idx], self.time_enc(dt), read.mem[idx]
-        if self.fused and h.device.type == "cpu" and not (mail.requires_grad or h.requires_grad):
+        if (self.fused and h.device.type == "cpu" and h.dtype == torch.float32
+                and not (mail.requires_grad or h.requires_grad)):
             d = h.shape[1]
             own = torch.equal(mail[:, :d], h)
             new = self.fused_step(mail[:, d:] if own else mail, phi, h, own)
