@@ -4,6 +4,7 @@ do not depend on the number of threads."""
 import copy
 
 import numba
+import numpy as np
 import pytest
 import torch
 
@@ -187,6 +188,27 @@ def test_cpu_kernels_do_not_depend_on_the_thread_count():
         numba.set_num_threads(before)
     for a, b in zip(*results):
         assert (a is None and b is None) or torch.equal(a, b)
+
+
+def test_gru_gate_sigmoid_and_tanh_are_within_a_few_ulp():
+    """The GRU kernel's own sigmoid and tanh (vectorised, no libm calls) against float64, over
+    saturation, |x| near 0 (where tanh must keep its relative precision) and signed zeros."""
+    special = torch.tensor([0.0, -0.0, 1e-30, -1e-30, 1e-8, 87.5, -87.5, 1e4, -1e4, 5e-5, 0.34657, 0.34658])
+    x = torch.cat([special, torch.linspace(-100, 100, 40_001), torch.randn(20_000) * 1e-3, torch.randn(20_000) * 4])
+    d = 16
+    x = torch.cat([x, torch.zeros(-x.numel() % d)]).view(-1, d)
+    gx = torch.cat([x, x, x], 1)  # r, z and n columns all x; zero hidden map and memory
+    gh, h = torch.zeros_like(gx), torch.zeros_like(x)
+    rz, n, out = torch.empty(x.shape[0], 2 * d), torch.empty_like(x), torch.empty_like(x)
+    cpu_ops._gru_gates(gx.numpy(), gh.numpy(), h.numpy(), False, rz.numpy(), n.numpy(), out.numpy(), 64)
+    xd = x.double()
+    for got, want in ((rz[:, :d], torch.sigmoid(xd)), (rz[:, d:], torch.sigmoid(xd)), (n, torch.tanh(xd))):
+        ulp = torch.from_numpy(np.spacing(want.float().abs().numpy())).double()
+        err = (got.double() - want).abs()
+        assert bool((err <= 4 * ulp + 1e-37).all()), float((err / ulp).max())
+    head = n.view(-1)[:4]
+    assert head[:2].tolist() == [0.0, 0.0] and head[2] > 0 and head[3] < 0  # tanh keeps tiny signs
+    torch.testing.assert_close(out, n * (1 - rz[:, d:]), rtol=1e-6, atol=1e-7)  # out = n + z (h - n), h = 0
 
 
 @pytest.mark.parametrize("own", [True, False])
