@@ -284,7 +284,9 @@ _GRU_CHUNK = 64  # rows per parallel task
 class GRUCell(torch.autograd.Function):
     """``torch.nn.GRUCell`` on ``[mail || phi]`` with a hand-written backward: one buffer per
     gradient instead of autograd's chunk/slice/cat graph (whose slice backward zero-fills a full
-    ``[n, 4 d]`` tensor per slice), and gradients for ``phi`` and the parameters only.
+    ``[n, 4 d]`` tensor per slice), and gradients for ``phi`` and the parameters only. The products
+    are torch's; the gates (``_gru_gates``) and their gradients (``_gru_gate_grads``) are one numba
+    pass each.
 
     ``own=True``: ``mail`` lacks its first ``d`` columns, which equal ``h`` (TGN's mails, see
     models._CellUpdater); the input and hidden maps of ``h`` are merged where the GRU adds them,
