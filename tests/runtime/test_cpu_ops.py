@@ -117,6 +117,38 @@ def test_dropout_mask_follows_torch_seed():
     assert not torch.equal(a, b)
 
 
+@pytest.mark.parametrize("p, training", [(0.3, True), (0.3, False), (0.0, True), (1.0, True)])
+def test_relu_dropout_layer_norm_equals_the_three_ops(p, training):
+    """The attention layer's fused output step gives ``norm(relu(dropout(a)))`` of the separate
+    CPU ops under the same torch seed (the same mask), in values and in the gradients of ``a`` and
+    the norm's weight and bias, each as close to a float64 run (with that mask) as the ops are."""
+    torch.manual_seed(0)
+    a = torch.randn(700, 100) * 2
+    norm = torch.nn.LayerNorm(100)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+        norm.bias.uniform_(-0.5, 0.5)
+    weight = torch.randn(700, 100)
+
+    def run(fn, dtype=torch.float32):
+        n = copy.deepcopy(norm).to(dtype)
+        x = a.to(dtype).clone().requires_grad_()
+        torch.manual_seed(7)
+        out = fn(x, n)
+        (out * weight.to(dtype)).sum().backward()
+        return [out.detach(), x.grad, n.weight.grad, n.bias.grad]
+
+    torch.manual_seed(7)
+    mask = cpu_ops.dropout(torch.ones(700, 100), p, training)  # the mask (times scale) both paths draw
+    ops = run(lambda x, n: n(torch.relu(cpu_ops.dropout(x, p, training))))
+    fused = run(lambda x, n: cpu_ops.relu_dropout_layer_norm(x, p, training, n))
+    exact = run(lambda x, n: n(torch.relu(x * mask.double())), torch.float64)
+    torch.testing.assert_close(fused[0], ops[0], rtol=1e-5, atol=1e-5)
+    assert_as_accurate_as_torch(fused, ops, exact)
+    if 0 < p < 1 and training:
+        assert 0.25 < float((mask == 0).float().mean()) < 0.35
+
+
 def attention_case(edge_dim, n=300, k=10, d=16, num_nodes=80, seed=0):
     torch.manual_seed(seed)
     layer = TemporalAttentionLayer(d, edge_dim, 12, d, num_heads=2, dropout=0.0)

@@ -261,9 +261,9 @@ class EmbedInput:
     hops: list
 
 
-def _rows(x: torch.Tensor, index: torch.Tensor | None, dim: int = 0) -> torch.Tensor:
-    """``x`` indexed by ``index`` along ``dim`` (``x`` itself when ``index`` is None)."""
-    return x if index is None else x.index_select(dim, index)
+def _rows(x: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
+    """The rows ``x[index]`` (``x`` itself when ``index`` is None)."""
+    return x if index is None else x.index_select(0, index)
 
 
 def _gather(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -319,7 +319,10 @@ class TemporalAttentionLayer(nn.Module):
         attn = self.dropout(attn)
         d = attn.shape[1]  # out([attn || h]) = W_a attn + (W_h h + b), the second term per node
         node_term = _rows(F.linear(h_query, self.out.weight[:, d:], self.out.bias), index)
-        return self.norm(F.relu(self.dropout(torch.addmm(node_term, attn, self.out.weight[:, :d].t()))))
+        z = torch.addmm(node_term, attn, self.out.weight[:, :d].t())
+        if self.fused and z.device.type == "cpu" and z.dtype == torch.float32:
+            return cpu_ops.relu_dropout_layer_norm(z, self.dropout.p, self.training, self.norm)
+        return self.norm(F.relu(self.dropout(z)))
 
     def _fused(self, q, kv_node, hop: HopTables, edge: bool, index) -> torch.Tensor:
         """The same attention with the time and edge projections moved to the root side
@@ -337,11 +340,11 @@ class TemporalAttentionLayer(nn.Module):
 
         n, d = hop.nbr.shape[0], q.shape[1]
         wk_t, wv_t = split(self.kv_t)
-        ut = _rows(torch.bmm(qh, wk_t), index, dim=1)  # [H, rows, time_dim] -> [H, n, time_dim]
+        ut = cpu_ops.gather_head_rows(torch.bmm(qh, wk_t), index)  # [H, rows, time_dim] -> [H, n, time_dim]
         phi = self.time_enc(hop.dt_values)
         if edge:
             wk_e, wv_e = split(self.kv_e)
-            ue, ef, ei = _rows(torch.bmm(qh, wk_e), index, dim=1), hop.edge_feat, hop.edge_index
+            ue, ef, ei = cpu_ops.gather_head_rows(torch.bmm(qh, wk_e), index), hop.edge_feat, hop.edge_index
         else:
             ue, ef, ei = q.new_zeros(heads, n, 0), q.new_zeros(0, 0), hop.dt_index  # ei unused
         out, aggt, agge = fused_attention(_rows(q, index), kv_node, ut, phi, ue, ef, hop.nbr, hop.dt_index, ei,
