@@ -1,4 +1,5 @@
-"""CPU versions of parts of every step: the time encoding, dropout, the GRU cell and a row gather.
+"""CPU versions of parts of every step: the time encoding, dropout (alone, and with the ReLU and
+LayerNorm around it in the attention layer's output), the GRU cell and a per-head row gather.
 
 Time encoding ``cos(w dt + b)``: torch computes ``cos`` in one pass and, in backward, ``sin`` in
 another, and its vectorised ``cos`` falls back to a slow path for large arguments (gaps of days in

@@ -288,8 +288,9 @@ class TemporalAttentionLayer(nn.Module):
         self.norm = nn.LayerNorm(out_dim)
         self.dropout = Dropout(dropout)
         # CPU (float32): numba kernels that never materialise per-pair rows and never project each
-        # distinct time gap (attention_kernels.py); GPU and fused=False: the torch formulation
-        # below. Both give the same values and gradients (tests/runtime/test_cpu_ops.py).
+        # distinct time gap (attention_kernels.py), and ReLU, dropout and LayerNorm in one pass
+        # (cpu_ops.py); GPU and fused=False: the torch formulation below. Both give the same
+        # values and gradients (tests/runtime/test_cpu_ops.py).
         self.fused = True
 
     def forward(self, h_query: torch.Tensor, kv_node: torch.Tensor, hop: HopTables,
