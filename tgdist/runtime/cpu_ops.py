@@ -326,7 +326,7 @@ def _exp_parts(u):
 
 @njit(fastmath={"contract"}, error_model="numpy", inline="always")
 def _sigmoid(x):
-    """1 / (1 + exp(-x)) via e = exp(-|x|), so neither side overflows (within 2 ulp)."""
+    """1 / (1 + exp(-x)) via e = exp(-|x|), so neither side overflows (within 3 ulp)."""
     s, q = _exp_parts(-min(abs(x), np.float32(87.0)))
     e = s + s * q
     y = _ONE / (_ONE + e)

@@ -262,7 +262,7 @@ class EmbedInput:
 
 
 def _rows(x: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
-    """The rows ``x[index]`` (``x`` itself when ``index`` is None)."""
+    """``x[index]`` (``x`` itself when ``index`` is None)."""
     return x if index is None else x.index_select(0, index)
 
 
