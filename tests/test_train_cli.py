@@ -1,8 +1,11 @@
 """The `tgdist train` command line as a user runs it (subprocesses)."""
 
+import gzip
 import json
 import subprocess
 import sys
+
+import numpy as np
 
 QUICK = ["data.max_events=1200", "model.mem_dim=16", "model.time_dim=8", "train.epochs=1", "train.batch_size=100",
          "train.num_neg_eval=4", "train.progress=false"]
@@ -39,6 +42,19 @@ def test_bad_data_path_leaves_nothing_behind(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1] == "tgdist train: error: missing.csv: no such file or directory"
     assert not (tmp_path / "run").exists()
+
+
+def test_data_path_alone_reads_that_file(tmp_path):
+    """``data.path=FILE`` on top of the default data group trains on FILE (format detected, run
+    named after it), not on the embedded CollegeMsg stream."""
+    rng = np.random.default_rng(0)
+    rows = [f"{rng.integers(0, 30)},{30 + rng.integers(0, 20)},{t}" for t in range(400)]
+    (tmp_path / "ev.csv.gz").write_bytes(gzip.compress(("\n".join(rows) + "\n").encode()))
+    r = tgdist("train", *QUICK, "data.path=ev.csv.gz", f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["data"] == "ev" and summary["traversed_events"] == 280  # 70% of 400 training events
+    assert "name: ev\n" in (tmp_path / "run" / "config.yaml").read_text()
 
 
 def test_partition_config_typo_fails_with_one_line(tmp_path):

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, List, Optional
 
 import os
+import re
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
@@ -34,7 +35,17 @@ def datasets_dir() -> str:
     return str(beside_clone) if beside_clone.is_dir() else "../shared/datasets"
 
 
+def data_name(path, default: str) -> str:
+    """The run's data name: the file's name without its data suffixes when a path is given
+    (``events.csv.gz`` -> ``events``), else ``default`` (used as ``${data_name:${.path},NAME}``)."""
+    if path is None:
+        return default
+    name = Path(str(path)).name
+    return re.sub(r"(\.(txt|csv|tsv|gz|zip|npz))+$", "", name) or default
+
+
 OmegaConf.register_new_resolver("datasets", datasets_dir, replace=True)
+OmegaConf.register_new_resolver("data_name", data_name, replace=True)
 
 
 @dataclass

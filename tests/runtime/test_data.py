@@ -174,6 +174,14 @@ def test_embedded_collegemsg():
     assert load_graph(format="collegemsg").source_hash == g.source_hash
 
 
+def test_embedded_format_refuses_a_path(tmp_path):
+    """format=collegemsg names the embedded stream: a path beside it is an error, not ignored."""
+    f = tmp_path / "ev.csv"
+    f.write_text("1,2,10\n2,3,20\n")
+    with pytest.raises(DataError, match="takes no path"):
+        load_graph(f, format="collegemsg")
+
+
 SHARED = [
     ("wikipedia/wikipedia.csv.gz", {}, 157_474, 9_227, np.int64, 8_227),
     ("enron/ml_enron.txt.gz", {}, 125_235, 184, np.int64, 0),

