@@ -44,6 +44,13 @@ def test_bad_data_path_leaves_nothing_behind(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_task_without_labels_fails_before_training(tmp_path):
+    r = tgdist("train", *QUICK, "train.task=edge", f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == "tgdist train: error: train.task=edge needs labels, and data 'collegemsg' has none"
+    assert "events/s" not in r.stderr and not (tmp_path / "run").exists()
+
+
 def test_data_path_alone_reads_that_file(tmp_path):
     """``data.path=FILE`` on top of the default data group trains on FILE (format detected, run
     named after it), not on the embedded CollegeMsg stream."""

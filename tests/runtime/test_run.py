@@ -103,16 +103,40 @@ def test_static_memory_with_pretraining(tmp_path):
     assert np.isfinite(s["test_ap"])
 
 
-def test_node_classification_needs_labels(tmp_path):
+@pytest.mark.parametrize("task", ["node", "edge"])
+def test_downstream_task_needs_labels_before_any_training(tmp_path, task):
     with pytest.raises(ConfigError, match="needs labels"):
-        run(tmp_path, "n", ["train.epochs=1", "train.task=node"])
+        run(tmp_path, "n", ["train.epochs=1", f"train.task={task}"])
+    assert not (tmp_path / "n").exists()  # refused while building: no epoch ran, nothing written
 
 
-def test_invalid_settings_fail_before_training(tmp_path):
-    with pytest.raises(ConfigError, match="divisible"):
-        run(tmp_path, "x", ["model.mem_dim=15"])
-    with pytest.raises(ConfigError, match="train.task"):
-        run(tmp_path, "y", ["train.task=regression"])
+INVALID = [
+    (["model.mem_dim=15"], "divisible"),
+    (["train.task=regression"], "train.task"),
+    (["train.lr=nan"], "train.lr must be positive and finite"),
+    (["sampler.fanouts=[]"], r"sampler.fanouts=\[\]"),
+    (["sampler.fanouts=[10,0]"], "one positive neighbour count per hop"),
+    (["data.max_events=0"], "data.max_events=0 keeps no events"),
+    (["model.mem_dim=0"], "model.mem_dim=0: must be at least 1"),
+    (["model.num_heads=0"], "model.num_heads=0"),
+    (["model=apan", "model.mailbox_size=0"], "model.mailbox_size=0"),
+    (["model.time_dim=-1"], "model.time_dim=-1: must be at least 0"),
+    (["model.dropout=1.5"], r"model.dropout=1.5: give a probability in \[0, 1\]"),
+    (["train.seed=-1"], "train.seed=-1"),
+    (["train.checkpoint_every=-1"], "train.checkpoint_every=-1"),
+]
+
+
+@pytest.mark.parametrize("overrides, message", INVALID, ids=[o[-1] for o, _ in INVALID])
+def test_invalid_settings_fail_before_training(tmp_path, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        run(tmp_path, "x", overrides)
+    assert not (tmp_path / "x").exists()
+
+
+def test_jodie_needs_no_fanouts(tmp_path):
+    s, _ = run(tmp_path, "j", ["model=jodie", "sampler.fanouts=[]", "train.epochs=1"])
+    assert np.isfinite(s["test_ap"])
 
 
 def _labelled_graph(kind: str, num_events: int = 3000, seed: int = 0):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import random
 
 import numpy as np
@@ -42,11 +43,24 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"model.name={m.name!r}: choose tgn, jodie or apan")
     if t.task not in ("link", "node", "edge"):
         raise ConfigError(f"train.task={t.task!r}: choose link, node or edge")
-    if t.batch_size <= 0 or t.epochs < 0 or t.lr <= 0:
-        raise ConfigError(f"train.batch_size, train.epochs and train.lr must be positive "
+    if t.batch_size <= 0 or t.epochs < 0 or not 0 < t.lr < math.inf:
+        raise ConfigError(f"train.batch_size, train.epochs and train.lr must be positive and finite "
                           f"(got {t.batch_size}, {t.epochs}, {t.lr})")
+    fanouts = list(cfg.sampler.fanouts)
+    if (not fanouts and m.name != "jodie") or (fanouts and min(fanouts) <= 0):  # JODIE samples none
+        raise ConfigError(f"sampler.fanouts={fanouts}: give one positive neighbour count per hop, e.g. [10]")
+    if cfg.data.max_events is not None and cfg.data.max_events <= 0:
+        raise ConfigError(f"data.max_events={cfg.data.max_events} keeps no events: give a positive count or null")
+    for key, least in {"mem_dim": 1, "num_heads": 1, "mailbox_size": 1, "time_dim": 0}.items():
+        if m[key] < least:
+            raise ConfigError(f"model.{key}={m[key]}: must be at least {least}")
+    if not 0 <= m.dropout <= 1:
+        raise ConfigError(f"model.dropout={m.dropout}: give a probability in [0, 1]")
     if m.mem_dim % m.num_heads:
         raise ConfigError(f"model.mem_dim={m.mem_dim} must be divisible by model.num_heads={m.num_heads}")
+    for key in ("seed", "num_threads", "checkpoint_every"):
+        if t[key] < 0:
+            raise ConfigError(f"train.{key}={t[key]}: must be at least 0")
     if m.num_layers not in (1, 2):
         raise ConfigError(f"model.num_layers={m.num_layers}: 1 or 2 attention layers are supported")
 
@@ -60,6 +74,8 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
     seed_everything(cfg.train.seed, cfg.train.deterministic)
     graph = graph if graph is not None else load_data(cfg.data)
     log.info("%s", graph.describe())
+    if cfg.train.task in ("node", "edge") and graph.label is None:  # found before training, not after
+        raise ConfigError(f"train.task={cfg.train.task} needs labels, and data {graph.name!r} has none")
     split = chronological_split(graph, cfg.data.val_frac, cfg.data.test_frac)
     m = cfg.model
     model = build_model(m.name, num_nodes=graph.num_nodes, mem_dim=m.mem_dim, time_dim=m.time_dim,

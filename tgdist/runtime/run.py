@@ -34,8 +34,8 @@ class Run:
     def __init__(self, cfg: DictConfig, run_dir: str | Path, trainer: Trainer | None = None):
         self.cfg = cfg
         self.dir = Path(run_dir)
+        self.trainer = trainer or build_trainer(cfg)  # first: a config or data error leaves no directory
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.trainer = trainer or build_trainer(cfg)
         self.history: list[dict] = []
         self.ckpt_path = self.dir / "checkpoints" / "last.pt"
         (self.dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
