@@ -82,6 +82,19 @@ def test_checkpoint_from_another_config_is_refused(tmp_path):
         run(tmp_path, "c", ["train.epochs=1", f"train.resume={tmp_path / 'nowhere'}"])
 
 
+def test_unreadable_checkpoint_names_the_cause_in_one_line(tmp_path):
+    (tmp_path / "junk.pt").write_text("garbage")
+    torch.save({"a": 1}, tmp_path / "whole.pt")
+    (tmp_path / "cut.pt").write_bytes((tmp_path / "whole.pt").read_bytes()[:100])
+    for name, cause in [("junk.pt", "UnpicklingError: Unsupported operand"),
+                        ("cut.pt", "RuntimeError: PytorchStreamReader failed reading zip archive")]:
+        with pytest.raises(ConfigError) as e:
+            run(tmp_path, "r", ["train.epochs=1", f"train.resume={tmp_path / name}"])
+        msg = str(e.value)
+        assert msg.startswith(f"{tmp_path / name}: not a readable tgdist checkpoint ({cause}"), msg
+        assert "\n" not in msg and "weights_only" not in msg and len(msg) < 300
+
+
 def test_run_directory_files(tmp_path):
     summary, d = run(tmp_path, "a", ["train.epochs=1"])
     rec = json.loads((d / "metrics.jsonl").read_text().splitlines()[0])

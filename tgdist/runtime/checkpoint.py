@@ -87,6 +87,16 @@ def find(resume: str) -> Path:
     return p
 
 
+def _reason(e: Exception) -> str:
+    """The specific cause from a ``torch.load`` error: its first sentence, and for weights-only
+    unpickling failures the reason torch gives after its advice to load with ``weights_only=False``."""
+    text = str(e)
+    if "WeightsUnpickler error:" in text:
+        text = text.split("WeightsUnpickler error:", 1)[1].split("Check the documentation", 1)[0]
+    text = " ".join(text.split())
+    return text.split(". ", 1)[0][:160] or "no detail"  # the first sentence; the rest is advice
+
+
 def load(path: str | Path, trainer, cfg: DictConfig) -> tuple[dict, list]:
     """Restore ``trainer`` in place; returns (position, history)."""
     import ast
@@ -94,7 +104,7 @@ def load(path: str | Path, trainer, cfg: DictConfig) -> tuple[dict, list]:
     try:
         state = torch.load(path, map_location=trainer.device, weights_only=True)
     except Exception as e:  # corrupt or foreign file
-        raise ConfigError(f"{path}: not a readable tgdist checkpoint ({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
+        raise ConfigError(f"{path}: not a readable tgdist checkpoint ({type(e).__name__}: {_reason(e)})") from None
     check_config(path, state.get("config", {}), cfg)
     trainer.model.load_state_dict(state["model"])
     trainer.optimizer.load_state_dict(state["optimizer"])
