@@ -2,8 +2,10 @@
 
 import gzip
 import json
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 
@@ -69,3 +71,33 @@ def test_partition_config_typo_fails_with_one_line(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip() == ("tgdist partition: error: Could not override 'partition.num_prts': "
                                 "Key 'num_prts' not in 'PartitionConfig'")
+
+
+def _interrupt_when(path, args, cwd):
+    """Start ``tgdist train ARGS``, send SIGINT once ``path`` exists, return the finished process."""
+    p = subprocess.Popen([sys.executable, "-m", "tgdist", "train", *args], cwd=cwd, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not path.exists() and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    p.send_signal(signal.SIGINT)
+    p.stdout_text, p.stderr_text = p.communicate(timeout=60)
+    return p
+
+
+def test_ctrl_c_says_what_is_kept_in_one_line(tmp_path):
+    """Ctrl-C: exit 130 and one line; a run stopped in its first epoch leaves no directory, a later
+    one keeps its checkpoint and names the resume override."""
+    run = tmp_path / "run"
+    args = ["train.progress=false", "train.epochs=3", f"run_dir={run}"]  # full CollegeMsg: ~2 s an epoch
+    p = _interrupt_when(run / "metrics.jsonl", args, tmp_path)
+    assert p.returncode == 130, p.stderr_text
+    assert p.stderr_text.strip().splitlines()[-1] == "tgdist train: interrupted; no checkpoint had been written"
+    assert not run.exists() and "Traceback" not in p.stderr_text
+
+    p = _interrupt_when(run / "checkpoints" / "last.pt", args, tmp_path)
+    assert p.returncode == 130, p.stderr_text
+    assert p.stderr_text.strip().splitlines()[-1] == (
+        f"tgdist train: interrupted; {run / 'checkpoints' / 'last.pt'} holds the last checkpoint, "
+        f"continue with train.resume={run}")
+    assert "Traceback" not in p.stderr_text and not list(run.glob("checkpoints/.*.tmp"))

@@ -24,7 +24,13 @@ _STARTUP_ONLY = {"train.log", ".hydra", "config.yaml"}
 
 
 def _remove_if_empty_run(run_dir: Path) -> None:
-    if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= _STARTUP_ONLY:
+    """Remove ``run_dir`` when it holds no result: start-up files only, or an empty metrics file
+    (stopped during the first epoch, before any checkpoint)."""
+    if not run_dir.is_dir():
+        return
+    names = {p.name for p in run_dir.iterdir()}
+    metrics = run_dir / "metrics.jsonl"
+    if names <= _STARTUP_ONLY or (names <= _STARTUP_ONLY | {"metrics.jsonl"} and metrics.stat().st_size == 0):
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
@@ -36,12 +42,20 @@ def _hydra_main(cfg: DictConfig) -> None:
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     rank = detect().rank
+    who = f"tgdist train{f' [rank {rank}]' if rank else ''}"
     try:
         summary = run(cfg, run_dir)
     except TgdistError as e:
         _remove_if_empty_run(run_dir)
-        print(f"tgdist train{f' [rank {rank}]' if rank else ''}: error: {e}", file=sys.stderr)
+        print(f"{who}: error: {e}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:  # Ctrl-C: one line saying what is kept, the shell's 128 + SIGINT
+        _remove_if_empty_run(run_dir)
+        ckpt = run_dir / "checkpoints" / "last.pt"
+        kept = (f"; {ckpt} holds the last checkpoint, continue with train.resume={run_dir}" if ckpt.exists()
+                else "; no checkpoint had been written")
+        print(f"{who}: interrupted{kept}", file=sys.stderr)
+        sys.exit(130)
     if rank == 0:
         print(json.dumps(summary), flush=True)
     elif Path(summary["run_dir"]).resolve() != run_dir.resolve():

@@ -89,7 +89,8 @@ def test_sigterm_is_forwarded_and_nothing_is_left(tmp_path):
         assert len(workers) == 2, proc.communicate(timeout=30)
         proc.send_signal(signal.SIGTERM)  # only the launcher: it must pass the signal on
         _, err = proc.communicate(timeout=60)
-        assert proc.returncode != 0
+        assert proc.returncode == 128 + signal.SIGTERM, err
+        assert err.strip().splitlines()[-1] == "tgdist launch: stopped by SIGTERM, forwarded to torchrun"
         deadline = time.monotonic() + 30
         while any(_alive(p) for p in workers) and time.monotonic() < deadline:
             time.sleep(0.2)

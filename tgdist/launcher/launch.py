@@ -9,8 +9,9 @@ builds and runs
         --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id ID --max-restarts 0 -m tgdist.train ...
 
 ``--dry-run`` prints that command instead. SIGINT, SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 received by
-the launcher are forwarded to torchrun (which stops its workers); the launcher returns torchrun's
-exit code (128 + signal number when it died of a signal).
+the launcher are forwarded to torchrun (which stops its workers). The launcher returns torchrun's
+exit code, or 128 + the signal number when it died of a signal or failed after one was forwarded
+(torchrun itself exits 1 then), with a last line naming the signal.
 """
 
 from __future__ import annotations
@@ -106,9 +107,10 @@ def run_forwarding_signals(cmd: list[str]) -> int:
     """Run ``cmd`` in its own session, forward the launcher's signals to it, return its exit code."""
     child = subprocess.Popen(cmd, start_new_session=True,
                              preexec_fn=_set_parent_death_signal if sys.platform.startswith("linux") else None)
-    previous = {}
+    previous, received = {}, []
 
     def forward(signum, _frame):
+        received.append(signum)
         if child.poll() is None:
             child.send_signal(signum)
 
@@ -124,7 +126,13 @@ def run_forwarding_signals(cmd: list[str]) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return 128 - rc if rc < 0 else rc
+    if rc < 0:
+        return 128 - rc
+    if rc and received:  # torchrun stops its workers on a forwarded signal and exits 1
+        print(f"tgdist launch: stopped by {signal.Signals(received[0]).name}, forwarded to torchrun",
+              file=sys.stderr, flush=True)
+        return 128 + received[0]
+    return rc
 
 
 def main(argv: list[str] | None = None) -> int:
