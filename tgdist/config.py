@@ -107,21 +107,21 @@ def load_data(cfg: DataConfig):
     return graph
 
 
-def precheck_overrides(command: str, config_name: str, argv: list[str]) -> None:
+def precheck_overrides(command: str, config_name: str, argv: list[str]):
     """Compose once to turn a config error (a misspelt key, an unknown group option) into one line
-    and exit code 2, instead of Hydra's multi-line report. Sweeps and Hydra's own flags are left
-    to Hydra."""
+    and exit code 2, instead of Hydra's multi-line report. Returns the composed config (None for
+    sweeps and Hydra's own flags, which are left to Hydra)."""
     import sys
 
     if any(a.startswith("-") for a in argv):
-        return
+        return None
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     from tgdist.runtime.build import compose
 
     try:
-        compose(argv, config_name=config_name)
+        return compose(argv, config_name=config_name)
     except (HydraException, OmegaConfBaseException) as e:
         first = str(e).strip().splitlines()[0].rstrip(".")
         cause = str(e.__cause__).strip().splitlines()[0] if e.__cause__ is not None else ""

@@ -23,6 +23,11 @@ from tgdist.errors import TgdistError
 _STARTUP_ONLY = {"train.log", ".hydra", "config.yaml"}
 
 
+# Parent directories of the run directory that did not exist before this process (``runs/`` on a
+# first run); removed again, when left empty, with a run directory that holds no result.
+_new_parents: list[Path] = []
+
+
 def _remove_if_empty_run(run_dir: Path) -> None:
     """Remove ``run_dir`` when it holds no result: start-up files only, or an empty metrics file
     (stopped during the first epoch, before any checkpoint)."""
@@ -32,6 +37,11 @@ def _remove_if_empty_run(run_dir: Path) -> None:
     metrics = run_dir / "metrics.jsonl"
     if names <= _STARTUP_ONLY or (names <= _STARTUP_ONLY | {"metrics.jsonl"} and metrics.stat().st_size == 0):
         shutil.rmtree(run_dir, ignore_errors=True)
+        for parent in _new_parents:  # deepest first
+            try:
+                parent.rmdir()  # only if empty (another run may have started in it meanwhile)
+            except OSError:
+                break
 
 
 @hydra.main(version_base=None, config_path=config_dir(), config_name="train")
@@ -63,7 +73,9 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    precheck_overrides("tgdist train", "train", sys.argv[1:])
+    cfg = precheck_overrides("tgdist train", "train", sys.argv[1:])
+    if cfg is not None:
+        _new_parents[:] = [p for p in Path(cfg.run_dir).absolute().parents if not p.exists()]
     _hydra_main()
 
 
