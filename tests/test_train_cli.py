@@ -37,6 +37,10 @@ def test_config_typos_fail_with_one_line(tmp_path):
     assert r.stderr.strip() == "tgdist train: error: Could not override 'train.batchsize': Key 'batchsize' not in 'TrainConfig'"
     r = tgdist("train", "model=gcn", cwd=tmp_path)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "tgn" in r.stderr
+    r = tgdist("train", "data.columns=src,dst,t", cwd=tmp_path)  # Hydra reads the commas as a sweep
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "tgdist train: error: Ambiguous value for argument 'data.columns=src,dst,t': quote a value with commas, "
+        "\"data.columns='src,dst,t'\", or add --multirun to sweep over it")
 
 
 def test_bad_data_path_leaves_nothing_behind(tmp_path):

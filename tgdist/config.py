@@ -135,6 +135,9 @@ def precheck_overrides(command: str, config_name: str, argv: list[str]):
                 break
         shown = ", ".join(o for o in options if not o.endswith("_schema"))
         msg = first + (f": {cause}" if cause else "") + (f" (options: {shown})" if shown else "")
+        if first.startswith("Ambiguous value for argument"):  # a comma in a value, e.g. data.columns
+            key, _, value = first.split("'")[1].partition("=")
+            msg += f": quote a value with commas, \"{key}='{value}'\", or add --multirun to sweep over it"
         print(f"{command}: error: {msg}", file=sys.stderr)
         sys.exit(2)
 
