@@ -130,6 +130,7 @@ INVALID = [
     (["sampler.fanouts=[]"], r"sampler.fanouts=\[\]"),
     (["sampler.fanouts=[10,0]"], "one positive neighbour count per hop"),
     (["data.max_events=0"], "data.max_events=0 keeps no events"),
+    (["data.max_events=1"], "no training events: the chronological split of 1 event "),
     (["model.mem_dim=0"], "model.mem_dim=0: must be at least 1"),
     (["model.num_heads=0"], "model.num_heads=0"),
     (["model=apan", "model.mailbox_size=0"], "model.mailbox_size=0"),

@@ -77,6 +77,12 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
     if cfg.train.task in ("node", "edge") and graph.label is None:  # found before training, not after
         raise ConfigError(f"train.task={cfg.train.task} needs labels, and data {graph.name!r} has none")
     split = chronological_split(graph, cfg.data.val_frac, cfg.data.test_frac)
+    lo, hi = split.range("train")
+    if hi <= lo and cfg.train.epochs > 0:
+        n = graph.num_events
+        raise ConfigError(f"no training events: the chronological split of {n:,} event{'s' * (n != 1)} "
+                          f"(val_frac {cfg.data.val_frac}, test_frac {cfg.data.test_frac}, cut back to whole "
+                          f"timestamps) leaves none before the validation part")
     m = cfg.model
     model = build_model(m.name, num_nodes=graph.num_nodes, mem_dim=m.mem_dim, time_dim=m.time_dim,
                         edge_dim=graph.edge_dim, node_dim=graph.node_dim, num_layers=m.num_layers,
