@@ -58,6 +58,13 @@ def test_task_without_labels_fails_before_training(tmp_path):
     assert "events/s" not in r.stderr and list(tmp_path.iterdir()) == []
 
 
+def test_data_file_needs_a_path(tmp_path):
+    r = tgdist("train", "data=file", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "tgdist train: error: data=file needs data.path=FILE (any supported file or TGL directory)"]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_data_path_alone_reads_that_file(tmp_path):
     """``data.path=FILE`` on top of the default data group trains on FILE (format detected, run
     named after it), not on the embedded CollegeMsg stream."""

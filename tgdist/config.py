@@ -71,6 +71,7 @@ class DataConfig:
 
     name: str = "collegemsg"
     path: Optional[str] = None
+    require_path: bool = False  # data=file: a null path is an error instead of the embedded stream
     format: str = "auto"  # auto | edgelist | jodie | tgl | native | collegemsg | synthetic
     columns: Optional[str] = None  # edge lists: e.g. "src,dst,feat,t" or "src,dst,t,_,_"
     bipartite: Optional[bool] = None  # null: from the format (JODIE files are bipartite)
@@ -94,8 +95,11 @@ class SamplerConfig:
 
 def load_data(cfg: DataConfig):
     """Build the ``TemporalGraph`` a ``DataConfig`` describes."""
+    from tgdist.errors import ConfigError
     from tgdist.runtime import data as tdata
 
+    if getattr(cfg, "require_path", False) and cfg.path is None:
+        raise ConfigError("data=file needs data.path=FILE (any supported file or TGL directory)")
     if cfg.format == "synthetic":
         from tgdist.runtime.synthetic import generate
         graph = generate(**vars(cfg.synthetic)) if not hasattr(cfg.synthetic, "_metadata") else generate(**dict(cfg.synthetic))

@@ -86,3 +86,11 @@ def test_missing_data_file_is_one_line(tmp_path):
     r = _run(tmp_path, "data=file", f"data.path={tmp_path / 'nope.txt'}")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert "no such file" in r.stderr and list(tmp_path.iterdir()) == []
+
+
+def test_data_file_without_a_path_is_one_line(tmp_path):
+    """``data=file`` alone is refused (it read the embedded CollegeMsg stream before)."""
+    r = _run(tmp_path, "data=file")
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "tgdist partition: error: data=file needs data.path=FILE (any supported file or TGL directory)"]
+    assert list(tmp_path.iterdir()) == []
