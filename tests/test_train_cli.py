@@ -58,6 +58,15 @@ def test_task_without_labels_fails_before_training(tmp_path):
     assert "events/s" not in r.stderr and list(tmp_path.iterdir()) == []
 
 
+def test_run_dir_that_cannot_be_made_is_one_line(tmp_path):
+    (tmp_path / "afile").write_text("")
+    r = tgdist("train", f"run_dir={tmp_path / 'afile' / 'x' / 'run'}", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"tgdist train: error: run_dir={tmp_path / 'afile' / 'x' / 'run'}: cannot make a directory in "
+        f"{tmp_path / 'afile' / 'x'} ({tmp_path / 'afile'} is not a directory)"]
+    assert [p.name for p in tmp_path.iterdir()] == ["afile"]
+
+
 def test_data_file_needs_a_path(tmp_path):
     r = tgdist("train", "data=file", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [

@@ -6,8 +6,10 @@ The final JSON summary is the last line of stdout; progress and logs go to stder
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import hydra
@@ -72,10 +74,32 @@ def _hydra_main(cfg: DictConfig) -> None:
         _remove_if_empty_run(run_dir)  # rank 0's run directory holds the results
 
 
+def _check_run_parent(run_dir: Path) -> None:
+    """Exit 2 with one line unless a directory can be made where ``run_dir`` goes (Hydra would
+    fail later with a traceback). Only the parent is made here: ``run_dir`` may name the time,
+    which Hydra resolves again."""
+    try:
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        os.rmdir(tempfile.mkdtemp(prefix=".tgdist-probe-", dir=run_dir.parent))
+    except OSError as e:
+        for parent in _new_parents:
+            try:
+                parent.rmdir()
+            except OSError:
+                break
+        blocker = next((p for p in reversed(run_dir.parents) if p.exists() and not p.is_dir()), None)
+        why = f"{blocker} is not a directory" if blocker else e.strerror or str(e)
+        print(f"tgdist train: error: run_dir={run_dir}: cannot make a directory in {run_dir.parent} ({why})",
+              file=sys.stderr)
+        sys.exit(2)
+
+
 def main() -> None:
     cfg = precheck_overrides("tgdist train", "train", sys.argv[1:])
     if cfg is not None:
-        _new_parents[:] = [p for p in Path(cfg.run_dir).absolute().parents if not p.exists()]
+        run_dir = Path(cfg.run_dir).absolute()
+        _new_parents[:] = [p for p in run_dir.parents if not p.exists()]
+        _check_run_parent(run_dir)
     _hydra_main()
 
 
