@@ -82,6 +82,14 @@ def test_checkpoint_from_another_config_is_refused(tmp_path):
         run(tmp_path, "c", ["train.epochs=1", f"train.resume={tmp_path / 'nowhere'}"])
 
 
+def test_resuming_a_finished_run_says_nothing_is_left(tmp_path, caplog):
+    done, d = run(tmp_path, "a", ["train.epochs=1"])
+    with caplog.at_level("WARNING", logger="tgdist.runtime.run"):
+        again, _ = run(tmp_path, "b", ["train.epochs=1", f"train.resume={d}"])
+    assert "nothing left to train: the checkpoint is after epoch 1 and train.epochs=1" in caplog.text
+    assert metrics(again) == metrics(done)
+
+
 def test_unreadable_checkpoint_names_the_cause_in_one_line(tmp_path):
     (tmp_path / "junk.pt").write_text("garbage")
     torch.save({"a": 1}, tmp_path / "whole.pt")

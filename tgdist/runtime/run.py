@@ -55,6 +55,9 @@ class Run:
             start_epoch, start_batch = int(pos["epoch"]), int(pos["batch"])
             tr.epoch_loss_sum, tr.epoch_events = float(pos.get("loss_sum", 0.0)), int(pos.get("events", 0))
             log.info("resumed from %s at epoch %d batch %d", cfg.train.resume, start_epoch, start_batch)
+            if start_epoch >= cfg.train.epochs:
+                log.warning("nothing left to train: the checkpoint is after epoch %d and train.epochs=%d (raise it "
+                            "to continue); reporting the checkpoint's results", start_epoch, cfg.train.epochs)
         elif cfg.model.static_memory and cfg.model.static_pretrain_epochs > 0:
             self.pretrain_static(cfg.model.static_pretrain_epochs)
         num_batches = len(range(*tr.split.range("train"), tr.batch_size))
