@@ -57,6 +57,17 @@ def test_layout_checked_before_start(capsys):
     assert "give --nproc N" in capsys.readouterr().err
 
 
+def test_training_settings_checked_before_start(capsys):
+    """One line from the launcher, instead of one per rank and torchrun's failure report."""
+    rc = cli_main(["launch", "--nproc", "2", "--", "parallel.i=2", "model.mem_dim=0"])
+    assert rc == 2 and capsys.readouterr().err == "tgdist launch: error: model.mem_dim=0: must be at least 1\n"
+    with pytest.raises(SystemExit) as e:  # a misspelt key: the same one-line message as tgdist train
+        cli_main(["launch", "--nproc", "2", "--", "parallel.i=2", "model.mem_di=4"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == ("tgdist launch: error: Could not override 'model.mem_di': "
+                                       "Key 'mem_di' not in 'ModelConfig'\n")
+
+
 @pytest.mark.distributed
 def test_real_launch(tmp_path):
     res = run([sys.executable, "-m", "tgdist", "launch", "--nproc", "2", "--module", "tests.launcher.probe", "--",

@@ -153,6 +153,13 @@ def main(argv: list[str] | None = None) -> int:
             f"parallel.i x parallel.j x parallel.k = {par.get('i', 1)} x {par.get('j', 1)} x {par.get('k', 1)} = "
             f"{world} but --nproc {nproc} x --nnodes {args.nnodes} starts {nproc * args.nnodes} processes"
         )
+    if args.module == "tgdist.train":  # settings errors once, here, not from every rank after start-up
+        from tgdist.config import precheck_overrides
+        from tgdist.runtime.build import validate
+
+        cfg = precheck_overrides("tgdist launch", "train", args.overrides)
+        if cfg is not None:
+            validate(cfg)
     port = args.master_port
     if port is None:
         port = _free_port() if args.nnodes == 1 else DEFAULT_MULTINODE_PORT
