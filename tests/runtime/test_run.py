@@ -82,6 +82,13 @@ def test_checkpoint_from_another_config_is_refused(tmp_path):
         run(tmp_path, "c", ["train.epochs=1", f"train.resume={tmp_path / 'nowhere'}"])
 
 
+def test_resume_with_more_epochs_equals_the_longer_run(tmp_path):
+    _, d = run(tmp_path, "short", ["train.epochs=1"])
+    extended, _ = run(tmp_path, "extended", ["train.epochs=2", f"train.resume={d}"])
+    longer, _ = run(tmp_path, "longer", ["train.epochs=2"])
+    assert metrics(extended) == metrics(longer) and extended["epochs"] == 2
+
+
 def test_resuming_a_finished_run_says_nothing_is_left(tmp_path, caplog):
     done, d = run(tmp_path, "a", ["train.epochs=1"])
     with caplog.at_level("WARNING", logger="tgdist.runtime.run"):
