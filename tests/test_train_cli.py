@@ -94,16 +94,16 @@ def test_partition_config_typo_fails_with_one_line(tmp_path):
                                 "Key 'num_prts' not in 'PartitionConfig'")
 
 
-def _interrupt_when(path, args, cwd):
-    """Start ``tgdist train ARGS``, send SIGINT once ``path`` exists, return the finished process."""
+def _interrupt_when(path, args, cwd) -> tuple[int, str]:
+    """Start ``tgdist train ARGS``, send SIGINT once ``path`` exists; (exit code, stderr)."""
     p = subprocess.Popen([sys.executable, "-m", "tgdist", "train", *args], cwd=cwd, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not path.exists() and p.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
     p.send_signal(signal.SIGINT)
-    p.stdout_text, p.stderr_text = p.communicate(timeout=60)
-    return p
+    _, err = p.communicate(timeout=60)
+    return p.returncode, err
 
 
 def test_ctrl_c_says_what_is_kept_in_one_line(tmp_path):
@@ -111,14 +111,14 @@ def test_ctrl_c_says_what_is_kept_in_one_line(tmp_path):
     one keeps its checkpoint and names the resume override."""
     run = tmp_path / "run"
     args = ["train.progress=false", "train.epochs=3", f"run_dir={run}"]  # full CollegeMsg: ~2 s an epoch
-    p = _interrupt_when(run / "metrics.jsonl", args, tmp_path)
-    assert p.returncode == 130, p.stderr_text
-    assert p.stderr_text.strip().splitlines()[-1] == "tgdist train: interrupted; no checkpoint had been written"
-    assert not run.exists() and "Traceback" not in p.stderr_text
+    rc, err = _interrupt_when(run / "metrics.jsonl", args, tmp_path)
+    assert rc == 130, err
+    assert err.strip().splitlines()[-1] == "tgdist train: interrupted; no checkpoint had been written"
+    assert not run.exists() and "Traceback" not in err
 
-    p = _interrupt_when(run / "checkpoints" / "last.pt", args, tmp_path)
-    assert p.returncode == 130, p.stderr_text
-    assert p.stderr_text.strip().splitlines()[-1] == (
+    rc, err = _interrupt_when(run / "checkpoints" / "last.pt", args, tmp_path)
+    assert rc == 130, err
+    assert err.strip().splitlines()[-1] == (
         f"tgdist train: interrupted; {run / 'checkpoints' / 'last.pt'} holds the last checkpoint, "
         f"continue with train.resume={run}")
-    assert "Traceback" not in p.stderr_text and not list(run.glob("checkpoints/.*.tmp"))
+    assert "Traceback" not in err and not list(run.glob("checkpoints/.*.tmp"))
