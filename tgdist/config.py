@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any, List, Optional
 
 import os
-import re
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
@@ -40,8 +39,9 @@ def data_name(path, default: str) -> str:
     (``events.csv.gz`` -> ``events``), else ``default`` (used as ``${data_name:${.path},NAME}``)."""
     if path is None:
         return default
-    name = Path(str(path)).name
-    return re.sub(r"(\.(txt|csv|tsv|gz|zip|npz))+$", "", name) or default
+    from tgdist.runtime.data import file_stem
+
+    return file_stem(str(path)) or default
 
 
 OmegaConf.register_new_resolver("datasets", datasets_dir, replace=True)

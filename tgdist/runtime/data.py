@@ -622,6 +622,12 @@ def _source_hash(path: Path, options: dict) -> str:
     return h.hexdigest()
 
 
+def file_stem(path: str | Path) -> str:
+    """A data file's name without its data suffixes: ``events.csv.gz`` -> ``events``."""
+    name = Path(path).name
+    return re.sub(r"(\.(txt|csv|tsv|gz|zip|npz))+$", "", name) or name
+
+
 def detect_format(path: Path) -> str:
     if path.is_dir():
         if (path / "edges.csv").exists():
@@ -662,7 +668,7 @@ def load_graph(path: str | Path | None = None, *, format: str = "auto", columns:
         data = None
     if fmt == "native":
         return load_native(origin)
-    gname = name or ("collegemsg" if fmt == "collegemsg" else re.sub(r"(\.(txt|csv|tsv|gz|zip))+$", "", origin.name))
+    gname = name or ("collegemsg" if fmt == "collegemsg" else file_stem(origin))
     options = {"format": fmt, "columns": columns, "bipartite": bipartite, "strict": strict_order}
     digest = _source_hash(origin, options)
     cache_file = Path(cache_dir or default_cache_dir()) / f"{gname}-{digest}.npz"
