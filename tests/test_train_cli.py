@@ -60,10 +60,11 @@ def test_task_without_labels_fails_before_training(tmp_path):
 
 def test_run_dir_that_cannot_be_made_is_one_line(tmp_path):
     (tmp_path / "afile").write_text("")
-    r = tgdist("train", f"run_dir={tmp_path / 'afile' / 'x' / 'run'}", cwd=tmp_path)
-    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
-        f"tgdist train: error: run_dir={tmp_path / 'afile' / 'x' / 'run'}: cannot make a directory in "
-        f"{tmp_path / 'afile' / 'x'} ({tmp_path / 'afile'} is not a directory)"]
+    run_dir = tmp_path / "afile" / "x" / "run"
+    r = tgdist("train", f"run_dir={run_dir}", cwd=tmp_path)
+    expected = (f"tgdist train: error: run_dir={run_dir}: cannot make a directory in {run_dir.parent} "
+                f"({tmp_path / 'afile'} is not a directory)")
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [expected]
     assert [p.name for p in tmp_path.iterdir()] == ["afile"]
 
 
