@@ -39,11 +39,15 @@ def _remove_if_empty_run(run_dir: Path) -> None:
     metrics = run_dir / "metrics.jsonl"
     if names <= _STARTUP_ONLY or (names <= _STARTUP_ONLY | {"metrics.jsonl"} and metrics.stat().st_size == 0):
         shutil.rmtree(run_dir, ignore_errors=True)
-        for parent in _new_parents:  # deepest first
-            try:
-                parent.rmdir()  # only if empty (another run may have started in it meanwhile)
-            except OSError:
-                break
+        _remove_new_parents()
+
+
+def _remove_new_parents() -> None:
+    for parent in _new_parents:  # deepest first
+        try:
+            parent.rmdir()  # only if empty (another run may have started in it meanwhile)
+        except OSError:
+            break
 
 
 @hydra.main(version_base=None, config_path=config_dir(), config_name="train")
@@ -82,11 +86,7 @@ def _check_run_parent(run_dir: Path) -> None:
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         os.rmdir(tempfile.mkdtemp(prefix=".tgdist-probe-", dir=run_dir.parent))
     except OSError as e:
-        for parent in _new_parents:
-            try:
-                parent.rmdir()
-            except OSError:
-                break
+        _remove_new_parents()
         blocker = next((p for p in reversed(run_dir.parents) if p.exists() and not p.is_dir()), None)
         why = f"{blocker} is not a directory" if blocker else e.strerror or str(e)
         print(f"tgdist train: error: run_dir={run_dir}: cannot make a directory in {run_dir.parent} ({why})",
