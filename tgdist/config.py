@@ -98,7 +98,7 @@ def load_data(cfg: DataConfig):
     from tgdist.errors import ConfigError
     from tgdist.runtime import data as tdata
 
-    if getattr(cfg, "require_path", False) and cfg.path is None:
+    if cfg.require_path and cfg.path is None:
         raise ConfigError("data=file needs data.path=FILE (any supported file or TGL directory)")
     if cfg.format == "synthetic":
         from tgdist.runtime.synthetic import generate
