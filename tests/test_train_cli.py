@@ -123,3 +123,75 @@ def test_ctrl_c_says_what_is_kept_in_one_line(tmp_path):
         f"tgdist train: interrupted; {run / 'checkpoints' / 'last.pt'} holds the last checkpoint, "
         f"continue with train.resume={run}")
     assert "Traceback" not in err and not list(run.glob("checkpoints/.*.tmp"))
+
+
+def test_help_lists_this_commands_groups(tmp_path):
+    """Hydra's own listing would show the typed schemas (``data_schema``) and the partition
+    command's group; the help shows the options a user can pick."""
+    r = tgdist("train", "--help", cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.startswith("tgdist train: train a memory-based temporal GNN")
+    groups = {ln.split(":")[0]: ln.split(": ")[1].split(", ") for ln in
+              r.stdout.split("== Configuration groups (GROUP=OPTION) ==\n")[1].split("\n\n")[0].splitlines()}
+    assert groups == {"data": ["bitcoin_otc", "collegemsg", "enron", "file", "sfhh", "synthetic", "wikipedia"],
+                      "model": ["apan", "jodie", "tgat2", "tgn"], "train": ["default"]}
+    assert "mem_dim: 100" in r.stdout and "_schema" not in r.stdout
+    r = tgdist("partition", "--help", cwd=tmp_path)
+    assert r.returncode == 0 and r.stdout.startswith("tgdist partition: pre-sample one training epoch")
+    assert "\ndata: " in r.stdout and "\npartition: greedy, interval, range, reflexbicut\n" in r.stdout
+    assert "\nmodel: " not in r.stdout and "_schema" not in r.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_flags_with_bad_overrides_fail_with_one_line(tmp_path):
+    for flags in (["--cfg", "job"], ["--help"]):
+        r = tgdist("train", *flags, "model=gcn", cwd=tmp_path)
+        assert r.returncode == 2 and r.stderr.strip() == (
+            "tgdist train: error: In 'train': Could not find 'model/gcn' (options: apan, jodie, tgat2, tgn)")
+    r = tgdist("partition", "--help", "model=tgn", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "tgdist partition: error: Could not override 'model'. No match in the defaults list")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sweep_runs_one_job_per_value(tmp_path):
+    sweep = tmp_path / "sweep"
+    r = tgdist("train", "--multirun", "model=tgn,jodie", *QUICK, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    summaries = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
+    assert [s["model"] for s in summaries] == ["tgn", "jodie"]
+    assert [s["run_dir"] for s in summaries] == [str(sweep / "0"), str(sweep / "1")]
+    assert (sweep / "1" / "summary.json").exists() and (sweep / "multirun.yaml").exists()
+
+
+def test_bad_sweep_value_fails_before_any_job(tmp_path):
+    """Every job is composed and validated before Hydra makes the sweep directory: a bad value in
+    the last job fails in one line naming that job, and nothing ran or was written."""
+    r = tgdist("train", "--multirun", "model.mem_dim=16,0", *QUICK[:1], *QUICK[2:], cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "tgdist train: error: model.mem_dim=0: must be at least 1 (sweep job #1: model.mem_dim=0)"]
+    r = tgdist("train", "-m", "model=tgn,gcn", *QUICK, cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "tgdist train: error: In 'train': Could not find 'model/gcn' (options: apan, jodie, tgat2, tgn) "
+        "(sweep job #1: model=gcn)"]
+    r = tgdist("train", "-m", "model=tgn,jodie", "train.batchsize=3", cwd=tmp_path)  # not the swept key's fault
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "tgdist train: error: Could not override 'train.batchsize': Key 'batchsize' not in 'TrainConfig'"]
+    r = tgdist("train", "-m", "train.lr=interval(0.1,0.2)", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "tgdist train: error: train.lr=interval(0.1,0.2): Hydra's basic sweeper runs lists (a,b,c), range(...) "
+        "and choice(...); interval(...) needs a sweeper plugin (e.g. hydra/sweeper=optuna)"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sweep_whose_first_job_fails_leaves_nothing_behind(tmp_path):
+    r = tgdist("train", "-m", "data.path=missing.csv,other.csv", *QUICK, cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == "tgdist train: error: missing.csv: no such file or directory"
+    assert list(tmp_path.iterdir()) == []  # no multirun/<time>/multirun.yaml
+
+
+def test_second_attention_layer_shows_in_the_run_name(tmp_path):
+    r = tgdist("train", "model=tgat2", *QUICK, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["model"] == "tgn-2layer" and summary["run_dir"].endswith("-collegemsg-tgn-2layer")

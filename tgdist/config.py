@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 import os
 
@@ -44,7 +44,24 @@ def data_name(path, default: str) -> str:
     return file_stem(str(path)) or default
 
 
+def config_groups(*groups: str) -> str:
+    """``group: option, ...`` lines for a command's ``--help`` (``${config_groups:data,model}``):
+    the YAML options under ``configs/``, without the typed schemas Hydra's own listing adds and
+    without the groups of other commands."""
+    root = Path(config_dir())
+    return "\n".join(f"{g}: " + ", ".join(sorted(p.stem for p in (root / g).glob("*.yaml"))) for g in groups)
+
+
+def model_tag(name: str, num_layers: int) -> str:
+    """The model as run names and summaries show it: ``tgn``, or ``tgn-2layer`` for TGN with a
+    second attention layer (``model=tgat2``), so the two do not look alike
+    (``${model_tag:${model.name},${model.num_layers}}``)."""
+    return name if name != "tgn" or int(num_layers) == 1 else f"{name}-{int(num_layers)}layer"
+
+
 OmegaConf.register_new_resolver("datasets", datasets_dir, replace=True)
+OmegaConf.register_new_resolver("model_tag", model_tag, replace=True)
+OmegaConf.register_new_resolver("config_groups", config_groups, replace=True)
 OmegaConf.register_new_resolver("data_name", data_name, replace=True)
 
 
@@ -113,19 +130,94 @@ def load_data(cfg: DataConfig):
 
 def precheck_overrides(command: str, config_name: str, argv: list[str]):
     """Compose once to turn a config error (a misspelt key, an unknown group option) into one line
-    and exit code 2, instead of Hydra's multi-line report. Returns the composed config (None for
-    sweeps and Hydra's own flags, which are left to Hydra)."""
-    import sys
-
+    and exit code 2, instead of Hydra's multi-line report. Returns the composed config (None when
+    ``argv`` holds flags, which are Hydra's to read)."""
     if any(a.startswith("-") for a in argv):
         return None
+    return _compose_or_exit(command, config_name, argv)
+
+
+def precheck_command(command: str, config_name: str, argv: list[str], validate: Callable[[Any], None]):
+    """What a Hydra command checks before Hydra starts. Parses the flags as Hydra would (a bad flag
+    exits 2 with argparse's message), then checks the overrides: composed once for a run, or, with
+    ``--multirun``, every job composed and passed to ``validate`` (see ``precheck_sweep``). Returns
+    ``(args, cfg, sweep_dir)``: ``cfg`` is the composed config of a run (None for sweeps), and both
+    are None when the flags name another config, which is left to Hydra."""
+    from hydra._internal.utils import get_args_parser
+
+    args = get_args_parser().parse_args(argv)
+    if args.config_path or args.config_name or args.config_dir or args.experimental_rerun or args.shell_completion:
+        return args, None, None
+    if args.multirun:
+        return args, None, precheck_sweep(command, config_name, args.overrides, validate)
+    return args, precheck_overrides(command, config_name, args.overrides), None
+
+
+def precheck_sweep(command: str, config_name: str, argv: list[str],
+                   validate: Callable[[Any], None]) -> Optional[str]:
+    """For ``--multirun``: compose and validate every job of the sweep before Hydra makes the sweep
+    directory, so a bad value fails in one line with exit 2 before any job runs, rather than in job
+    N after the jobs before it. Returns the sweep directory, resolved once (``hydra.sweep.dir``
+    names the time, which Hydra would resolve again), or None when the sweep is left to Hydra:
+    other flags than ``-m``/``--multirun``, or a sweeper plugin chosen on the command line.
+    Errors that do not depend on the swept values are reported without a job."""
+    import sys
+
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException, OverrideParseException
+
+    from tgdist.errors import ConfigError
+
+    overrides = [a for a in argv if a not in ("-m", "--multirun")]
+    if any(a.startswith("-") or a.startswith(("hydra/sweeper", "hydra.sweeper")) for a in overrides):
+        return None
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except OverrideParseException as e:
+        print(f"{command}: error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        jobs = BasicSweeper.split_arguments(parsed, None)[0]
+    except HydraException:  # interval(a, b): a range to sample, which only a sweeper plugin does
+        bad = next(o.input_line for o in parsed if o.is_sweep_override() and not o.is_discrete_sweep())
+        print(f"{command}: error: {bad}: Hydra's basic sweeper runs lists (a,b,c), range(...) and "
+              f"choice(...); interval(...) needs a sweeper plugin (e.g. hydra/sweeper=optuna)", file=sys.stderr)
+        sys.exit(2)
+    swept = {o.get_key_element() for o in parsed if o.is_sweep_override()}
+    _compose_or_exit(command, config_name, [a for a in jobs[0] if a.partition("=")[0] not in swept])
+    failed = []  # (job number, swept values, message)
+    for num, job in enumerate(jobs):
+        where = " ".join(a for a in job if a.partition("=")[0] in swept)
+        cfg = _compose_or_exit(command, config_name, job, where=f"sweep job #{num}: {where}" if where else "")
+        try:
+            validate(cfg)
+        except ConfigError as e:
+            failed.append((num, where, str(e)))
+    if failed:
+        num, where, msg = failed[0]
+        if len(failed) < len(jobs) or len({m for _, _, m in failed}) > 1:  # the swept values cause it
+            msg += f" (sweep job #{num}: {where})"
+        print(f"{command}: error: {msg}", file=sys.stderr)
+        sys.exit(2)
+    if any(a.partition("=")[0].lstrip("+~") == "hydra.sweep.dir" for a in overrides):
+        return None
+    return str(_compose_or_exit(command, config_name, jobs[0], return_hydra_config=True).hydra.sweep.dir)
+
+
+def _compose_or_exit(command: str, config_name: str, overrides: list[str], where: str = "",
+                     return_hydra_config: bool = False):
+    """The composed config; on a config error, one line on stderr (``where`` appended in
+    parentheses) and exit code 2."""
+    import sys
+
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     from tgdist.runtime.build import compose
 
     try:
-        return compose(argv, config_name=config_name)
+        return compose(overrides, config_name=config_name, return_hydra_config=return_hydra_config)
     except (HydraException, OmegaConfBaseException) as e:
         first = str(e).strip().splitlines()[0].rstrip(".")
         cause = str(e.__cause__).strip().splitlines()[0] if e.__cause__ is not None else ""
@@ -142,7 +234,7 @@ def precheck_overrides(command: str, config_name: str, argv: list[str]):
         if first.startswith("Ambiguous value for argument"):  # a comma in a value, e.g. data.columns
             key, _, value = first.split("'")[1].partition("=")
             msg += f": quote a value with commas, \"{key}='{value}'\", or add --multirun to sweep over it"
-        print(f"{command}: error: {msg}", file=sys.stderr)
+        print(f"{command}: error: {msg}" + (f" ({where})" if where else ""), file=sys.stderr)
         sys.exit(2)
 
 
@@ -218,7 +310,7 @@ class TrainApp:
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
-    run_dir: str = "runs/${now:%Y%m%d-%H%M%S}-${data.name}-${model.name}"
+    run_dir: str = "runs/${now:%Y%m%d-%H%M%S}-${data.name}-${model_tag:${model.name},${model.num_layers}}"
 
 
 register("train_schema", TrainApp)

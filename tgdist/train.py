@@ -17,7 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 import tgdist.config  # noqa: F401  (registers the typed schema before Hydra composes)
-from tgdist.config import config_dir, precheck_overrides
+from tgdist.config import config_dir, precheck_command
 from tgdist.errors import TgdistError
 
 # Files a run directory holds before any training happened; such a directory is removed when the
@@ -28,6 +28,8 @@ _STARTUP_ONLY = {"train.log", ".hydra", "config.yaml"}
 # Parent directories of the run directory that did not exist before this process (``runs/`` on a
 # first run); removed again, when left empty, with a run directory that holds no result.
 _new_parents: list[Path] = []
+# The sweep directory of a ``--multirun`` checked by ``precheck_sweep`` (None otherwise).
+_sweep_dir: Path | None = None
 
 
 def _remove_if_empty_run(run_dir: Path) -> None:
@@ -39,6 +41,9 @@ def _remove_if_empty_run(run_dir: Path) -> None:
     metrics = run_dir / "metrics.jsonl"
     if names <= _STARTUP_ONLY or (names <= _STARTUP_ONLY | {"metrics.jsonl"} and metrics.stat().st_size == 0):
         shutil.rmtree(run_dir, ignore_errors=True)
+        sweep_file = run_dir.parent / "multirun.yaml"  # a sweep whose first job failed: nothing ran
+        if _sweep_dir is not None and run_dir.parent == _sweep_dir and [*_sweep_dir.iterdir()] == [sweep_file]:
+            sweep_file.unlink()
         _remove_new_parents()
 
 
@@ -95,13 +100,20 @@ def _check_run_parent(run_dir: Path) -> None:
 
 
 def main() -> None:
-    cfg = precheck_overrides("tgdist train", "train", sys.argv[1:])
-    if cfg is not None:
+    """Check the overrides (and the run directory) before Hydra starts, then hand over to it."""
+    global _sweep_dir
+    from tgdist.runtime.build import validate
+
+    args, cfg, sweep = precheck_command("tgdist train", "train", sys.argv[1:], validate)
+    if sweep is not None:  # every job's settings are valid; Hydra gets the directory checked here
+        _sweep_dir = Path(sweep).absolute()
+        _new_parents[:] = [p for p in (_sweep_dir, *_sweep_dir.parents) if not p.exists()]
+        sys.argv.append(f"hydra.sweep.dir={_sweep_dir}")
+    elif cfg is not None and not (args.cfg or args.help or args.hydra_help or args.info):  # a run
         run_dir = Path(cfg.run_dir).absolute()
         _new_parents[:] = [p for p in run_dir.parents if not p.exists()]
         _check_run_parent(run_dir)
     _hydra_main()
-
 
 if __name__ == "__main__":
     main()

@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 import tgdist
-from tgdist.config import config_dir, load_data, precheck_overrides
+from tgdist.config import config_dir, load_data, precheck_command
 from tgdist.errors import ConfigError, TgdistError
 from tgdist.partition import artifact, measures, methods
 from tgdist.partition.access import WEIGHTS, build_access_graph
@@ -145,7 +145,7 @@ def _hydra_main(cfg) -> None:
 
 
 def main() -> None:
-    precheck_overrides("tgdist partition", "partition_job", sys.argv[1:])
+    precheck_command("tgdist partition", "partition_job", sys.argv[1:], lambda cfg: validate(cfg.partition))
     _hydra_main()
 
 

@@ -105,8 +105,10 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
                    progress=cfg.train.progress if progress is None else progress, num_threads=cfg.train.num_threads)
 
 
-def compose(overrides: list[str] | None = None, config_name: str = "train") -> DictConfig:
-    """The config ``tgdist train OVERRIDES`` would run with (for scripts, benchmarks and tests)."""
+def compose(overrides: list[str] | None = None, config_name: str = "train",
+            return_hydra_config: bool = False) -> DictConfig:
+    """The config ``tgdist train OVERRIDES`` would run with (for scripts, benchmarks and tests);
+    with ``return_hydra_config``, Hydra's own settings too (under ``hydra``)."""
     from hydra import compose as hcompose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
@@ -115,4 +117,5 @@ def compose(overrides: list[str] | None = None, config_name: str = "train") -> D
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=config_dir(), version_base=None):
-        return hcompose(config_name=config_name, overrides=list(overrides or []))
+        return hcompose(config_name=config_name, overrides=list(overrides or []),
+                        return_hydra_config=return_hydra_config)

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from tgdist.config import model_tag
 from tgdist.errors import ConfigError
 from tgdist.launcher import collectives
 from tgdist.launcher.schedule import Layout, num_iterations, scaled_lr, step
@@ -298,8 +299,9 @@ def run_parallel(cfg: DictConfig, run_dir) -> dict:
             metrics = {**trainer.evaluate("val"), **trainer.evaluate("test")}
             loss_sum = sum(l for s in stats for _, l, _ in s["losses"])
             events = sum(e for s in stats for _, _, e in s["losses"])
-            summary = {"run_dir": str(run_dir), "data": cfg.data.name, "model": cfg.model.name,
-                       "parallel": str(layout), "memory_backend": backend, "epochs": cfg.train.epochs,
+            summary = {"run_dir": str(run_dir), "data": cfg.data.name,
+                       "model": model_tag(cfg.model.name, cfg.model.num_layers), "parallel": str(layout),
+                       "memory_backend": backend, "epochs": cfg.train.epochs,
                        "batch_size": cfg.train.batch_size, "lr": lr, "iterations": par.iterations,
                        "loss": loss_sum / max(events, 1), "traversed_events": events, **metrics,
                        "train_events_per_s": events / max(s["rank_seconds"] for s in stats),

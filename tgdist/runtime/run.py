@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
+from tgdist.config import model_tag
 from tgdist.errors import ConfigError
 from tgdist.runtime import checkpoint
 from tgdist.runtime.build import build_trainer
@@ -118,7 +119,8 @@ class Run:
             return {"epochs": 0, "run_dir": str(self.dir)}
         last = self.history[-1]
         best = max(self.history, key=lambda h: h.get("val_ap", float("-inf")))
-        out = {"run_dir": str(self.dir), "data": self.cfg.data.name, "model": self.cfg.model.name,
+        m = self.cfg.model
+        out = {"run_dir": str(self.dir), "data": self.cfg.data.name, "model": model_tag(m.name, m.num_layers),
                "epochs": len(self.history), "batch_size": self.cfg.train.batch_size}
         out.update({k: v for k, v in last.items() if k.startswith(("val_", "test_")) or k == "loss"})
         out["best_epoch"] = best["epoch"]
