@@ -27,6 +27,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def layout_arg(text: str) -> str:
+    """``I,J,K``: three positive trainer counts (mini-batch, epoch, memory parallelism)."""
+    parts = text.split(",")
+    if len(parts) != 3 or not all(x.strip().isdigit() and int(x) > 0 for x in parts):
+        raise argparse.ArgumentTypeError(f"{text!r} is not I,J,K with three positive integers, e.g. 2,1,1")
+    return ",".join(str(int(x)) for x in parts)
+
+
 def launch(layout: str, args) -> dict:
     i, j, k = (int(x) for x in layout.split(","))
     n = i * j * k
@@ -51,7 +59,8 @@ def launch(layout: str, args) -> dict:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default="collegemsg")
-    ap.add_argument("--layouts", nargs="+", default=["1,1,1", "2,1,1", "1,1,2", "1,2,1"])
+    ap.add_argument("--layouts", nargs="+", type=layout_arg, default=["1,1,1", "2,1,1", "1,1,2", "1,2,1"],
+                    help="I,J,K per run (default: 1,1,1 2,1,1 1,1,2 1,2,1)")
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--batch", type=int, default=200)
     ap.add_argument("--num-neg-eval", type=int, default=49)

@@ -120,6 +120,16 @@ def test_data_synth_quiet_and_errors(tmp_path, capsys):
     assert not (tmp_path / "x.npz").exists()
 
 
+def test_data_synth_checks_the_output_before_generating(tmp_path, capsys):
+    (tmp_path / "afile").write_text("")
+    out = tmp_path / "afile" / "sub" / "x.npz"
+    assert cli.main(["data", "synth", "--num-events", "100", "--num-nodes", "10", "--out", str(out)]) == 2
+    assert capsys.readouterr().err == f"tgdist data: error: {out}: cannot write ({tmp_path / 'afile'} is not a directory)\n"
+    out = tmp_path / "new" / "deep" / "x.npz"  # folders made for the probe are made again for the file
+    assert cli.main(["data", "synth", "--num-events", "100", "--num-nodes", "10", "--out", str(out), "--quiet"]) == 0
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["afile", "deep", "new", "x.npz"]
+
+
 def test_data_usage_errors(capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["data"])
