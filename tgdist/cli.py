@@ -46,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     except TgdistError as e:
         print(f"tgdist {name}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line and the shell's 128 + SIGINT (outputs are written atomically)
+        print(f"tgdist {name}: interrupted", file=sys.stderr)
+        return 130
     return int(rc or 0)
 
 

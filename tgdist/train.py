@@ -61,9 +61,12 @@ def _hydra_main(cfg: DictConfig) -> None:
 
     from tgdist.launcher.world import detect
 
+    from tgdist.runtime.interrupts import hold_interrupts_during_compiles
+
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     rank = detect().rank
     who = f"tgdist train{f' [rank {rank}]' if rank else ''}"
+    hold_interrupts_during_compiles(who)  # Ctrl-C inside a numba compile crashes at exit
     try:
         summary = run(cfg, run_dir)
     except TgdistError as e:
@@ -108,7 +111,8 @@ def main() -> None:
     if sweep is not None:  # every job's settings are valid; Hydra gets the directory checked here
         _sweep_dir = Path(sweep).absolute()
         _new_parents[:] = [p for p in (_sweep_dir, *_sweep_dir.parents) if not p.exists()]
-        sys.argv.append(f"hydra.sweep.dir={_sweep_dir}")
+        if not any(a.partition("=")[0].lstrip("+~") == "hydra.sweep.dir" for a in args.overrides):
+            sys.argv.append(f"hydra.sweep.dir={_sweep_dir}")
     elif cfg is not None and not (args.cfg or args.help or args.hydra_help or args.info):  # a run
         run_dir = Path(cfg.run_dir).absolute()
         _new_parents[:] = [p for p in run_dir.parents if not p.exists()]

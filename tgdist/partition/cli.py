@@ -133,6 +133,9 @@ def run(job: PartitionJob) -> Path:
 
 @hydra.main(version_base=None, config_path=config_dir(), config_name="partition_job")
 def _hydra_main(cfg) -> None:
+    from tgdist.runtime.interrupts import hold_interrupts_during_compiles
+
+    hold_interrupts_during_compiles("tgdist partition")  # Ctrl-C inside a numba compile crashes at exit
     try:
         try:
             job: PartitionJob = OmegaConf.to_object(cfg)

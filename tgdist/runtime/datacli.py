@@ -134,7 +134,10 @@ def synth(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from tgdist.runtime.interrupts import hold_interrupts_during_compiles
+
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    hold_interrupts_during_compiles("tgdist data")  # Ctrl-C inside a numba compile crashes at exit
     return {"info": info, "synth": synth}[args.command](args)
 
 
