@@ -188,6 +188,9 @@ def test_sweep_whose_first_job_fails_leaves_nothing_behind(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1] == "tgdist train: error: missing.csv: no such file or directory"
     assert list(tmp_path.iterdir()) == []  # no multirun/<time>/multirun.yaml
+    r = tgdist("train", "-m", "data.path=missing.csv,other.csv", *QUICK, f"hydra.sweep.dir={tmp_path / 'a' / 'b'}",
+               cwd=tmp_path)
+    assert r.returncode == 2 and list(tmp_path.iterdir()) == []
 
 
 def test_second_attention_layer_shows_in_the_run_name(tmp_path):

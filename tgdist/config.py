@@ -153,14 +153,14 @@ def precheck_command(command: str, config_name: str, argv: list[str], validate: 
     return args, precheck_overrides(command, config_name, args.overrides), None
 
 
-def precheck_sweep(command: str, config_name: str, argv: list[str],
+def precheck_sweep(command: str, config_name: str, overrides: list[str],
                    validate: Callable[[Any], None]) -> Optional[str]:
     """For ``--multirun``: compose and validate every job of the sweep before Hydra makes the sweep
     directory, so a bad value fails in one line with exit 2 before any job runs, rather than in job
-    N after the jobs before it. Returns the sweep directory, resolved once (``hydra.sweep.dir``
-    names the time, which Hydra would resolve again), or None when the sweep is left to Hydra:
-    other flags than ``-m``/``--multirun``, or a sweeper plugin chosen on the command line.
-    Errors that do not depend on the swept values are reported without a job."""
+    N after the jobs before it. Errors that do not depend on the swept values are reported without
+    a job. Returns the sweep directory, resolved once (the default ``hydra.sweep.dir`` names the
+    time, which Hydra resolves again), or None when a sweeper plugin, chosen on the command line,
+    is left to expand the sweep."""
     import sys
 
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -169,8 +169,7 @@ def precheck_sweep(command: str, config_name: str, argv: list[str],
 
     from tgdist.errors import ConfigError
 
-    overrides = [a for a in argv if a not in ("-m", "--multirun")]
-    if any(a.startswith("-") or a.startswith(("hydra/sweeper", "hydra.sweeper")) for a in overrides):
+    if any(a.lstrip("+~").startswith(("hydra/sweeper", "hydra.sweeper")) for a in overrides):
         return None
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
@@ -179,10 +178,11 @@ def precheck_sweep(command: str, config_name: str, argv: list[str],
         sys.exit(2)
     try:
         jobs = BasicSweeper.split_arguments(parsed, None)[0]
-    except HydraException:  # interval(a, b): a range to sample, which only a sweeper plugin does
-        bad = next(o.input_line for o in parsed if o.is_sweep_override() and not o.is_discrete_sweep())
-        print(f"{command}: error: {bad}: Hydra's basic sweeper runs lists (a,b,c), range(...) and "
-              f"choice(...); interval(...) needs a sweeper plugin (e.g. hydra/sweeper=optuna)", file=sys.stderr)
+    except HydraException as e:  # interval(a, b): a range to sample, which only a sweeper plugin does
+        bad = next((o.input_line for o in parsed if o.is_sweep_override() and not o.is_discrete_sweep()), None)
+        msg = (f"{bad}: Hydra's basic sweeper runs lists (a,b,c), range(...) and choice(...); interval(...) "
+               f"needs a sweeper plugin (e.g. hydra/sweeper=optuna)" if bad else str(e).strip().splitlines()[0])
+        print(f"{command}: error: {msg}", file=sys.stderr)
         sys.exit(2)
     swept = {o.get_key_element() for o in parsed if o.is_sweep_override()}
     _compose_or_exit(command, config_name, [a for a in jobs[0] if a.partition("=")[0] not in swept])
@@ -200,8 +200,6 @@ def precheck_sweep(command: str, config_name: str, argv: list[str],
             msg += f" (sweep job #{num}: {where})"
         print(f"{command}: error: {msg}", file=sys.stderr)
         sys.exit(2)
-    if any(a.partition("=")[0].lstrip("+~") == "hydra.sweep.dir" for a in overrides):
-        return None
     return str(_compose_or_exit(command, config_name, jobs[0], return_hydra_config=True).hydra.sweep.dir)
 
 
