@@ -198,3 +198,16 @@ def test_second_attention_layer_shows_in_the_run_name(tmp_path):
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["model"] == "tgn-2layer" and summary["run_dir"].endswith("-collegemsg-tgn-2layer")
+
+
+def test_sweep_inside_a_parallel_job_is_refused(tmp_path):
+    """Under torchrun every rank would run Hydra's sweep on its own; the launcher sweeps instead."""
+    import os
+
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}
+    r = subprocess.run([sys.executable, "-m", "tgdist.train", "-m", "parallel.i=2", "model=tgn,jodie"], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "tgdist train: error: --multirun inside a parallel job runs the sweep in every rank; sweep with "
+        "tgdist launch -- --multirun ... (one launch per job)"]
+    assert list(tmp_path.iterdir()) == []

@@ -155,12 +155,23 @@ def precheck_command(command: str, config_name: str, argv: list[str], validate: 
 
 def precheck_sweep(command: str, config_name: str, overrides: list[str],
                    validate: Callable[[Any], None]) -> Optional[str]:
-    """For ``--multirun``: compose and validate every job of the sweep before Hydra makes the sweep
-    directory, so a bad value fails in one line with exit 2 before any job runs, rather than in job
-    N after the jobs before it. Errors that do not depend on the swept values are reported without
-    a job. Returns the sweep directory, resolved once (the default ``hydra.sweep.dir`` names the
-    time, which Hydra resolves again), or None when a sweeper plugin, chosen on the command line,
-    is left to expand the sweep."""
+    """For ``--multirun``: compose and validate every job of the sweep (``sweep_jobs``) before Hydra
+    makes the sweep directory, so a bad value fails in one line with exit 2 before any job runs,
+    rather than in job N after the jobs before it. Returns the sweep directory, resolved once (the
+    default ``hydra.sweep.dir`` names the time, which Hydra resolves again), or None when a sweeper
+    plugin, chosen on the command line, is left to expand the sweep."""
+    if any(a.lstrip("+~").startswith(("hydra/sweeper", "hydra.sweeper")) for a in overrides):
+        return None
+    jobs, _ = sweep_jobs(command, config_name, overrides, validate)
+    return str(_compose_or_exit(command, config_name, jobs[0], return_hydra_config=True).hydra.sweep.dir)
+
+
+def sweep_jobs(command: str, config_name: str, overrides: list[str],
+               validate: Optional[Callable[[Any], None]]) -> tuple[list[list[str]], list[str]]:
+    """The jobs of a sweep as Hydra's basic sweeper expands it (lists ``a,b``, ``range(...)``,
+    ``choice(...)``; one job per combination) and the swept keys. With ``validate``, every job is
+    composed and validated first; an error is one line on stderr and exit code 2, naming the job
+    when the swept values cause it."""
     import sys
 
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -169,8 +180,6 @@ def precheck_sweep(command: str, config_name: str, overrides: list[str],
 
     from tgdist.errors import ConfigError
 
-    if any(a.lstrip("+~").startswith(("hydra/sweeper", "hydra.sweeper")) for a in overrides):
-        return None
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except OverrideParseException as e:
@@ -184,11 +193,13 @@ def precheck_sweep(command: str, config_name: str, overrides: list[str],
                f"needs a sweeper plugin (e.g. hydra/sweeper=optuna)" if bad else str(e).strip().splitlines()[0])
         print(f"{command}: error: {msg}", file=sys.stderr)
         sys.exit(2)
-    swept = {o.get_key_element() for o in parsed if o.is_sweep_override()}
+    swept = [o.get_key_element() for o in parsed if o.is_sweep_override()]
+    if validate is None:
+        return jobs, swept
     _compose_or_exit(command, config_name, [a for a in jobs[0] if a.partition("=")[0] not in swept])
     failed = []  # (job number, swept values, message)
     for num, job in enumerate(jobs):
-        where = " ".join(a for a in job if a.partition("=")[0] in swept)
+        where = swept_values(job, swept)
         cfg = _compose_or_exit(command, config_name, job, where=f"sweep job #{num}: {where}" if where else "")
         try:
             validate(cfg)
@@ -200,7 +211,12 @@ def precheck_sweep(command: str, config_name: str, overrides: list[str],
             msg += f" (sweep job #{num}: {where})"
         print(f"{command}: error: {msg}", file=sys.stderr)
         sys.exit(2)
-    return str(_compose_or_exit(command, config_name, jobs[0], return_hydra_config=True).hydra.sweep.dir)
+    return jobs, swept
+
+
+def swept_values(job: list[str], swept: list[str]) -> str:
+    """The overrides of ``job`` that the sweep varies, e.g. ``model=jodie parallel.i=2``."""
+    return " ".join(a for a in job if a.partition("=")[0] in swept)
 
 
 def _compose_or_exit(command: str, config_name: str, overrides: list[str], where: str = "",

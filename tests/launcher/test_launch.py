@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -66,6 +67,50 @@ def test_training_settings_checked_before_start(capsys):
     assert e.value.code == 2
     assert capsys.readouterr().err == ("tgdist launch: error: Could not override 'model.mem_di': "
                                        "Key 'mem_di' not in 'ModelConfig'\n")
+
+
+def test_sweep_dry_run_is_one_torchrun_per_job(capsys):
+    """``--multirun``: Hydra's sweep syntax, one launch per job, each with its own process count and
+    run directory."""
+    rc = cli_main(["launch", "--dry-run", "--", "-m", "parallel.i=1,2", "model=tgn,jodie", "run_dir=sw"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert rc == 0 and len(lines) == 4
+    tails = [ln.split(" -m tgdist.train ")[1] for ln in lines]
+    assert tails == ["parallel.i=1 model=tgn run_dir=sw/0", "parallel.i=1 model=jodie run_dir=sw/1",
+                     "parallel.i=2 model=tgn run_dir=sw/2", "parallel.i=2 model=jodie run_dir=sw/3"]
+    assert [ln.split("--nproc-per-node ")[1].split()[0] for ln in lines] == ["1", "1", "2", "2"]
+    rc = cli_main(["launch", "--dry-run", "--", "--multirun", "parallel.k=1,2"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert rc == 0 and [ln.split("run_dir=")[1].split("/")[0] for ln in lines] == ["multirun"] * 2
+    assert [ln.rsplit("/", 1)[1] for ln in lines] == ["0", "1"]
+
+
+def test_sweep_checked_before_any_job(capsys):
+    with pytest.raises(SystemExit) as e:  # the settings of every job, as tgdist train --multirun checks them
+        cli_main(["launch", "--dry-run", "--", "-m", "parallel.i=1,0"])
+    assert e.value.code == 2 and capsys.readouterr() == (
+        "", "tgdist launch: error: parallel.i must be a positive integer, got 0 (sweep job #1: parallel.i=0)\n")
+    rc = cli_main(["launch", "--nproc", "2", "--dry-run", "--", "-m", "parallel.i=2,1"])
+    assert rc == 2 and capsys.readouterr() == (
+        "", "tgdist launch: error: parallel.i x parallel.j x parallel.k = 1 x 1 x 1 = 1 but --nproc 2 x --nnodes 1 "
+            "starts 2 processes (sweep job #1: parallel.i=1)\n")
+    with pytest.raises(SystemExit) as e:
+        cli_main(["launch", "--dry-run", "--", "-m", "parallel.i=1,2", "model=tgn,gcn"])
+    assert e.value.code == 2 and capsys.readouterr().err == (
+        "tgdist launch: error: In 'train': Could not find 'model/gcn' (options: apan, jodie, tgat2, tgn) "
+        "(sweep job #1: parallel.i=1 model=gcn)\n")
+
+
+@pytest.mark.distributed
+def test_real_sweep(tmp_path):
+    res = run([sys.executable, "-m", "tgdist", "launch", "--", "-m", "parallel.i=1,2", "data.max_events=1200",
+               "model.mem_dim=16", "model.time_dim=8", "train.epochs=1", "train.batch_size=100", "train.num_neg_eval=4",
+               "train.progress=false", f"run_dir={tmp_path / 'sweep'}"])
+    res.check()
+    summaries = [json.loads(ln) for ln in res.stdout.splitlines() if ln.startswith("{")]
+    assert [s["run_dir"] for s in summaries] == [str(tmp_path / "sweep" / "0"), str(tmp_path / "sweep" / "1")]
+    assert "parallel" not in summaries[0] and summaries[1]["parallel"] == "2 x 1 x 1"
+    assert "tgdist launch: sweep job #1 of 2: parallel.i=2" in res.stderr
 
 
 @pytest.mark.distributed

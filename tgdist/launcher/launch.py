@@ -137,7 +137,50 @@ def run_forwarding_signals(cmd: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
-    par = parallel_overrides(args.overrides)
+    if not {"-m", "--multirun"} & set(args.overrides):
+        if args.module == "tgdist.train":  # settings errors once, here, not from every rank after start-up
+            from tgdist.config import precheck_overrides
+            from tgdist.runtime.build import validate
+
+            cfg = precheck_overrides("tgdist launch", "train", args.overrides)
+            if cfg is not None:
+                validate(cfg)
+        return _launch(args, args.overrides)
+    return _sweep(args, [a for a in args.overrides if a not in ("-m", "--multirun")])
+
+
+def _sweep(args: argparse.Namespace, overrides: list[str]) -> int:
+    """``--multirun``: one torchrun per job of the sweep, one after another (each job may need
+    another number of processes), every job checked first. Job N runs in ``multirun/<time>/N``, or
+    in ``RUN_DIR/N`` when ``run_dir`` is given. Stops at the first job that fails."""
+    import time
+
+    from tgdist.config import sweep_jobs, swept_values
+    from tgdist.runtime.build import validate
+
+    jobs, swept = sweep_jobs("tgdist launch", "train", overrides,
+                             validate if args.module == "tgdist.train" else None)
+    for num, job in enumerate(jobs):  # the process counts, before anything starts
+        try:
+            _nproc(args, parallel_overrides(job))
+        except ConfigError as e:
+            raise ConfigError(f"{e} (sweep job #{num}: {swept_values(job, swept)})") from None
+    base = next((a.partition("=")[2] for a in overrides if a.partition("=")[0].lstrip("+") == "run_dir"),
+                f"multirun/{time.strftime('%Y%m%d-%H%M%S')}")
+    for num, job in enumerate(jobs):
+        job = [a for a in job if a.partition("=")[0].lstrip("+") != "run_dir"] + [f"run_dir={base}/{num}"]
+        if not args.dry_run:
+            print(f"tgdist launch: sweep job #{num} of {len(jobs)}: {swept_values(job, swept) or '(no swept keys)'}",
+                  file=sys.stderr, flush=True)
+        rc = _launch(args, job)
+        if rc:
+            print(f"tgdist launch: sweep stopped: job #{num} exited with {rc}", file=sys.stderr, flush=True)
+            return rc
+    return 0
+
+
+def _nproc(args: argparse.Namespace, par: dict[str, int]) -> int:
+    """Processes on this machine: ``--nproc``, or parallel.i*j*k / nnodes; checked against each other."""
     world = None
     if par:
         world = par.get("i", 1) * par.get("j", 1) * par.get("k", 1)
@@ -153,24 +196,22 @@ def main(argv: list[str] | None = None) -> int:
             f"parallel.i x parallel.j x parallel.k = {par.get('i', 1)} x {par.get('j', 1)} x {par.get('k', 1)} = "
             f"{world} but --nproc {nproc} x --nnodes {args.nnodes} starts {nproc * args.nnodes} processes"
         )
-    if args.module == "tgdist.train":  # settings errors once, here, not from every rank after start-up
-        from tgdist.config import precheck_overrides
-        from tgdist.runtime.build import validate
+    return nproc
 
-        cfg = precheck_overrides("tgdist launch", "train", args.overrides)
-        if cfg is not None:
-            validate(cfg)
+
+def _launch(args: argparse.Namespace, overrides: list[str]) -> int:
+    """One torchrun (or its command line, with ``--dry-run``)."""
+    nproc = _nproc(args, parallel_overrides(overrides))
     port = args.master_port
     if port is None:
         port = _free_port() if args.nnodes == 1 else DEFAULT_MULTINODE_PORT
-    cmd = build_command(nproc, args.overrides, nnodes=args.nnodes, node_rank=args.node_rank,
+    cmd = build_command(nproc, overrides, nnodes=args.nnodes, node_rank=args.node_rank,
                         master_addr=args.master_addr, master_port=port, module=args.module)
     if args.dry_run:
         print(shlex.join(cmd))
         return 0
     print(f"tgdist launch: {shlex.join(cmd)}", file=sys.stderr, flush=True)
     return run_forwarding_signals(cmd)
-
 
 if __name__ == "__main__":
     sys.exit(main())

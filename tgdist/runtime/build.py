@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 
 from tgdist.config import load_data
 from tgdist.errors import ConfigError
+from tgdist.launcher.schedule import Layout
 from tgdist.runtime.data import TemporalGraph, chronological_split
 from tgdist.runtime.models import build_model, use_cpu_kernels
 from tgdist.runtime.sampler import TCSR, NegativeSampler, TemporalSampler
@@ -63,6 +64,7 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(f"train.{key}={t[key]}: must be at least 0")
     if m.num_layers not in (1, 2):
         raise ConfigError(f"model.num_layers={m.num_layers}: 1 or 2 attention layers are supported")
+    Layout(cfg.parallel.i, cfg.parallel.j, cfg.parallel.k)  # each a positive integer
 
 
 def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: str | None = None,
