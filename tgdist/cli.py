@@ -46,8 +46,12 @@ def main(argv: list[str] | None = None) -> int:
     except TgdistError as e:
         print(f"tgdist {name}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C: one line and the shell's 128 + SIGINT (outputs are written atomically)
-        print(f"tgdist {name}: interrupted", file=sys.stderr)
+    except (KeyboardInterrupt, Exception) as e:  # Ctrl-C: one line and the shell's 128 + SIGINT
+        from tgdist.runtime.interrupts import caused_by_interrupt
+
+        if not caused_by_interrupt(e):
+            raise
+        print(f"tgdist {name}: interrupted", file=sys.stderr)  # outputs are written atomically
         return 130
     return int(rc or 0)
 

@@ -57,11 +57,9 @@ def _remove_new_parents() -> None:
 
 @hydra.main(version_base=None, config_path=config_dir(), config_name="train")
 def _hydra_main(cfg: DictConfig) -> None:
-    from tgdist.runtime.run import run
-
     from tgdist.launcher.world import detect
-
-    from tgdist.runtime.interrupts import hold_interrupts_during_compiles
+    from tgdist.runtime.interrupts import caused_by_interrupt, hold_interrupts_during_compiles
+    from tgdist.runtime.run import run
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     rank = detect().rank
@@ -73,7 +71,9 @@ def _hydra_main(cfg: DictConfig) -> None:
         _remove_if_empty_run(run_dir)
         print(f"{who}: error: {e}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:  # Ctrl-C: one line saying what is kept, the shell's 128 + SIGINT
+    except BaseException as e:  # Ctrl-C: one line saying what is kept, the shell's 128 + SIGINT
+        if not caused_by_interrupt(e):
+            raise
         _remove_if_empty_run(run_dir)
         ckpt = run_dir / "checkpoints" / "last.pt"
         kept = (f"; {ckpt} holds the last checkpoint, continue with train.resume={run_dir}" if ckpt.exists()

@@ -70,3 +70,22 @@ def test_a_second_ctrl_c_stops_at_once():
     r = run("hold", times=2)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == ["interrupted, compiled signatures: 0", "then 14.0", "handler restored: True"]
+
+
+def test_errors_caused_by_ctrl_c_count_as_interrupts():
+    """Ctrl-C inside a Python callback of numba's compiled code reaches the caller as a SystemError
+    caused by the KeyboardInterrupt (seen on a kernel's first call, in ``_numba_unpickle``)."""
+    from tgdist.runtime.interrupts import caused_by_interrupt
+
+    def callback_error():
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt as e:
+            raise SystemError("returned a result with an exception set") from e
+
+    try:
+        callback_error()
+    except SystemError as e:
+        wrapped = e
+    assert caused_by_interrupt(wrapped) and caused_by_interrupt(KeyboardInterrupt())
+    assert not caused_by_interrupt(SystemError("plain")) and not caused_by_interrupt(ValueError())

@@ -61,6 +61,19 @@ class _HoldSigint(event.Listener):
               f"(Ctrl-C again to stop at once)", file=sys.stderr, flush=True)
 
 
+def caused_by_interrupt(exc: BaseException) -> bool:
+    """A KeyboardInterrupt, or an error it caused: Ctrl-C inside a Python callback that numba's
+    compiled code makes (e.g. ``_numba_unpickle`` on a kernel's first call) surfaces as a
+    ``SystemError`` whose cause is the KeyboardInterrupt."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def hold_interrupts_during_compiles(who: str = "tgdist") -> None:
     """Hold SIGINT while numba compiles or loads a kernel (idempotent; ``who`` prefixes the notice)."""
     global _installed
