@@ -171,15 +171,15 @@ def test_bad_sweep_value_fails_before_any_job(tmp_path):
         "tgdist train: error: model.mem_dim=0: must be at least 1 (sweep job #1: model.mem_dim=0)"]
     r = tgdist("train", "-m", "model=tgn,gcn", *QUICK, cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
-        "tgdist train: error: In 'train': Could not find 'model/gcn' (options: apan, jodie, tgat2, tgn) "
-        "(sweep job #1: model=gcn)"]
+        ("tgdist train: error: In 'train': Could not find 'model/gcn' (options: apan, jodie, tgat2, tgn) "
+         "(sweep job #1: model=gcn)")]
     r = tgdist("train", "-m", "model=tgn,jodie", "train.batchsize=3", cwd=tmp_path)  # not the swept key's fault
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         "tgdist train: error: Could not override 'train.batchsize': Key 'batchsize' not in 'TrainConfig'"]
     r = tgdist("train", "-m", "train.lr=interval(0.1,0.2)", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
-        "tgdist train: error: train.lr=interval(0.1,0.2): Hydra's basic sweeper runs lists (a,b,c), range(...) "
-        "and choice(...); interval(...) needs a sweeper plugin (e.g. hydra/sweeper=optuna)"]
+        ("tgdist train: error: train.lr=interval(0.1,0.2): Hydra's basic sweeper runs lists (a,b,c), range(...) "
+         "and choice(...); interval(...) needs a sweeper plugin (e.g. hydra/sweeper=optuna)")]
     assert list(tmp_path.iterdir()) == []
 
 
@@ -206,8 +206,8 @@ def test_sweep_inside_a_parallel_job_is_refused(tmp_path):
 
     env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"}
     r = subprocess.run([sys.executable, "-m", "tgdist.train", "-m", "parallel.i=2", "model=tgn,jodie"], cwd=tmp_path,
-                       env=env, capture_output=True, text=True, timeout=300)
+                       env=env, capture_output=True, text=True, timeout=300, check=False)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
-        "tgdist train: error: --multirun inside a parallel job runs the sweep in every rank; sweep with "
-        "tgdist launch -- --multirun ... (one launch per job)"]
+        ("tgdist train: error: --multirun inside a parallel job runs the sweep in every rank; sweep with "
+         "tgdist launch -- --multirun ... (one launch per job)")]
     assert list(tmp_path.iterdir()) == []

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, List, Optional
+from collections.abc import Callable
+from typing import Any, List, Optional
 
 import os
 
@@ -154,7 +155,7 @@ def precheck_command(command: str, config_name: str, argv: list[str], validate: 
 
 
 def precheck_sweep(command: str, config_name: str, overrides: list[str],
-                   validate: Callable[[Any], None]) -> Optional[str]:
+                   validate: Callable[[Any], None]) -> str | None:
     """For ``--multirun``: compose and validate every job of the sweep (``sweep_jobs``) before Hydra
     makes the sweep directory, so a bad value fails in one line with exit 2 before any job runs,
     rather than in job N after the jobs before it. Returns the sweep directory, resolved once (the
@@ -167,7 +168,7 @@ def precheck_sweep(command: str, config_name: str, overrides: list[str],
 
 
 def sweep_jobs(command: str, config_name: str, overrides: list[str],
-               validate: Optional[Callable[[Any], None]]) -> tuple[list[list[str]], list[str]]:
+               validate: Callable[[Any], None] | None) -> tuple[list[list[str]], list[str]]:
     """The jobs of a sweep as Hydra's basic sweeper expands it (lists ``a,b``, ``range(...)``,
     ``choice(...)``; one job per combination) and the swept keys. With ``validate``, every job is
     composed and validated first; an error is one line on stderr and exit code 2, naming the job

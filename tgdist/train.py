@@ -124,5 +124,6 @@ def main() -> None:
         _check_run_parent(run_dir)
     _hydra_main()
 
+
 if __name__ == "__main__":
     main()

@@ -92,8 +92,8 @@ def test_sweep_checked_before_any_job(capsys):
         "", "tgdist launch: error: parallel.i must be a positive integer, got 0 (sweep job #1: parallel.i=0)\n")
     rc = cli_main(["launch", "--nproc", "2", "--dry-run", "--", "-m", "parallel.i=2,1"])
     assert rc == 2 and capsys.readouterr() == (
-        "", "tgdist launch: error: parallel.i x parallel.j x parallel.k = 1 x 1 x 1 = 1 but --nproc 2 x --nnodes 1 "
-            "starts 2 processes (sweep job #1: parallel.i=1)\n")
+        "", ("tgdist launch: error: parallel.i x parallel.j x parallel.k = 1 x 1 x 1 = 1 but --nproc 2 x --nnodes 1 "
+             "starts 2 processes (sweep job #1: parallel.i=1)\n"))
     with pytest.raises(SystemExit) as e:
         cli_main(["launch", "--dry-run", "--", "-m", "parallel.i=1,2", "model=tgn,gcn"])
     assert e.value.code == 2 and capsys.readouterr().err == (

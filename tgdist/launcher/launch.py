@@ -213,5 +213,6 @@ def _launch(args: argparse.Namespace, overrides: list[str]) -> int:
     print(f"tgdist launch: {shlex.join(cmd)}", file=sys.stderr, flush=True)
     return run_forwarding_signals(cmd)
 
+
 if __name__ == "__main__":
     sys.exit(main())
