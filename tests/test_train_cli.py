@@ -157,8 +157,8 @@ def test_sweep_runs_one_job_per_value(tmp_path):
     sweep = tmp_path / "sweep"
     r = tgdist("train", "--multirun", "model=tgn,jodie", *QUICK, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    summaries = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
-    assert [s["model"] for s in summaries] == ["tgn", "jodie"]
+    summaries = [json.loads(ln) for ln in r.stdout.splitlines()]  # stdout: the summaries only
+    assert [s["model"] for s in summaries] == ["tgn", "jodie"] and "Launching 2 jobs locally" in r.stderr
     assert [s["run_dir"] for s in summaries] == [str(sweep / "0"), str(sweep / "1")]
     assert (sweep / "1" / "summary.json").exists() and (sweep / "multirun.yaml").exists()
 
