@@ -153,6 +153,8 @@ INVALID = [
     (["model.dropout=1.5"], r"model.dropout=1.5: give a probability in \[0, 1\]"),
     (["train.seed=-1"], "train.seed=-1"),
     (["train.checkpoint_every=-1"], "train.checkpoint_every=-1"),
+    (["train.device=tpu"], "train.device='tpu': choose auto, cpu, cuda or cuda:N"),
+    (["train.device=cuda:99"], "train.device=cuda:99 but (CUDA is not available|this machine has)"),
 ]
 
 

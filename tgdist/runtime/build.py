@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import re
 
 import numpy as np
 import torch
@@ -26,6 +27,8 @@ def resolve_device(name: str) -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"train.device={name} but CUDA is not available on this machine")
+    if name.startswith("cuda:") and int(name[5:]) >= torch.cuda.device_count():
+        raise ConfigError(f"train.device={name} but this machine has {torch.cuda.device_count()} CUDA device(s)")
     return name
 
 
@@ -65,6 +68,9 @@ def validate(cfg: DictConfig) -> None:
     if m.num_layers not in (1, 2):
         raise ConfigError(f"model.num_layers={m.num_layers}: 1 or 2 attention layers are supported")
     Layout(cfg.parallel.i, cfg.parallel.j, cfg.parallel.k)  # each a positive integer
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", t.device):
+        raise ConfigError(f"train.device={t.device!r}: choose auto, cpu, cuda or cuda:N")
+    resolve_device(t.device)  # cuda where there is none: refused here, before the data is read
 
 
 def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: str | None = None,
