@@ -153,6 +153,12 @@ INVALID = [
     (["model.dropout=1.5"], r"model.dropout=1.5: give a probability in \[0, 1\]"),
     (["train.seed=-1"], "train.seed=-1"),
     (["train.checkpoint_every=-1"], "train.checkpoint_every=-1"),
+    (["sampler.num_threads=-1"], "sampler.num_threads=-1: must be at least 0"),
+    (["train.node_class_epochs=0"], "train.node_class_epochs=0: must be at least 1"),
+    (["model.static_pretrain_epochs=-1"], "model.static_pretrain_epochs=-1"),
+    (["memory.timeout=0"], "memory.timeout=0.0 and memory.max_ids=None: give a positive timeout"),
+    (["memory.backend=sven"], "memory.backend='sven': choose auto, local, depcache or daemon"),
+    (["train.lr_scaling=log"], "train.lr_scaling='log': choose linear, sqrt, none"),
     (["train.device=tpu"], "train.device='tpu': choose auto, cpu, cuda or cuda:N"),
     (["train.device=cuda:99"], "train.device=cuda:99 but (CUDA is not available|this machine has)"),
 ]

@@ -9,11 +9,11 @@ import re
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from tgdist.config import load_data
 from tgdist.errors import ConfigError
-from tgdist.launcher.schedule import Layout
+from tgdist.launcher.schedule import LR_SCALING_MODES, Layout
 from tgdist.runtime.data import TemporalGraph, chronological_split
 from tgdist.runtime.models import build_model, use_cpu_kernels
 from tgdist.runtime.sampler import TCSR, NegativeSampler, TemporalSampler
@@ -62,9 +62,20 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"model.dropout={m.dropout}: give a probability in [0, 1]")
     if m.mem_dim % m.num_heads:
         raise ConfigError(f"model.mem_dim={m.mem_dim} must be divisible by model.num_heads={m.num_heads}")
-    for key in ("seed", "num_threads", "checkpoint_every"):
-        if t[key] < 0:
-            raise ConfigError(f"train.{key}={t[key]}: must be at least 0")
+    least = {"train.seed": 0, "train.num_threads": 0, "train.checkpoint_every": 0, "train.num_neg_eval": 0,
+             "train.node_class_epochs": 1, "model.static_pretrain_epochs": 0, "sampler.num_threads": 0,
+             "memory.num_threads": 1}
+    for key, bound in least.items():
+        value = OmegaConf.select(cfg, key)
+        if value < bound:
+            raise ConfigError(f"{key}={value}: must be at least {bound}")
+    if not 0 < cfg.memory.timeout < math.inf or (cfg.memory.max_ids is not None and cfg.memory.max_ids < 1):
+        raise ConfigError(f"memory.timeout={cfg.memory.timeout} and memory.max_ids={cfg.memory.max_ids}: "
+                          f"give a positive timeout in seconds and a positive row count (or null)")
+    if cfg.memory.backend not in ("auto", "local", "depcache", "daemon"):
+        raise ConfigError(f"memory.backend={cfg.memory.backend!r}: choose auto, local, depcache or daemon")
+    if t.lr_scaling not in LR_SCALING_MODES:
+        raise ConfigError(f"train.lr_scaling={t.lr_scaling!r}: choose {', '.join(LR_SCALING_MODES)}")
     if m.num_layers not in (1, 2):
         raise ConfigError(f"model.num_layers={m.num_layers}: 1 or 2 attention layers are supported")
     Layout(cfg.parallel.i, cfg.parallel.j, cfg.parallel.k)  # each a positive integer
