@@ -6,10 +6,8 @@ The final JSON summary is the last line of stdout; progress and logs go to stder
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import hydra
@@ -88,15 +86,12 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 def _check_run_parent(run_dir: Path) -> None:
     """Exit 2 with one line unless a directory can be made where ``run_dir`` goes (Hydra would
-    fail later with a traceback). Only the parent is made here: ``run_dir`` may name the time,
-    which Hydra resolves again."""
-    try:
-        run_dir.parent.mkdir(parents=True, exist_ok=True)
-        os.rmdir(tempfile.mkdtemp(prefix=".tgdist-probe-", dir=run_dir.parent))
-    except OSError as e:
-        _remove_new_parents()
-        blocker = next((p for p in reversed(run_dir.parents) if p.exists() and not p.is_dir()), None)
-        why = f"{blocker} is not a directory" if blocker else e.strerror or str(e)
+    fail later with a traceback). Only the parent is probed, and removed again if it was made:
+    ``run_dir`` may name the time, which Hydra resolves again when it makes the directory."""
+    from tgdist.runtime.data import unwritable
+
+    why = unwritable(run_dir.parent)
+    if why:
         print(f"tgdist train: error: run_dir={run_dir}: cannot make a directory in {run_dir.parent} ({why})",
               file=sys.stderr)
         sys.exit(2)

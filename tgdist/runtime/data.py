@@ -558,6 +558,30 @@ _ARRAYS = ("src", "dst", "t", "node_map", "edge_feat", "node_feat", "label", "ex
 _LABEL_ARRAYS = {"node_labels_node": "node", "node_labels_t": "t", "node_labels_label": "label"}
 
 
+def unwritable(folder: Path) -> str | None:
+    """Why files cannot be made in ``folder``, or None when they can. The folder and its missing
+    parents are made, a file is created in it and removed, and the folders made are removed again,
+    so a command can fail in one line before long work instead of after it."""
+    made = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".tgdist-probe-")
+        os.close(fd)
+        os.unlink(probe)
+        return None
+    except OSError as e:
+        blocker = next((p for p in reversed(folder.parents) if p.exists() and not p.is_dir()), None)
+        if blocker is None and folder.exists() and not folder.is_dir():
+            blocker = folder
+        return f"{blocker} is not a directory" if blocker else e.strerror or str(e)
+    finally:
+        for made_folder in made:
+            try:
+                made_folder.rmdir()
+            except OSError:
+                break
+
+
 def save_native(graph: TemporalGraph, path: str | Path) -> Path:
     """Write ``graph`` as an uncompressed .npz, atomically (a temp file renamed into place).
 

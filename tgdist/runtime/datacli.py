@@ -10,9 +10,7 @@ Errors are ``DataError`` / ``ConfigError``; the ``tgdist`` command prints them a
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -79,34 +77,15 @@ def info(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_writable(out: Path) -> None:
-    """Fail before generating (minutes for large streams) when ``out`` cannot be written: a file is
-    created and removed in its folder, and folders made for the probe are removed again."""
-    made = [p for p in (out.parent, *out.parent.parents) if not p.exists()]
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".probe")
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        blocker = next((p for p in reversed(out.parents) if p.exists() and not p.is_dir()), None)
-        why = f"{blocker} is not a directory" if blocker else e.strerror or str(e)
-        raise tdata.DataError(f"{out}: cannot write ({why})") from None
-    finally:
-        for folder in made:  # deepest first; save_native makes them again
-            try:
-                folder.rmdir()
-            except OSError:
-                break
-
-
 def synth(args: argparse.Namespace) -> int:
     from tgdist.runtime.synthetic import generate
 
     out = Path(args.out)
     if out.exists() and out.is_dir():
         raise ConfigError(f"--out {out} is a directory; give a file name such as {out / 'synthetic.npz'}")
-    _check_writable(out)
+    why = tdata.unwritable(out.parent)  # before generating, which takes minutes for large streams
+    if why:
+        raise tdata.DataError(f"{out}: cannot write ({why})")
     start = time.perf_counter()
 
     def progress(done: int, total: int) -> None:
