@@ -106,7 +106,7 @@ class DataConfig:
 class SamplerConfig:
     strategy: str = "recent"  # recent | uniform
     fanouts: List[int] = field(default_factory=lambda: [10])  # one entry per hop
-    num_threads: int = 2  # numba threads; 0 = all cores
+    num_threads: int = 0  # numba threads (sampler and CPU kernels); 0 = auto, as train.num_threads
     both_directions: bool = True
     seed: int = 0
 
@@ -285,7 +285,9 @@ class TrainConfig:
     num_neg_eval: int = 49  # MRR against this many fixed negatives; AP/AUC use the first
     seed: int = 0
     deterministic: bool = False  # bit-identical reruns on CPU (torch deterministic algorithms)
-    num_threads: int = 2  # torch intra-op threads; 0 = leave torch's default
+    # torch intra-op threads; 0 = auto: the CPUs this process may use (its affinity mask), split
+    # evenly among a parallel run's trainers on the machine that share that mask
+    num_threads: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     test_every_epoch: bool = True
     checkpoint_every: int = 0  # also checkpoint every N training batches (0: at epoch ends only)

@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from tgdist.config import load_data
 from tgdist.errors import ConfigError
 from tgdist.launcher.schedule import LR_SCALING_MODES, Layout
+from tgdist.runtime import kernels
 from tgdist.runtime.data import TemporalGraph, chronological_split
 from tgdist.runtime.models import build_model, use_cpu_kernels
 from tgdist.runtime.sampler import TCSR, NegativeSampler, TemporalSampler
@@ -85,14 +86,22 @@ def validate(cfg: DictConfig) -> None:
 
 
 def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: str | None = None,
-                  progress: bool | None = None) -> Trainer:
-    """Data, split, model, memory, sampler and optimizer as ``cfg`` says."""
+                  progress: bool | None = None, cpus: int | None = None) -> Trainer:
+    """Data, split, model, memory, sampler and optimizer as ``cfg`` says.
+
+    ``train.num_threads`` (torch) and ``sampler.num_threads`` (numba: the sampler and the CPU
+    kernels) left at 0 use ``cpus`` threads: by default every CPU this process may run on; a
+    parallel run passes its share of the machine (``distributed.cpu_share``).
+    """
     validate(cfg)
-    if cfg.train.num_threads > 0:
-        torch.set_num_threads(cfg.train.num_threads)
+    cpus = cpus or kernels.available_cpus()
+    torch_threads, numba_threads = cfg.train.num_threads or cpus, cfg.sampler.num_threads or cpus
+    torch.set_num_threads(torch_threads)
+    numba_threads = kernels.set_threads(numba_threads)  # the sampler's and the CPU kernels'
     seed_everything(cfg.train.seed, cfg.train.deterministic)
     graph = graph if graph is not None else load_data(cfg.data)
     log.info("%s", graph.describe())
+    log.info("threads: %d torch, %d numba", torch_threads, numba_threads)
     if cfg.train.task in ("node", "edge") and graph.label is None:  # found before training, not after
         raise ConfigError(f"train.task={cfg.train.task} needs labels, and data {graph.name!r} has none")
     split = chronological_split(graph, cfg.data.val_frac, cfg.data.test_frac)
@@ -117,11 +126,11 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
         if len(fanouts) < model.num_hops:  # e.g. model=tgat2 with the default [10]
             fanouts += [fanouts[-1]] * (model.num_hops - len(fanouts))
         sampler = TemporalSampler(TCSR.build(graph, cfg.sampler.both_directions), fanouts[:model.num_hops],
-                                  cfg.sampler.strategy, cfg.sampler.seed, cfg.sampler.num_threads)
+                                  cfg.sampler.strategy, cfg.sampler.seed, numba_threads)
     negatives = NegativeSampler(graph, cfg.train.seed)
     return Trainer(graph, split, model, memory, sampler, negatives, batch_size=cfg.train.batch_size, lr=cfg.train.lr,
                    num_neg_eval=cfg.train.num_neg_eval, device=dev,
-                   progress=cfg.train.progress if progress is None else progress, num_threads=cfg.train.num_threads)
+                   progress=cfg.train.progress if progress is None else progress, num_threads=torch_threads)
 
 
 def compose(overrides: list[str] | None = None, config_name: str = "train",

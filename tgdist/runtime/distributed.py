@@ -22,6 +22,7 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import time
 from pathlib import Path
 import numpy as np
@@ -33,6 +34,7 @@ from tgdist.errors import ConfigError
 from tgdist.launcher import collectives
 from tgdist.launcher.schedule import Layout, num_iterations, scaled_lr, step
 from tgdist.runtime import checkpoint
+from tgdist.runtime.kernels import available_cpus
 from tgdist.runtime.memory import LocalMemory, MemoryRead
 from tgdist.runtime.trainer import Trainer
 
@@ -258,6 +260,19 @@ def _fault_injection(rank: int) -> int | None:
     return it if r == rank else None
 
 
+def cpu_share(group) -> int:
+    """CPU threads for this trainer: its affinity mask divided among the processes of this machine
+    in ``group`` that have the same mask. Ranks that share the machine unbound (torchrun) split it;
+    ranks bound to their own CPUs (SLURM's ``--cpus-per-task``, MPI binding) keep theirs."""
+    try:
+        mask = tuple(sorted(os.sched_getaffinity(0)))
+    except AttributeError:  # no affinity call on this platform: assume every rank sees all CPUs
+        mask = tuple(range(available_cpus()))
+    mine = (socket.gethostname(), mask)
+    peers = collectives.all_gather_object(mine, group, name="cpu_share", counter=collectives.ByteCounter())
+    return max(1, len(mask) // peers.count(mine))
+
+
 def run_parallel(cfg: DictConfig, run_dir) -> dict:
     """Train with ``cfg.parallel`` under torchrun / SLURM / MPI; returns the summary (rank 0's)."""
     from tgdist.launcher.world import ProcessGroups, detect, validate
@@ -274,7 +289,7 @@ def run_parallel(cfg: DictConfig, run_dir) -> dict:
     try:
         lr = scaled_lr(cfg.train.lr, layout.i, layout.j, layout.k, cfg.train.lr_scaling)
         run_cfg = OmegaConf.merge(cfg, {"train": {"lr": lr}})
-        trainer = build_trainer(run_cfg, progress=False)
+        trainer = build_trainer(run_cfg, progress=False, cpus=cpu_share(groups.get("world")))
         validate(layout, world, backend, num_train_events=trainer.split.range("train")[1],
                  batch_size=cfg.train.batch_size, epochs=cfg.train.epochs)
         par = ParallelRun(trainer, layout, world.rank, groups, cfg.train.epochs, ckpt_dir=Path(run_dir) / "checkpoints",

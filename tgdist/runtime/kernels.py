@@ -6,6 +6,7 @@ specialisation per dtype); outputs have fixed shapes with a boolean mask for emp
 
 from __future__ import annotations
 
+import os
 from contextlib import contextmanager
 
 import numba
@@ -296,9 +297,19 @@ def torch_threads_kept():
             torch.set_num_threads(threads)
 
 
+def available_cpus() -> int:
+    """The CPUs this process may run on: its affinity mask (``taskset``, SLURM's
+    ``--cpus-per-task``, MPI binding), not the machine's ``os.cpu_count()``. (numba sizes its
+    thread pool the same way when it is imported, and cannot grow it later.)"""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity call on this platform (macOS)
+        return os.cpu_count() or 1
+
+
 def set_threads(num_threads: int) -> int:
-    """Set the numba thread count (0 = all available); returns the count in use."""
+    """Set the numba thread count (0 = every CPU this process may use); returns the count in use."""
     limit = numba.config.NUMBA_NUM_THREADS
-    n = limit if num_threads <= 0 else min(num_threads, limit)
+    n = min(num_threads if num_threads > 0 else available_cpus(), limit)
     numba.set_num_threads(n)
     return n
