@@ -50,6 +50,19 @@ def test_bad_data_path_leaves_nothing_behind(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def test_reader_warnings_are_log_lines(tmp_path):
+    """Not Python's ``file:line: UserWarning`` report with a line of tgdist's code under it."""
+    rows = [f"{i % 7},{7 + i % 5},{i}" for i in range(300)]
+    rows[2], rows[3] = rows[3], rows[2]
+    (tmp_path / "u.csv").write_text("\n".join(rows) + "\n")
+    r = tgdist("train", "data=file", f"data.path={tmp_path / 'u.csv'}", f"data.cache_dir={tmp_path / 'cache'}",
+               *QUICK, f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    line = f"[WARNING] {tmp_path / 'u.csv'}:4: events are not sorted by time; sorting them stably"
+    assert line in r.stderr and "UserWarning" not in r.stderr
+    assert line in (tmp_path / "run" / "train.log").read_text()
+
+
 def test_task_without_labels_fails_before_training(tmp_path):
     """Also with the default run directory: the ``runs/`` folder made for it goes too."""
     r = tgdist("train", *QUICK, "train.task=edge", cwd=tmp_path)

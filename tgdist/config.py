@@ -11,10 +11,14 @@ from pathlib import Path
 from collections.abc import Callable
 from typing import Any, List, Optional
 
+import logging
 import os
+import warnings
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
+
+log = logging.getLogger(__name__)
 
 
 def config_dir() -> str:
@@ -121,9 +125,13 @@ def load_data(cfg: DataConfig):
     if cfg.format == "synthetic":
         from tgdist.runtime.synthetic import generate
         graph = generate(**vars(cfg.synthetic)) if not hasattr(cfg.synthetic, "_metadata") else generate(**dict(cfg.synthetic))
-    else:
-        graph = tdata.load_graph(cfg.path, format=cfg.format, columns=cfg.columns, bipartite=cfg.bipartite,
-                                 strict_order=cfg.strict_order, cache=cfg.cache, cache_dir=cfg.cache_dir)
+    else:  # the reader's warnings become log lines (stderr and the run's train.log), not Python's
+        with warnings.catch_warnings(record=True) as caught:  # file:line report with a code line
+            warnings.simplefilter("always", UserWarning)
+            graph = tdata.load_graph(cfg.path, format=cfg.format, columns=cfg.columns, bipartite=cfg.bipartite,
+                                     strict_order=cfg.strict_order, cache=cfg.cache, cache_dir=cfg.cache_dir)
+        for w in caught:
+            log.warning("%s", w.message)
     if cfg.max_events is not None and cfg.max_events < graph.num_events:
         graph = tdata.subset(graph, cfg.max_events)
     return graph

@@ -468,6 +468,31 @@ def test_unsorted_times_are_sorted_stably_with_a_warning(tmp_path, cache_dir):
     assert g.node_map[g.src].tolist() == [2, 4, 1, 3] and g.edge_feat[:, 0].tolist() == pytest.approx([0.2, 0.4, 0.1, 0.3])
 
 
+def test_unsorted_times_name_a_later_field_in_time_order(tmp_path, cache_dir, monkeypatch):
+    """SNAP's bitcoin files hold src,dst,rating,time: read as src,dst,t the times are out of order,
+    and the warning names the field that is in order and the columns to give. A cache entry repeats
+    it; with the columns named there is nothing to warn about."""
+    path = write(tmp_path / "b.csv", "6,2,4,100.5\n6,5,-2,101.5\n1,15,1,102.5\n")
+    hint = (loc(path, 2) + "events are not sorted by time; sorting them stably; field 4 is in time order: "
+            "if it holds the time, name the columns with \"data.columns='src,dst,feat,t'\" "
+            r"\(tgdist data: --columns src,dst,feat,t\)$")
+    with pytest.warns(UserWarning, match=hint):
+        g = load_graph(path)
+    assert g.t.tolist() == [-2, 1, 4]
+    monkeypatch.setattr(tdata, "_read_edgelist", None)  # the second load must come from the cache
+    with pytest.warns(UserWarning, match=hint):
+        assert load_graph(path).t.tolist() == [-2, 1, 4]
+    monkeypatch.undo()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        g = load_graph(path, columns="src,dst,feat,t")
+    assert g.t.tolist() == [100.5, 101.5, 102.5] and g.edge_feat[:, 0].tolist() == [4, -2, 1]
+    path = write(tmp_path / "c.txt", "1 2 5\n2 3 3\n")  # no other field: no hint
+    with pytest.warns(UserWarning) as caught:
+        load_graph(path)
+    assert str(caught[0].message).endswith("events are not sorted by time; sorting them stably")
+
+
 def test_unsorted_times_strict_is_an_error(tmp_path, cache_dir):
     path = write(tmp_path / "u.txt", "1 2 5\n2 3 6\n3 4 4\n")
     bad(cache_dir, loc(path, 3) + r"time 4 is earlier than the previous event's 6 \(data.strict_order=true\)",

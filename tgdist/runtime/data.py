@@ -361,7 +361,27 @@ def _read_edgelist(path: Path, data: bytes, columns: str | None) -> dict:
         feats = table.values[:, feat_cols].astype(np.float32)
         _check_finite(feats, table, "edge feature")
         out["edge_feat"] = feats
+    if not columns:
+        out["order_hint"] = _time_field_hint(table, out["t"])
     return out
+
+
+def _time_field_hint(table, t: np.ndarray) -> str | None:
+    """For a file read as ``src dst t [feat...]`` whose third field is out of time order: a hint
+    naming a later field that never decreases, the likely time (SNAP's bitcoin files put a rating
+    third and the time fourth)."""
+    v = table.values
+    if v.shape[1] < 4 or not (np.diff(t) < 0).any():
+        return None
+    for i in range(3, v.shape[1]):
+        col = v[:, i]
+        if np.isfinite(col).all() and col[-1] > col[0] and not (np.diff(col) < 0).any():
+            fields = ["src", "dst"] + ["feat"] * (v.shape[1] - 2)
+            fields[i] = "t"
+            names = ",".join(fields)
+            return (f"field {i + 1} is in time order: if it holds the time, name the columns with "
+                    f"\"data.columns='{names}'\" (tgdist data: --columns {names})")
+    return None
 
 
 def _read_jodie(path: Path, data: bytes) -> dict:
@@ -487,7 +507,8 @@ def _finish(raw: dict, *, name: str, source_hash: str, bipartite: bool | None, s
         where = f"{table.path}:{table.lines[first]}" if table is not None else f"{origin}: event {first}"
         if strict_order:
             raise DataError(f"{where}: time {t[first]} is earlier than the previous event's {t[first - 1]} (data.strict_order=true)")
-        warnings.warn(f"{where}: events are not sorted by time; sorting them stably", stacklevel=3)
+        hint = f"; {raw['order_hint']}" if raw.get("order_hint") else ""
+        warnings.warn(f"{where}: events are not sorted by time; sorting them stably{hint}", stacklevel=3)
         order = np.argsort(t, kind="stable")
         for k in ("src", "dst", "t", "edge_feat", "label", "ext_roll"):
             if raw.get(k) is not None:
@@ -582,15 +603,18 @@ def unwritable(folder: Path) -> str | None:
                 break
 
 
-def save_native(graph: TemporalGraph, path: str | Path) -> Path:
+def save_native(graph: TemporalGraph, path: str | Path, notes: list[str] | None = None) -> Path:
     """Write ``graph`` as an uncompressed .npz, atomically (a temp file renamed into place).
 
     A crash or an error while writing leaves no file at ``path`` and no temporary file behind.
+    ``notes``: warnings given while reading the source, repeated whenever the cache entry is used.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     meta = {"version": CACHE_VERSION, "num_nodes": graph.num_nodes, "bipartite": graph.bipartite,
             "num_src_nodes": graph.num_src_nodes, "name": graph.name, "source_hash": graph.source_hash}
+    if notes:
+        meta["notes"] = list(notes)
     arrays = {k: getattr(graph, k) for k in _ARRAYS if getattr(graph, k) is not None}
     if graph.node_labels is not None:
         arrays.update({k: getattr(graph.node_labels, f) for k, f in _LABEL_ARRAYS.items()})
@@ -608,6 +632,11 @@ def save_native(graph: TemporalGraph, path: str | Path) -> Path:
 
 def load_native(path: str | Path) -> TemporalGraph:
     """Read a graph written by ``save_native`` (any version up to ``CACHE_VERSION``)."""
+    return _read_native(path)[0]
+
+
+def _read_native(path: str | Path) -> tuple[TemporalGraph, list[str]]:
+    """``load_native``, and the notes stored with the graph."""
     path = Path(path)
     try:
         with np.load(path, allow_pickle=False) as z:
@@ -625,9 +654,10 @@ def load_native(path: str | Path) -> TemporalGraph:
     labels = None
     if all(k in arrays for k in _LABEL_ARRAYS):
         labels = NodeLabels(**{f: arrays[k] for k, f in _LABEL_ARRAYS.items()})
-    return TemporalGraph(num_nodes=meta["num_nodes"], bipartite=meta["bipartite"], num_src_nodes=meta["num_src_nodes"],
-                         name=meta["name"], source_hash=meta.get("source_hash", ""), node_labels=labels,
-                         **{k: arrays.get(k) for k in _ARRAYS})
+    graph = TemporalGraph(num_nodes=meta["num_nodes"], bipartite=meta["bipartite"], num_src_nodes=meta["num_src_nodes"],
+                          name=meta["name"], source_hash=meta.get("source_hash", ""), node_labels=labels,
+                          **{k: arrays.get(k) for k in _ARRAYS})
+    return graph, [str(n) for n in meta.get("notes", [])]
 
 
 def default_cache_dir() -> Path:
@@ -698,27 +728,35 @@ def load_graph(path: str | Path | None = None, *, format: str = "auto", columns:
     cache_file = Path(cache_dir or default_cache_dir()) / f"{gname}-{digest}.npz"
     if cache and cache_file.exists():
         try:
-            g = load_native(cache_file)
+            g, notes = _read_native(cache_file)
             log.debug("loaded %s from cache %s", gname, cache_file)
+            for note in notes:  # what reading the source said (unsorted events, a likely time column)
+                warnings.warn(note, stacklevel=2)
             return g
         except DataError:
             log.warning("ignoring unreadable cache entry %s", cache_file)
     start = time.perf_counter()
-    if fmt == "collegemsg":
-        raw = _read_collegemsg(origin, data)
-    elif fmt == "tgl":
-        raw = _read_tgl(origin)
-    elif fmt == "jodie":
-        raw = _read_jodie(origin, _read_bytes(origin))
-    elif fmt == "edgelist":
-        raw = _read_edgelist(origin, _read_bytes(origin), columns)
-    else:
-        raise DataError(f"format {fmt!r} is not readable from {origin}")
-    graph = _finish(raw, name=gname, source_hash=digest, bipartite=bipartite, strict_order=strict_order, origin=origin)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if fmt == "collegemsg":
+            raw = _read_collegemsg(origin, data)
+        elif fmt == "tgl":
+            raw = _read_tgl(origin)
+        elif fmt == "jodie":
+            raw = _read_jodie(origin, _read_bytes(origin))
+        elif fmt == "edgelist":
+            raw = _read_edgelist(origin, _read_bytes(origin), columns)
+        else:
+            raise DataError(f"format {fmt!r} is not readable from {origin}")
+        graph = _finish(raw, name=gname, source_hash=digest, bipartite=bipartite, strict_order=strict_order,
+                        origin=origin)
+    notes = [str(w.message) for w in caught if w.category is UserWarning]  # the readers' own
+    for w in caught:
+        warnings.warn(w.message, w.category, stacklevel=2)
     log.info("read %s in %.2fs", graph.describe(), time.perf_counter() - start)
     if cache:
         try:
-            save_native(graph, cache_file)
+            save_native(graph, cache_file, notes)
         except OSError as e:
             log.warning("could not write cache %s: %s", cache_file, e)
     return graph
