@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from tgdist.errors import ConfigError
+from tgdist.errors import ConfigError, DataError
 from tgdist.runtime.build import build_trainer, compose
 from tgdist.runtime.run import Run
 
@@ -179,7 +179,8 @@ def test_jodie_needs_no_fanouts(tmp_path):
 def _labelled_graph(kind: str, num_events: int = 3000, seed: int = 0):
     """Bipartite, 30 sources and 30 destinations in three communities (source s talks to
     destinations d with d % 3 == s % 3), which link prediction learns. ``node``: an event's label is
-    1 when its source is in community 0; ``edge``: three multi-label classes, the community."""
+    1 when its source is in community 0; ``edge``: three multi-label classes, the community;
+    ``classes``: the community as one integer column with values -2, 3 and 8."""
     from tgdist.runtime.data import TemporalGraph
 
     rng = np.random.default_rng(seed)
@@ -187,6 +188,8 @@ def _labelled_graph(kind: str, num_events: int = 3000, seed: int = 0):
     dst = 30 + src % 3 + 3 * rng.integers(0, 10, num_events)
     if kind == "node":
         label = (src % 3 == 0).astype(np.int64)
+    elif kind == "classes":
+        label = 5 * (src % 3) - 2
     else:
         label = np.zeros((num_events, 3), np.int64)
         label[np.arange(num_events), dst % 3] = 1
@@ -195,18 +198,35 @@ def _labelled_graph(kind: str, num_events: int = 3000, seed: int = 0):
                          bipartite=True, num_src_nodes=30)
 
 
-@pytest.mark.parametrize("task", ["node", "edge"])
-def test_downstream_classification_learns_labels(tmp_path, task):
+@pytest.mark.parametrize("task, kind", [("node", "node"), ("edge", "edge"), ("node", "classes"), ("edge", "classes")])
+def test_downstream_classification_learns_labels(tmp_path, task, kind):
     """The decoder on frozen embeddings learns labels the embeddings carry. Communities are
     encoded by DistTGL's static node memory pre-trained on the link task (dynamic memory alone
-    cannot tell structurally identical nodes apart on this graph: TGN's test AP stays at 0.5)."""
+    cannot tell structurally identical nodes apart on this graph: TGN's test AP stays at 0.5).
+    Integer classes are one class per event, not a 0/1 target: the F1 is over the three of them."""
     from tgdist.runtime.build import build_trainer
 
     cfg = compose(SMALL + ["train.epochs=1", "model.static_memory=true", "model.static_pretrain_epochs=40",
                            f"train.task={task}", "train.node_class_epochs=30",
                            f"run_dir={tmp_path / task}"])
-    summary = Run(cfg, tmp_path / task, trainer=build_trainer(cfg, graph=_labelled_graph(task))).train()
-    if task == "node":
+    summary = Run(cfg, tmp_path / task, trainer=build_trainer(cfg, graph=_labelled_graph(kind))).train()
+    if kind == "node":
         assert summary["test_node_auc"] > 0.9
     else:
         assert summary["test_f1_micro"] > 0.8 and summary["test_f1_macro"] > 0.8
+        assert summary.get("classes") == (3 if kind == "classes" else None)
+
+
+def test_class_targets():
+    from tgdist.runtime.data import MAX_CLASSES, class_targets
+
+    y, classes = class_targets(np.array([0, 1, 1]))
+    assert y.tolist() == [[0], [1], [1]] and classes is None
+    y, classes = class_targets(np.array([[0, 1], [1, 1]]))
+    assert y.tolist() == [[0, 1], [1, 1]] and classes is None
+    y, classes = class_targets(np.array([3, -1, 3, 0]))
+    assert classes.tolist() == [-1, 0, 3] and y.tolist() == [[0, 0, 1], [1, 0, 0], [0, 0, 1], [0, 1, 0]]
+    with pytest.raises(DataError, match=r"^d: multi-label targets \[events, classes\] must be 0 or 1$"):
+        class_targets(np.array([[0, 2]]), "d")
+    with pytest.raises(DataError, match=f"^d: the label column has {MAX_CLASSES + 1:,} distinct values"):
+        class_targets(np.arange(MAX_CLASSES + 1), "d")

@@ -15,7 +15,7 @@ from tgdist.config import load_data
 from tgdist.errors import ConfigError
 from tgdist.launcher.schedule import LR_SCALING_MODES, Layout
 from tgdist.runtime import kernels
-from tgdist.runtime.data import TemporalGraph, chronological_split
+from tgdist.runtime.data import TemporalGraph, chronological_split, class_targets
 from tgdist.runtime.models import build_model, use_cpu_kernels
 from tgdist.runtime.sampler import TCSR, NegativeSampler, TemporalSampler
 from tgdist.runtime.trainer import Trainer, memory_for, time_scale
@@ -102,8 +102,10 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
     graph = graph if graph is not None else load_data(cfg.data)
     log.info("%s", graph.describe())
     log.info("threads: %d torch, %d numba", torch_threads, numba_threads)
-    if cfg.train.task in ("node", "edge") and graph.label is None:  # found before training, not after
-        raise ConfigError(f"train.task={cfg.train.task} needs labels, and data {graph.name!r} has none")
+    if cfg.train.task in ("node", "edge"):  # found before training, not after
+        if graph.label is None:
+            raise ConfigError(f"train.task={cfg.train.task} needs labels, and data {graph.name!r} has none")
+        class_targets(graph.label, graph.name)
     split = chronological_split(graph, cfg.data.val_frac, cfg.data.test_frac)
     lo, hi = split.range("train")
     if hi <= lo and cfg.train.epochs > 0:

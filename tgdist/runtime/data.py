@@ -131,6 +131,33 @@ class Split:
                 "test": (self.val_end, self.num_events)}[part]
 
 
+MAX_CLASSES = 1024
+
+
+def class_targets(label: np.ndarray, name: str = "data") -> tuple[np.ndarray, np.ndarray | None]:
+    """Targets of a classifier on events: float32 ``[num_events, C]`` and, for one class per event,
+    the class values (None for 0/1 targets, which are used as they are).
+
+    0/1 labels, one column (a binary label such as Wikipedia's bans) or ``[num_events, C]``
+    (multi-label), are the targets. One integer column with other values (classes such as
+    bitcoin ratings -10..10) is one-hot over its distinct values, not read as a 0/1 target.
+    """
+    y = np.asarray(label)
+    if y.ndim == 2:
+        if not np.isin(y, (0, 1)).all():
+            raise DataError(f"{name}: multi-label targets [events, classes] must be 0 or 1")
+        return y.astype(np.float32), None
+    values, index = np.unique(y, return_inverse=True)
+    if np.isin(values, (0, 1)).all():
+        return y.astype(np.float32).reshape(-1, 1), None
+    if len(values) > MAX_CLASSES:
+        raise DataError(f"{name}: the label column has {len(values):,} distinct values, more than the "
+                        f"{MAX_CLASSES:,} classes a classifier is built for")
+    onehot = np.zeros((len(y), len(values)), np.float32)
+    onehot[np.arange(len(y)), index] = 1
+    return onehot, values
+
+
 def chronological_split(graph: TemporalGraph, val_frac: float = 0.15, test_frac: float = 0.15) -> Split:
     """Split events by time into train/val/test (70/15/15 by default).
 

@@ -20,6 +20,7 @@ from tgdist.config import model_tag
 from tgdist.errors import ConfigError
 from tgdist.runtime import checkpoint
 from tgdist.runtime.build import build_trainer
+from tgdist.runtime.data import class_targets
 from tgdist.runtime.metrics import f1_multilabel, roc_auc
 from tgdist.runtime.models import MLPClassifier
 from tgdist.runtime.trainer import Trainer
@@ -173,15 +174,22 @@ class Run:
         return torch.cat(hs), torch.cat(hd)
 
     def downstream(self, task: str) -> dict:
-        """Dynamic node classification (label of the source at each event, e.g. Wikipedia bans;
-        ROC-AUC) or edge classification (multi-label F1), with a decoder on frozen embeddings."""
+        """Dynamic node classification (label of the source at each event, e.g. Wikipedia bans) or
+        edge classification, with a decoder on frozen embeddings.
+
+        A 0/1 label gives ROC-AUC for the node task and F1 for the edge task; multi-label 0/1
+        targets give micro and macro F1 over their columns; integer classes (one per event) are
+        learnt with cross-entropy and give micro F1 (accuracy) and macro F1 over the classes."""
         tr, g = self.trainer, self.trainer.g
         if g.label is None:
             raise ConfigError(f"train.task={task} needs labels, and data {g.name!r} has none")
+        targets, classes = class_targets(g.label, g.name)
+        if classes is not None:
+            log.info("%s classification over %d classes (label values %s)", task, len(classes),
+                     ", ".join(str(c) for c in classes[:12]) + (", ..." if len(classes) > 12 else ""))
         hs, hd = self.collect_embeddings()
         x = hs if task == "node" else torch.cat([hs, hd], 1)
-        y = torch.from_numpy(np.asarray(g.label)).float()
-        y = y.view(-1, 1) if y.dim() == 1 else y
+        y = torch.from_numpy(targets).to(x.device)
         dec = MLPClassifier(x.shape[1], y.shape[1]).to(x.device)
         opt = torch.optim.Adam(dec.parameters(), lr=1e-3)
         lo, hi = tr.split.range("train")
@@ -190,22 +198,24 @@ class Run:
             dec.train()
             for s in range(lo, hi, 200):
                 e = min(s + 200, hi)
-                loss = F.binary_cross_entropy_with_logits(dec(x[s:e]), y[s:e].to(x.device),
-                                                          pos_weight=pos_w.to(x.device))
+                if classes is None:
+                    loss = F.binary_cross_entropy_with_logits(dec(x[s:e]), y[s:e], pos_weight=pos_w)
+                else:
+                    loss = F.cross_entropy(dec(x[s:e]), y[s:e].argmax(1))
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
         dec.eval()
-        res = {}
+        res = {} if classes is None else {"classes": len(classes)}
         with torch.no_grad():
             for part in ("val", "test"):
                 a, b = tr.split.range(part)
-                logits = dec(x[a:b]).cpu()
-                if task == "node":
-                    res[f"{part}_node_auc"] = roc_auc(y[a:b, 0].numpy(), logits[:, 0].numpy())
-                else:
-                    f1 = f1_multilabel(y[a:b].numpy() > 0.5, logits.numpy() > 0)
-                    res.update({f"{part}_{k}": v for k, v in f1.items()})
+                logits, truth = dec(x[a:b]).cpu().numpy(), y[a:b].cpu().numpy() > 0.5
+                if classes is None and task == "node":
+                    res[f"{part}_node_auc"] = roc_auc(truth[:, 0], logits[:, 0])
+                    continue
+                pred = logits > 0 if classes is None else np.eye(len(classes), dtype=bool)[logits.argmax(1)]
+                res.update({f"{part}_{k}": v for k, v in f1_multilabel(truth, pred).items()})
         log.info("%s classification: %s", task, res)
         return res
 
