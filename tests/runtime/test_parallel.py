@@ -66,11 +66,26 @@ def test_torchrun_layouts_train_every_event_the_expected_number_of_times(tmp_pat
                  f"parallel.k={k}", f"train.epochs={epochs}", "train.num_neg_eval=4", f"run_dir={tmp_path / 'run'}",
                  cwd=tmp_path)
     summary = json.loads(r.stdout.strip().splitlines()[-1])
-    assert summary["parallel"] == f"{i} x {j} x {k}"
+    assert summary["parallel"] == f"{i} x {j} x {k}" and summary["replicas_identical"] is True
     assert summary["traversed_events"] == epochs * train_events(*SMALL)  # as many as the single-process run
     assert 0.0 <= summary["test_ap"] <= 1.0
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["test_ap"] == summary["test_ap"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no per-rank leftovers
+
+
+def test_static_pretraining_and_node_task_in_a_parallel_run(tmp_path):
+    """Rank 0 pre-trains the static memory and every replica starts from its result (else rank 1's
+    model would differ from rank 0's at the end); rank 0 trains the node-task decoder."""
+    rows = ["u,i,ts,label"] + [f"{e % 30},{e * 7 % 30},{e},{int(e % 30 % 3 == 0)}" for e in range(1500)]
+    (tmp_path / "labelled.csv").write_text("\n".join(rows) + "\n")
+    r = torchrun(2, "-m", "tgdist.train", *SMALL, "data=file", f"data.path={tmp_path / 'labelled.csv'}",
+                 f"data.cache_dir={tmp_path / 'cache'}", "train.batch_size=100", "parallel.i=2", "train.epochs=1",
+                 "train.num_neg_eval=4", "model.static_memory=true", "model.static_pretrain_epochs=2",
+                 "train.task=node", "train.node_class_epochs=2", f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["replicas_identical"] is True
+    assert 0.0 <= summary["test_node_auc"] <= 1.0 and 0.0 <= summary["val_node_auc"] <= 1.0
+    assert r.stderr.count("static memory pre-training epoch 1") == 1  # rank 0 only
 
 
 def test_layout_not_matching_the_world_fails_before_training(tmp_path):

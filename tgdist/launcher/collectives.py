@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
-__all__ = ["ByteCounter", "Traffic", "all_reduce_mean", "all_gather_object", "broadcast_object", "barrier", "group_size"]
+__all__ = ["ByteCounter", "Traffic", "all_reduce_mean", "all_gather_object", "broadcast_object", "broadcast_tensors", "barrier", "group_size"]
 
 
 @dataclass
@@ -96,6 +96,20 @@ def all_reduce_mean(tensors: Sequence[torch.Tensor], group=None, name: str = "al
             offset += t.numel()
         nbytes += flat.numel() * flat.element_size()
     counter.add(name, sent=nbytes, received=nbytes)
+    return tensors
+
+
+def broadcast_tensors(tensors: Sequence[torch.Tensor], src: int = 0, group=None, name: str = "broadcast",
+                      counter: ByteCounter | None = None) -> Sequence[torch.Tensor]:
+    """Overwrite ``tensors`` in place with those of global rank ``src``, on every rank of ``group``."""
+    counter = DEFAULT_COUNTER if counter is None else counter
+    if not _active(group):
+        return tensors
+    nbytes = 0
+    for t in tensors:
+        dist.broadcast(t.data, src=src, group=group)
+        nbytes += t.numel() * t.element_size()
+    counter.add(name, **({"sent": nbytes} if dist.get_rank() == src else {"received": nbytes}))
     return tensors
 
 

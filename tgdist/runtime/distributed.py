@@ -18,6 +18,7 @@ gives it. What changes, and why results stay comparable:
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -36,7 +37,7 @@ from tgdist.launcher.schedule import Layout, num_iterations, scaled_lr, step
 from tgdist.runtime import checkpoint
 from tgdist.runtime.kernels import available_cpus
 from tgdist.runtime.memory import LocalMemory, MemoryRead
-from tgdist.runtime.trainer import Trainer
+from tgdist.runtime.trainer import Trainer, memory_for
 
 log = logging.getLogger(__name__)
 
@@ -260,6 +261,14 @@ def _fault_injection(rank: int) -> int | None:
     return it if r == rank else None
 
 
+def model_digest(model: torch.nn.Module) -> str:
+    """A hash of every parameter's bytes: the same on every rank while the replicas are one model."""
+    h = hashlib.blake2b(digest_size=16)
+    for p in model.parameters():
+        h.update(p.detach().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
 def cpu_share(group) -> int:
     """CPU threads for this trainer: its affinity mask divided among the processes of this machine
     in ``group`` that have the same mask. Ranks that share the machine unbound (torchrun) split it;
@@ -277,7 +286,7 @@ def run_parallel(cfg: DictConfig, run_dir) -> dict:
     """Train with ``cfg.parallel`` under torchrun / SLURM / MPI; returns the summary (rank 0's)."""
     from tgdist.launcher.world import ProcessGroups, detect, validate
     from tgdist.runtime.build import build_trainer
-    from tgdist.runtime.run import Run
+    from tgdist.runtime.run import Run, pretrain_static
 
     world = detect()
     rank_logging(world.rank)
@@ -292,6 +301,13 @@ def run_parallel(cfg: DictConfig, run_dir) -> dict:
         trainer = build_trainer(run_cfg, progress=False, cpus=cpu_share(groups.get("world")))
         validate(layout, world, backend, num_train_events=trainer.split.range("train")[1],
                  batch_size=cfg.train.batch_size, epochs=cfg.train.epochs)
+        if cfg.model.static_memory and cfg.model.static_pretrain_epochs > 0 and not cfg.train.resume:
+            # DistTGL 3.1 pre-training is cheap: rank 0 runs it, and every replica starts from its result
+            if world.rank == 0:
+                pretrain_static(trainer, cfg.model.static_pretrain_epochs)
+            m = trainer.model
+            collectives.broadcast_tensors([*m.static.parameters(), *m.predictor.parameters()],
+                                          group=groups.get("world"), name="static_pretrain")
         par = ParallelRun(trainer, layout, world.rank, groups, cfg.train.epochs, ckpt_dir=Path(run_dir) / "checkpoints",
                           ckpt_every=cfg.train.checkpoint_every, cfg=cfg)
         if backend == "depcache":
@@ -303,7 +319,12 @@ def run_parallel(cfg: DictConfig, run_dir) -> dict:
         if cfg.train.resume:  # every rank reads the same files (one machine or a shared file system)
             par.load(checkpoint.find(cfg.train.resume))
         res = par.train(progress=world.rank == 0 and cfg.train.progress)
-        stats = collectives.all_gather_object({**res, "losses": par.losses}, groups.get("world"))
+        stats = collectives.all_gather_object({**res, "losses": par.losses, "model": model_digest(trainer.model)},
+                                              groups.get("world"))
+        replicas_identical = len({s["model"] for s in stats}) == 1
+        if not replicas_identical and world.rank == 0:
+            log.warning("the trainers' model replicas differ after training (%d distinct parameter digests "
+                        "over %d ranks); rank 0's model is evaluated", len({s["model"] for s in stats}), len(stats))
         summary = None
         if backend == "daemon" and world.rank != 0:
             trainer.memory.finish()  # rank 0 evaluates alone on group 0's memory
@@ -312,6 +333,8 @@ def run_parallel(cfg: DictConfig, run_dir) -> dict:
                 trainer.memory.sync = False
             trainer.grad_hook = None
             metrics = {**trainer.evaluate("val"), **trainer.evaluate("test")}
+            if cfg.train.task in ("node", "edge"):
+                metrics.update(_downstream_alone(trainer, cfg))
             loss_sum = sum(l for s in stats for _, l, _ in s["losses"])
             events = sum(e for s in stats for _, _, e in s["losses"])
             summary = {"run_dir": str(run_dir), "data": cfg.data.name,
@@ -320,7 +343,7 @@ def run_parallel(cfg: DictConfig, run_dir) -> dict:
                        "batch_size": cfg.train.batch_size, "lr": lr, "iterations": par.iterations,
                        "loss": loss_sum / max(events, 1), "traversed_events": events, **metrics,
                        "train_events_per_s": events / max(s["rank_seconds"] for s in stats),
-                       "communication": par.counter.as_dict()}
+                       "replicas_identical": replicas_identical, "communication": par.counter.as_dict()}
             Run.write_summary(run_dir, run_cfg, summary)
         summary = collectives.broadcast_object(summary, src=0, group=groups.get("world"))
         # every rank is done before any tears its process group down: a rank that leaves while a
@@ -335,6 +358,18 @@ def run_parallel(cfg: DictConfig, run_dir) -> dict:
             daemon.stop()  # the daemon unlinks its segments on the way out
         trainer = par = None  # they hold group handles; destroy() frees the groups only with the last one
         groups.destroy()
+
+
+def _downstream_alone(trainer: Trainer, cfg: DictConfig) -> dict:
+    """The node / edge task's decoder, on this rank alone: its replay of the stream from empty
+    memory runs on a memory of its own, not on the group's shared copy."""
+    from tgdist.runtime.run import downstream
+
+    shared, trainer.memory = trainer.memory, memory_for(trainer.model, trainer.g.num_nodes).to(trainer.device)
+    try:
+        return downstream(trainer, cfg.train.task, cfg.train.node_class_epochs)
+    finally:  # no reference to the shared copy (it holds a process group) outlives this call
+        trainer.memory = shared
 
 
 def _attach_daemon(trainer: Trainer, cfg: DictConfig, layout: Layout, rank: int, groups):

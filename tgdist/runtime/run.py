@@ -61,7 +61,7 @@ class Run:
                 log.warning("nothing left to train: the checkpoint is after epoch %d and train.epochs=%d (raise it "
                             "to continue); reporting the checkpoint's results", start_epoch, cfg.train.epochs)
         elif cfg.model.static_memory and cfg.model.static_pretrain_epochs > 0:
-            self.pretrain_static(cfg.model.static_pretrain_epochs)
+            pretrain_static(tr, cfg.model.static_pretrain_epochs)
         num_batches = len(range(*tr.split.range("train"), tr.batch_size))
         every = cfg.train.checkpoint_every
         stop_after = cfg.train.stop_after_batches
@@ -104,7 +104,7 @@ class Run:
                 self._checkpoint(epoch + 1, 0)
         summary = self.summary()
         if cfg.train.task in ("node", "edge"):
-            summary.update(self.downstream(cfg.train.task))
+            summary.update(downstream(tr, cfg.train.task, cfg.train.node_class_epochs))
         (self.dir / "summary.json").write_text(json.dumps(summary, indent=1))
         return summary
 
@@ -131,93 +131,92 @@ class Run:
         out["traversed_events"] = int(sum(h["train_events"] for h in self.history))
         return out
 
-    # ------------------------------------------------------------------------------------------
 
-    def pretrain_static(self, epochs: int) -> None:
-        """DistTGL 3.1: pre-train the static node memory on the same link task, without dynamic
-        memory (every event supervises it, whatever the batch size)."""
-        tr = self.trainer
-        static, pred = tr.model.static, tr.model.predictor
-        lr = max(tr.optimizer.param_groups[0]["lr"], 1e-3)
-        opt = torch.optim.Adam(list(static.parameters()) + list(pred.parameters()), lr=lr)
-        lo, hi = tr.split.range("train")
-        src = torch.from_numpy(tr.g.src[lo:hi])
-        dst = torch.from_numpy(tr.g.dst[lo:hi])
-        for ep in range(epochs):
-            total = 0.0
-            for s in range(0, hi - lo, 4 * tr.batch_size):
-                e = min(s + 4 * tr.batch_size, hi - lo)
-                neg = torch.from_numpy(tr.negatives.train(e - s, 1)[:, 0])
-                hs = static(src[s:e].to(tr.device))
-                pos = pred(hs, static(dst[s:e].to(tr.device)).unsqueeze(1))
-                negl = pred(hs, static(neg.to(tr.device)).unsqueeze(1))
-                loss = F.binary_cross_entropy_with_logits(pos, torch.ones_like(pos)) + \
-                    F.binary_cross_entropy_with_logits(negl, torch.zeros_like(negl))
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                total += float(loss.detach()) * (e - s)
-            log.info("static memory pre-training epoch %d: loss %.4f", ep, total / max(hi - lo, 1))
+def pretrain_static(tr: Trainer, epochs: int) -> None:
+    """DistTGL 3.1: pre-train the static node memory on the same link task, without dynamic
+    memory (every event supervises it, whatever the batch size)."""
+    static, pred = tr.model.static, tr.model.predictor
+    lr = max(tr.optimizer.param_groups[0]["lr"], 1e-3)
+    opt = torch.optim.Adam(list(static.parameters()) + list(pred.parameters()), lr=lr)
+    lo, hi = tr.split.range("train")
+    src = torch.from_numpy(tr.g.src[lo:hi])
+    dst = torch.from_numpy(tr.g.dst[lo:hi])
+    for ep in range(epochs):
+        total = 0.0
+        for s in range(0, hi - lo, 4 * tr.batch_size):
+            e = min(s + 4 * tr.batch_size, hi - lo)
+            neg = torch.from_numpy(tr.negatives.train(e - s, 1)[:, 0])
+            hs = static(src[s:e].to(tr.device))
+            pos = pred(hs, static(dst[s:e].to(tr.device)).unsqueeze(1))
+            negl = pred(hs, static(neg.to(tr.device)).unsqueeze(1))
+            loss = F.binary_cross_entropy_with_logits(pos, torch.ones_like(pos)) + \
+                F.binary_cross_entropy_with_logits(negl, torch.zeros_like(negl))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            total += float(loss.detach()) * (e - s)
+        log.info("static memory pre-training epoch %d: loss %.4f", ep, total / max(hi - lo, 1))
 
-    @torch.no_grad()
-    def collect_embeddings(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Replay the whole stream from empty memory; src and dst embeddings ``[num_events, dim]``."""
-        tr = self.trainer
-        tr.model.eval()
-        tr.memory.reset_state()
-        hs, hd = [], []
-        for s in range(0, tr.g.num_events, tr.batch_size):
-            e = min(s + tr.batch_size, tr.g.num_events)
-            out = tr.step(s, e, tr.negatives.fixed("train", s, e, 1), train=False, keep_emb=True)
-            hs.append(out.h_src)
-            hd.append(out.h_dst)
-        return torch.cat(hs), torch.cat(hd)
 
-    def downstream(self, task: str) -> dict:
-        """Dynamic node classification (label of the source at each event, e.g. Wikipedia bans) or
-        edge classification, with a decoder on frozen embeddings.
+@torch.no_grad()
+def collect_embeddings(tr: Trainer) -> tuple[torch.Tensor, torch.Tensor]:
+    """Replay the whole stream from empty memory; src and dst embeddings ``[num_events, dim]``."""
+    tr.model.eval()
+    tr.memory.reset_state()
+    hs, hd = [], []
+    for s in range(0, tr.g.num_events, tr.batch_size):
+        e = min(s + tr.batch_size, tr.g.num_events)
+        out = tr.step(s, e, tr.negatives.fixed("train", s, e, 1), train=False, keep_emb=True)
+        hs.append(out.h_src)
+        hd.append(out.h_dst)
+    return torch.cat(hs), torch.cat(hd)
 
-        A 0/1 label gives ROC-AUC for the node task and F1 for the edge task; multi-label 0/1
-        targets give micro and macro F1 over their columns; integer classes (one per event) are
-        learnt with cross-entropy and give micro F1 (accuracy) and macro F1 over the classes."""
-        tr, g = self.trainer, self.trainer.g
-        if g.label is None:
-            raise ConfigError(f"train.task={task} needs labels, and data {g.name!r} has none")
-        targets, classes = class_targets(g.label, g.name)
-        if classes is not None:
-            log.info("%s classification over %d classes (label values %s)", task, len(classes),
-                     ", ".join(str(c) for c in classes[:12]) + (", ..." if len(classes) > 12 else ""))
-        hs, hd = self.collect_embeddings()
-        x = hs if task == "node" else torch.cat([hs, hd], 1)
-        y = torch.from_numpy(targets).to(x.device)
-        dec = MLPClassifier(x.shape[1], y.shape[1]).to(x.device)
-        opt = torch.optim.Adam(dec.parameters(), lr=1e-3)
-        lo, hi = tr.split.range("train")
-        pos_w = ((y[lo:hi] == 0).sum(0) / (y[lo:hi] == 1).sum(0).clamp(min=1)).clamp(max=100)
-        for _ in range(self.cfg.train.node_class_epochs):
-            dec.train()
-            for s in range(lo, hi, 200):
-                e = min(s + 200, hi)
-                if classes is None:
-                    loss = F.binary_cross_entropy_with_logits(dec(x[s:e]), y[s:e], pos_weight=pos_w)
-                else:
-                    loss = F.cross_entropy(dec(x[s:e]), y[s:e].argmax(1))
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-        dec.eval()
-        res = {} if classes is None else {"classes": len(classes)}
-        with torch.no_grad():
-            for part in ("val", "test"):
-                a, b = tr.split.range(part)
-                logits, truth = dec(x[a:b]).cpu().numpy(), y[a:b].cpu().numpy() > 0.5
-                if classes is None and task == "node":
-                    res[f"{part}_node_auc"] = roc_auc(truth[:, 0], logits[:, 0])
-                    continue
-                pred = logits > 0 if classes is None else np.eye(len(classes), dtype=bool)[logits.argmax(1)]
-                res.update({f"{part}_{k}": v for k, v in f1_multilabel(truth, pred).items()})
-        log.info("%s classification: %s", task, res)
-        return res
+
+def downstream(tr: Trainer, task: str, epochs: int) -> dict:
+    """Dynamic node classification (label of the source at each event, e.g. Wikipedia bans) or
+    edge classification, with a decoder trained for ``epochs`` on frozen embeddings.
+
+    A 0/1 label gives ROC-AUC for the node task and F1 for the edge task; multi-label 0/1
+    targets give micro and macro F1 over their columns; integer classes (one per event) are
+    learnt with cross-entropy and give micro F1 (accuracy) and macro F1 over the classes."""
+    g = tr.g
+    if g.label is None:
+        raise ConfigError(f"train.task={task} needs labels, and data {g.name!r} has none")
+    targets, classes = class_targets(g.label, g.name)
+    if classes is not None:
+        log.info("%s classification over %d classes (label values %s)", task, len(classes),
+                 ", ".join(str(c) for c in classes[:12]) + (", ..." if len(classes) > 12 else ""))
+    hs, hd = collect_embeddings(tr)
+    x = hs if task == "node" else torch.cat([hs, hd], 1)
+    y = torch.from_numpy(targets).to(x.device)
+    dec = MLPClassifier(x.shape[1], y.shape[1]).to(x.device)
+    opt = torch.optim.Adam(dec.parameters(), lr=1e-3)
+    lo, hi = tr.split.range("train")
+    pos_w = ((y[lo:hi] == 0).sum(0) / (y[lo:hi] == 1).sum(0).clamp(min=1)).clamp(max=100)
+    for _ in range(epochs):
+        dec.train()
+        for s in range(lo, hi, 200):
+            e = min(s + 200, hi)
+            if classes is None:
+                loss = F.binary_cross_entropy_with_logits(dec(x[s:e]), y[s:e], pos_weight=pos_w)
+            else:
+                loss = F.cross_entropy(dec(x[s:e]), y[s:e].argmax(1))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    dec.eval()
+    res = {} if classes is None else {"classes": len(classes)}
+    with torch.no_grad():
+        for part in ("val", "test"):
+            a, b = tr.split.range(part)
+            logits, truth = dec(x[a:b]).cpu().numpy(), y[a:b].cpu().numpy() > 0.5
+            if classes is None and task == "node":
+                res[f"{part}_node_auc"] = roc_auc(truth[:, 0], logits[:, 0])
+                continue
+            pred = logits > 0 if classes is None else np.eye(len(classes), dtype=bool)[logits.argmax(1)]
+            res.update({f"{part}_{k}": v for k, v in f1_multilabel(truth, pred).items()})
+    log.info("%s classification: %s", task, res)
+    return res
 
 
 class _Stop(Exception):
