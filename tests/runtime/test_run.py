@@ -1,5 +1,6 @@
 """Whole runs: determinism, checkpoint/resume, config checks, downstream tasks, metric files."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -215,6 +216,66 @@ def test_downstream_classification_learns_labels(tmp_path, task, kind):
     else:
         assert summary["test_f1_micro"] > 0.8 and summary["test_f1_macro"] > 0.8
         assert summary.get("classes") == (3 if kind == "classes" else None)
+
+
+def _node_labelled_graph(num_events: int = 3000, seed: int = 0):
+    """``_labelled_graph``'s communities, labelled the TGL way: node labels at times (a source is 1
+    in community 0), no label per event."""
+    from tgdist.runtime.data import NodeLabels
+
+    g = _labelled_graph("node", num_events, seed)
+    rng = np.random.default_rng(seed + 1)
+    t = np.sort(rng.integers(0, num_events + 50, 1200))  # some after the last event
+    node = rng.integers(0, 30, 1200)
+    g.label, g.node_labels = None, NodeLabels(node, t, (node % 3 == 0).astype(np.int64))
+    return g
+
+
+@pytest.mark.parametrize("model", ["tgn", "jodie"])
+def test_embed_is_the_embedding_a_batch_root_gets(model):
+    """``Trainer.embed`` of (node, time) queries before a batch equals the embedding the batch gives
+    the same nodes as roots at the same times, and writes no memory."""
+    tr = build_trainer(compose(SMALL + [f"model={model}", "train.epochs=1"]), graph=_labelled_graph("node"))
+    tr.model.eval()
+    for s, e in list(tr.batches("train"))[:5]:
+        tr.step(s, e, tr.negatives.train(e - s, 1), train=False)
+    s, e = s + 100, e + 100
+    mem, mail = tr.memory.mem.clone(), tr.memory.mail.clone()
+    queried = tr.embed(tr.g.src[s:e], tr.g.t[s:e])
+    assert torch.equal(tr.memory.mem, mem) and torch.equal(tr.memory.mail, mail)
+    out = tr.step(s, e, tr.negatives.train(e - s, 1), train=False, keep_emb=True)
+    torch.testing.assert_close(queried, out.h_src, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(tr.memory.mem, mem)  # the step did write
+
+
+def test_node_task_on_node_labels_at_times(tmp_path):
+    """TGL ``labels.csv``: labels of nodes at times, not of events. Each is embedded from the
+    events before its time and split by time with the events; the decoder learns them."""
+    from tgdist.runtime.build import build_trainer
+    from tgdist.runtime.data import chronological_split, label_ranges
+
+    g = _node_labelled_graph()
+    cfg = compose(SMALL + ["train.epochs=1", "model.static_memory=true", "model.static_pretrain_epochs=40",
+                           "train.task=node", "train.node_class_epochs=30", f"run_dir={tmp_path / 'n'}"])
+    summary = Run(cfg, tmp_path / "n", trainer=build_trainer(cfg, graph=g)).train()
+    assert summary["test_node_auc"] > 0.9 and summary["val_node_auc"] > 0.9
+    ranges = label_ranges(g.node_labels, g, chronological_split(g))
+    (t0, t1), (v0, v1), (s0, s1) = ranges.values()
+    split = chronological_split(g)
+    assert t0 == 0 and t1 == v0 and v1 == s0 and s1 == len(g.node_labels) and min(t1, v1 - v0, s1 - s0) > 0
+    assert g.node_labels.t[t1 - 1] < g.t[split.train_end] <= g.node_labels.t[t1]
+
+
+def test_node_labels_at_times_are_checked_before_training():
+    from tgdist.runtime.build import build_trainer
+
+    g = _node_labelled_graph()
+    with pytest.raises(ConfigError, match="^train.task=edge needs a label per event, and data 'g' has node labels "
+                                          r"at times \(labels.csv\) only: use train.task=node$"):
+        build_trainer(compose(SMALL + ["train.task=edge"]), graph=dataclasses.replace(g, name="g"))
+    late = dataclasses.replace(g.node_labels, t=g.node_labels.t + 10**6)
+    with pytest.raises(ConfigError, match="none of the 1,200 node labels of data 'g' falls before the validation"):
+        build_trainer(compose(SMALL + ["train.task=node"]), graph=dataclasses.replace(g, name="g", node_labels=late))
 
 
 def test_class_targets():

@@ -15,7 +15,12 @@ from tgdist.config import load_data
 from tgdist.errors import ConfigError
 from tgdist.launcher.schedule import LR_SCALING_MODES, Layout
 from tgdist.runtime import kernels
-from tgdist.runtime.data import TemporalGraph, chronological_split, class_targets
+from tgdist.runtime.data import (
+    TemporalGraph,
+    chronological_split,
+    class_targets,
+    label_ranges,
+)
 from tgdist.runtime.models import build_model, use_cpu_kernels
 from tgdist.runtime.sampler import TCSR, NegativeSampler, TemporalSampler
 from tgdist.runtime.trainer import Trainer, memory_for, time_scale
@@ -85,6 +90,25 @@ def validate(cfg: DictConfig) -> None:
     resolve_device(t.device)  # cuda where there is none: refused here, before the data is read
 
 
+def check_labels(task: str, graph: TemporalGraph, split) -> None:
+    """The labels ``train.task=node|edge`` will use exist and make targets (a ConfigError or
+    DataError otherwise, before any training): per-event labels, or for the node task the node
+    labels at times of a TGL ``labels.csv``, of which some fall in the training part."""
+    if graph.label is not None:
+        class_targets(graph.label, graph.name)
+        return
+    if graph.node_labels is None:
+        raise ConfigError(f"train.task={task} needs labels, and data {graph.name!r} has none")
+    if task == "edge":
+        raise ConfigError(f"train.task=edge needs a label per event, and data {graph.name!r} has node labels at "
+                          f"times (labels.csv) only: use train.task=node")
+    class_targets(graph.node_labels.label, graph.name)
+    lo, hi = label_ranges(graph.node_labels, graph, split)["train"]
+    if hi <= lo:
+        raise ConfigError(f"train.task=node: none of the {len(graph.node_labels):,} node labels of data {graph.name!r} "
+                          f"falls before the validation part, so the decoder has nothing to learn from")
+
+
 def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: str | None = None,
                   progress: bool | None = None, cpus: int | None = None) -> Trainer:
     """Data, split, model, memory, sampler and optimizer as ``cfg`` says.
@@ -102,11 +126,9 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
     graph = graph if graph is not None else load_data(cfg.data)
     log.info("%s", graph.describe())
     log.info("threads: %d torch, %d numba", torch_threads, numba_threads)
-    if cfg.train.task in ("node", "edge"):  # found before training, not after
-        if graph.label is None:
-            raise ConfigError(f"train.task={cfg.train.task} needs labels, and data {graph.name!r} has none")
-        class_targets(graph.label, graph.name)
     split = chronological_split(graph, cfg.data.val_frac, cfg.data.test_frac)
+    if cfg.train.task in ("node", "edge"):  # found before training, not after
+        check_labels(cfg.train.task, graph, split)
     lo, hi = split.range("train")
     if hi <= lo and cfg.train.epochs > 0:
         n = graph.num_events

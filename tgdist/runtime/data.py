@@ -131,6 +131,17 @@ class Split:
                 "test": (self.val_end, self.num_events)}[part]
 
 
+def label_ranges(labels: NodeLabels, graph: TemporalGraph, split: Split) -> dict[str, tuple[int, int]]:
+    """Row ranges of the (time-sorted) node labels in the train, val and test parts: a label
+    belongs to the part of the events at its time (val from the first validation event's time on,
+    test from the first test event's)."""
+    def cut(event: int) -> int:
+        return int(np.searchsorted(labels.t, graph.t[event], side="left")) if event < graph.num_events else len(labels)
+
+    v, s = cut(split.train_end), cut(split.val_end)
+    return {"train": (0, v), "val": (v, s), "test": (s, len(labels))}
+
+
 MAX_CLASSES = 1024
 
 

@@ -17,10 +17,9 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
 from tgdist.config import model_tag
-from tgdist.errors import ConfigError
 from tgdist.runtime import checkpoint
-from tgdist.runtime.build import build_trainer
-from tgdist.runtime.data import class_targets
+from tgdist.runtime.build import build_trainer, check_labels
+from tgdist.runtime.data import NodeLabels, class_targets, label_ranges
 from tgdist.runtime.metrics import f1_multilabel, roc_auc
 from tgdist.runtime.models import MLPClassifier
 from tgdist.runtime.trainer import Trainer
@@ -159,39 +158,64 @@ def pretrain_static(tr: Trainer, epochs: int) -> None:
 
 
 @torch.no_grad()
-def collect_embeddings(tr: Trainer) -> tuple[torch.Tensor, torch.Tensor]:
-    """Replay the whole stream from empty memory; src and dst embeddings ``[num_events, dim]``."""
+def collect_embeddings(tr: Trainer, labels: NodeLabels | None = None):
+    """Replay the whole stream from empty memory. Returns the src and dst embeddings
+    ``[num_events, dim]`` and, with ``labels``, the embeddings of ``labels.node`` at ``labels.t``
+    ``[num_labels, dim]`` (else None). A label is embedded as a root of the first batch whose last
+    event is at or after its time would be, from the memory before that batch: from events
+    strictly before it."""
     tr.model.eval()
     tr.memory.reset_state()
-    hs, hd = [], []
+    hs, hd, hl = [], [], []
+    done = 0
+
+    def embed_labels(upto: int) -> None:
+        nonlocal done
+        for a in range(done, upto, 4 * tr.batch_size):
+            b = min(a + 4 * tr.batch_size, upto)
+            hl.append(tr.embed(labels.node[a:b], labels.t[a:b]))
+        done = max(done, upto)
+
     for s in range(0, tr.g.num_events, tr.batch_size):
         e = min(s + tr.batch_size, tr.g.num_events)
+        if labels is not None:
+            embed_labels(int(np.searchsorted(labels.t, tr.g.t[e - 1], side="right")))
         out = tr.step(s, e, tr.negatives.fixed("train", s, e, 1), train=False, keep_emb=True)
         hs.append(out.h_src)
         hd.append(out.h_dst)
-    return torch.cat(hs), torch.cat(hd)
+    if labels is not None:
+        embed_labels(len(labels))
+    return torch.cat(hs), torch.cat(hd), (torch.cat(hl) if hl else None)
 
 
 def downstream(tr: Trainer, task: str, epochs: int) -> dict:
-    """Dynamic node classification (label of the source at each event, e.g. Wikipedia bans) or
-    edge classification, with a decoder trained for ``epochs`` on frozen embeddings.
+    """Dynamic node classification (the label of the source at each event, e.g. Wikipedia bans,
+    or TGL ``labels.csv`` node labels at times) or edge classification, with a decoder trained
+    for ``epochs`` on frozen embeddings.
 
     A 0/1 label gives ROC-AUC for the node task and F1 for the edge task; multi-label 0/1
     targets give micro and macro F1 over their columns; integer classes (one per event) are
     learnt with cross-entropy and give micro F1 (accuracy) and macro F1 over the classes."""
     g = tr.g
-    if g.label is None:
-        raise ConfigError(f"train.task={task} needs labels, and data {g.name!r} has none")
-    targets, classes = class_targets(g.label, g.name)
+    check_labels(task, g, tr.split)
+    if g.label is None:  # node labels at times (check_labels: task node)
+        targets, classes = class_targets(g.node_labels.label, g.name)
+        x = collect_embeddings(tr, g.node_labels)[2]
+        ranges = label_ranges(g.node_labels, g, tr.split)
+        log.info("node classification on %s node labels (train %d, val %d, test %d)", f"{len(g.node_labels):,}",
+                 *(b - a for a, b in ranges.values()))
+    else:
+        targets, classes = class_targets(g.label, g.name)
+        hs, hd, _ = collect_embeddings(tr)
+        x = hs if task == "node" else torch.cat([hs, hd], 1)
+        ranges = {part: tr.split.range(part) for part in ("train", "val", "test")}
     if classes is not None:
         log.info("%s classification over %d classes (label values %s)", task, len(classes),
                  ", ".join(str(c) for c in classes[:12]) + (", ..." if len(classes) > 12 else ""))
-    hs, hd = collect_embeddings(tr)
-    x = hs if task == "node" else torch.cat([hs, hd], 1)
     y = torch.from_numpy(targets).to(x.device)
     dec = MLPClassifier(x.shape[1], y.shape[1]).to(x.device)
     opt = torch.optim.Adam(dec.parameters(), lr=1e-3)
-    lo, hi = tr.split.range("train")
+    lo, hi = ranges["train"]
     pos_w = ((y[lo:hi] == 0).sum(0) / (y[lo:hi] == 1).sum(0).clamp(min=1)).clamp(max=100)
     for _ in range(epochs):
         dec.train()
@@ -208,7 +232,7 @@ def downstream(tr: Trainer, task: str, epochs: int) -> dict:
     res = {} if classes is None else {"classes": len(classes)}
     with torch.no_grad():
         for part in ("val", "test"):
-            a, b = tr.split.range(part)
+            a, b = ranges[part]
             logits, truth = dec(x[a:b]).cpu().numpy(), y[a:b].cpu().numpy() > 0.5
             if classes is None and task == "node":
                 res[f"{part}_node_auc"] = roc_auc(truth[:, 0], logits[:, 0])

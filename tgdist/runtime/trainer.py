@@ -136,18 +136,26 @@ class Trainer:
         """Phases sample, features and memory read: everything before the model runs. Parallel
         modes call it ahead of ``compute`` (epoch parallelism reads memory before the write of the
         position it will train later)."""
-        g, model, dev, tm = self.g, self.model, self.device, self.timer
+        g = self.g
         num_neg = neg.shape[1]
-
-        # sample: roots are [src (b) | dst (b) | neg column 0 (b) | neg column 1 (b) | ...]
-        t0 = time.perf_counter()
+        # roots are [src (b) | dst (b) | neg column 0 (b) | neg column 1 (b) | ...]
         roots = np.concatenate([g.src[lo:hi], g.dst[lo:hi], neg.T.reshape(-1)])
-        root_t = np.tile(g.t[lo:hi], 2 + num_neg)
-        hops = self.sampler.sample(roots, root_t) if model.num_hops else []
+        ids, root_idx, hop_tables, hops = self._sample_and_organize(roots, np.tile(g.t[lo:hi], 2 + num_neg))
+        t2 = time.perf_counter()
+        if read is None:  # a read restored from a checkpoint is used as it was
+            read = self.memory.read(ids)
+        self.timer.add("memory_read", time.perf_counter() - t2)
+        return Prepared(lo, hi, num_neg, ids, root_idx, hop_tables, hops, read, neg)
+
+    def _sample_and_organize(self, roots: np.ndarray, root_t: np.ndarray):
+        """Phases sample (the roots' neighbours before their times) and features (unique nodes
+        and index tables into them). Returns ``ids, root_idx, hop_tables, hops``."""
+        dev, tm = self.device, self.timer
+        t0 = time.perf_counter()
+        hops = self.sampler.sample(roots, root_t) if self.model.num_hops else []
         t1 = time.perf_counter()
         tm.add("sample", t1 - t0)
 
-        # features: unique nodes of the batch and index tables into them
         parts = [roots] + [h.nbr[h.mask] for h in hops]
         unique, psi, _ = kernels.organize(np.concatenate(parts) if len(parts) > 1 else roots)
         offset = roots.shape[0]
@@ -160,13 +168,20 @@ class Trainer:
             offset += cnt
             hop_tables.append(self._hop_tables(h, idx))
         ids = torch.from_numpy(unique).to(dev)
-        t2 = time.perf_counter()
-        tm.add("features", t2 - t1)
+        tm.add("features", time.perf_counter() - t1)
+        return ids, root_idx, hop_tables, hops
 
-        if read is None:  # a read restored from a checkpoint is used as it was
-            read = self.memory.read(ids)
-        tm.add("memory_read", time.perf_counter() - t2)
-        return Prepared(lo, hi, num_neg, ids, root_idx, hop_tables, hops, read, neg)
+    @torch.no_grad()
+    def embed(self, nodes: np.ndarray, times: np.ndarray) -> torch.Tensor:
+        """Embeddings ``[len(nodes), dim]`` of ``nodes`` at ``times`` (the graph's time dtype) from
+        the current memory, which is not written: what roots of the next batch would get
+        (node-classification queries, e.g. TGL ``labels.csv``)."""
+        model = self.model
+        ids, root_idx, hop_tables, _ = self._sample_and_organize(np.asarray(nodes, np.int64), times)
+        upd = model.updater(self.memory.read(ids))
+        h = model.node_repr(ids, upd, None if self.node_feat is None else self.node_feat[ids])
+        t_rel = torch.from_numpy((times - self.g.t[0]).astype(np.float64)).to(self.device)
+        return model.embedding(EmbedInput(h, upd.mem_ts, root_idx, t_rel, hop_tables))
 
     def compute(self, p: "Prepared", train: bool, keep_emb: bool = False, write: bool | None = None) -> BatchOutput:
         """Phases compute (update memory once per unique node, embed, score, learn) and memory
