@@ -15,12 +15,12 @@ from __future__ import annotations
 import pickle
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["ByteCounter", "Traffic", "all_reduce_mean", "all_gather_object", "broadcast_object", "broadcast_tensors", "barrier", "group_size"]
+__all__ = ["ByteCounter", "Traffic", "all_reduce_mean", "all_gather_object", "broadcast_object", "broadcast_tensors", "result_of", "barrier", "group_size"]
 
 
 @dataclass
@@ -127,6 +127,35 @@ def broadcast_object(obj: Any, src: int = 0, group=None, name: str = "broadcast"
     else:
         counter.add(name, received=size)
     return box[0]
+
+
+def result_of(work: Callable[[], Any], group=None, src: int = 0, timeout: timedelta = timedelta(days=7),
+              name: str = "result", counter: ByteCounter | None = None) -> Any:
+    """``work()`` run by global rank ``src`` alone, its result on every rank of ``group`` (every
+    rank of the job must call this: the wait uses a group made for it).
+
+    The others wait up to ``timeout``, not the process group's own timeout, which bounds the
+    training collectives (10 minutes): rank 0's final evaluation of a large stream takes longer,
+    and the job would fail at its end. The wait runs on a gloo group, so this holds under NCCL too.
+    If ``work`` raises, the others raise too, with its message, instead of waiting."""
+    if not _active(group):
+        return work()
+    waiting = dist.new_group(ranks=dist.get_process_group_ranks(group), timeout=timeout, backend="gloo")
+    try:
+        if dist.get_rank() != src:
+            status, value = broadcast_object(None, src, waiting, name, counter)
+            if status == "failed":
+                raise RuntimeError(f"rank {src} failed while this rank waited for it: {value}")
+            return value
+        try:
+            value = work()
+        except BaseException as e:
+            broadcast_object(("failed", f"{type(e).__name__}: {e}"), src, waiting, name, counter)
+            raise
+        broadcast_object(("ok", value), src, waiting, name, counter)
+        return value
+    finally:
+        dist.destroy_process_group(waiting)
 
 
 def all_gather_object(obj: Any, group=None, name: str = "all_gather",

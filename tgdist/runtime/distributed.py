@@ -325,10 +325,10 @@ def run_parallel(cfg: DictConfig, run_dir) -> dict:
         if not replicas_identical and world.rank == 0:
             log.warning("the trainers' model replicas differ after training (%d distinct parameter digests "
                         "over %d ranks); rank 0's model is evaluated", len({s["model"] for s in stats}), len(stats))
-        summary = None
         if backend == "daemon" and world.rank != 0:
             trainer.memory.finish()  # rank 0 evaluates alone on group 0's memory
-        if world.rank == 0:  # memory group 0 ends its last pass at the end of the stream
+
+        def evaluate() -> dict:  # rank 0: memory group 0 ends its last pass at the end of the stream
             if isinstance(trainer.memory, ReplicatedMemory):
                 trainer.memory.sync = False
             trainer.grad_hook = None
@@ -345,7 +345,10 @@ def run_parallel(cfg: DictConfig, run_dir) -> dict:
                        "train_events_per_s": events / max(s["rank_seconds"] for s in stats),
                        "replicas_identical": replicas_identical, "communication": par.counter.as_dict()}
             Run.write_summary(run_dir, run_cfg, summary)
-        summary = collectives.broadcast_object(summary, src=0, group=groups.get("world"))
+            return summary
+
+        # the other ranks wait for rank 0's evaluation however long it takes (not the groups' timeout)
+        summary = collectives.result_of(evaluate, groups.get("world"), name="summary")
         # every rank is done before any tears its process group down: a rank that leaves while a
         # peer still talks to it can abort in gloo's shutdown ("terminate called without an
         # active exception"). Only on this success path, so failures still exit at once.
