@@ -34,7 +34,8 @@ def test_cfg_job_prints_the_config(tmp_path):
 def test_config_typos_fail_with_one_line(tmp_path):
     r = tgdist("train", "train.batchsize=3", cwd=tmp_path)
     assert r.returncode == 2
-    assert r.stderr.strip() == "tgdist train: error: Could not override 'train.batchsize': Key 'batchsize' not in 'TrainConfig'"
+    assert r.stderr.strip() == ("tgdist train: error: Could not override 'train.batchsize': Key 'batchsize' not in "
+                                "'TrainConfig'; did you mean 'train.batch_size'?")
     r = tgdist("train", "model=gcn", cwd=tmp_path)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "tgn" in r.stderr
     r = tgdist("train", "data.columns=src,dst,t", cwd=tmp_path)  # Hydra reads the commas as a sweep
@@ -105,7 +106,7 @@ def test_partition_config_typo_fails_with_one_line(tmp_path):
     r = tgdist("partition", "partition.num_prts=3", cwd=tmp_path)
     assert r.returncode == 2
     assert r.stderr.strip() == ("tgdist partition: error: Could not override 'partition.num_prts': "
-                                "Key 'num_prts' not in 'PartitionConfig'")
+                                "Key 'num_prts' not in 'PartitionConfig'; did you mean 'partition.num_parts'?")
 
 
 def _interrupt_when(path, args, cwd) -> tuple[int, str]:
@@ -188,7 +189,8 @@ def test_bad_sweep_value_fails_before_any_job(tmp_path):
          "(sweep job #1: model=gcn)")]
     r = tgdist("train", "-m", "model=tgn,jodie", "train.batchsize=3", cwd=tmp_path)  # not the swept key's fault
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
-        "tgdist train: error: Could not override 'train.batchsize': Key 'batchsize' not in 'TrainConfig'"]
+        ("tgdist train: error: Could not override 'train.batchsize': Key 'batchsize' not in 'TrainConfig'; "
+         "did you mean 'train.batch_size'?")]
     r = tgdist("train", "-m", "train.lr=interval(0.1,0.2)", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         ("tgdist train: error: train.lr=interval(0.1,0.2): Hydra's basic sweeper runs lists (a,b,c), range(...) "
@@ -224,3 +226,18 @@ def test_sweep_inside_a_parallel_job_is_refused(tmp_path):
         ("tgdist train: error: --multirun inside a parallel job runs the sweep in every rank; sweep with "
          "tgdist launch -- --multirun ... (one launch per job)")]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_misspelt_keys_get_a_suggestion():
+    """In-process: the suggestions of ``closest_keys`` (the CLI tests above show them in messages)."""
+    from tgdist.config import closest_keys
+
+    assert closest_keys("train.epoch", "train") == ["train.epochs"]  # a sibling, spelt close
+    assert closest_keys("data.synthetic.numevents", "train") == ["data.synthetic.num_events"]
+    assert closest_keys("trian.epochs", "train") == ["train.epochs"]  # the parent misspelt
+    assert closest_keys("epochs", "train") == ["train.epochs"]  # the group left out
+    assert closest_keys("num_threads", "train") == ["sampler.num_threads", "train.num_threads", "memory.num_threads"]
+    assert closest_keys("modle", "train") == ["model"]
+    assert closest_keys("partition.out", "partition") == ["partition.out_dir"]
+    assert closest_keys("train.zzzzz", "train") == [] and closest_keys("zzz", "train") == []
+    assert closest_keys("partition.num_parts", "train") == []  # not a key of tgdist train

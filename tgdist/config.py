@@ -13,6 +13,7 @@ from typing import Any, List, Optional
 
 import logging
 import os
+import re
 import warnings
 
 from hydra.core.config_store import ConfigStore
@@ -257,8 +258,45 @@ def _compose_or_exit(command: str, config_name: str, overrides: list[str], where
         if first.startswith("Ambiguous value for argument"):  # a comma in a value, e.g. data.columns
             key, _, value = first.split("'")[1].partition("=")
             msg += f": quote a value with commas, \"{key}='{value}'\", or add --multirun to sweep over it"
+        typo = re.match(r"Could not override '([^']+)': Key '[^']+' not in '\w+'$", msg)
+        guesses = [f"'{k}'" for k in closest_keys(typo.group(1), config_name)] if typo else []
+        if guesses:
+            said = guesses[0] if len(guesses) == 1 else ", ".join(guesses[:-1]) + " or " + guesses[-1]
+            msg += f"; did you mean {said}?"
         print(f"{command}: error: {msg}" + (f" ({where})" if where else ""), file=sys.stderr)
         sys.exit(2)
+
+
+def schema_keys(root: type, prefix: str = "") -> list[str]:
+    """Every key path of a schema dataclass, groups included: ``train``, ``train.epochs``, ..."""
+    import dataclasses
+
+    keys = []
+    for f in dataclasses.fields(root):
+        path = prefix + f.name
+        keys.append(path)
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if dataclasses.is_dataclass(default):
+            keys += schema_keys(type(default), path + ".")
+    return keys
+
+
+def closest_keys(key: str, config_name: str) -> list[str]:
+    """The keys a misspelt override most likely meant: under an existing parent, a close spelling
+    of the last part (``train.epoch``); else the keys whose last part it is (``epochs``,
+    ``trian.epochs`` -> ``train.epochs``); else a close spelling of the whole path (``modle``)."""
+    import difflib
+
+    from tgdist.partition.config import PartitionJob
+
+    keys = schema_keys(PartitionJob if config_name.startswith("partition") else TrainApp)
+    name = key.lstrip("+~")
+    parent, _, last = name.rpartition(".")
+    if parent in keys:
+        siblings = [k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == parent]
+        return [f"{parent}.{k}" for k in difflib.get_close_matches(last, siblings, n=1, cutoff=0.6)]
+    same_leaf = [k for k in keys if k.rpartition(".")[2] == last]
+    return same_leaf or difflib.get_close_matches(name, keys, n=1, cutoff=0.75)
 
 
 def register(name: str, node: Any, group: Optional[str] = None) -> None:

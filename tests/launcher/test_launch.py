@@ -66,7 +66,7 @@ def test_training_settings_checked_before_start(capsys):
         cli_main(["launch", "--nproc", "2", "--", "parallel.i=2", "model.mem_di=4"])
     assert e.value.code == 2
     assert capsys.readouterr().err == ("tgdist launch: error: Could not override 'model.mem_di': "
-                                       "Key 'mem_di' not in 'ModelConfig'\n")
+                                       "Key 'mem_di' not in 'ModelConfig'; did you mean 'model.mem_dim'?\n")
 
 
 def test_sweep_dry_run_is_one_torchrun_per_job(capsys):
