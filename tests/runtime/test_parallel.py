@@ -141,6 +141,37 @@ def test_sigkill_of_a_trainer_then_resume_finishes_with_the_same_metrics(tmp_pat
         assert got[key] == expected[key], key
 
 
+def test_a_finished_parallel_run_keeps_its_model_and_resumes_to_its_results(tmp_path):
+    """Without train.checkpoint_every a parallel run still leaves checkpoints/last.pt (the trained
+    model) at its end; resuming it reports the same results without training. Resuming with another
+    train.epochs (every rank's schedule depends on it), or in one process, is refused in one line."""
+    common = [*SMALL, "train.batch_size=100", "parallel.i=2", "train.num_neg_eval=4", "train.lr=1e-3"]
+    done = json.loads(torchrun(2, "-m", "tgdist.train", *common, "train.epochs=2", f"run_dir={tmp_path / 'a'}",
+                               cwd=tmp_path).stdout.strip().splitlines()[-1])
+    state = torch.load(tmp_path / "a" / "checkpoints" / "last.pt", weights_only=True)
+    assert state["iteration"] == done["iterations"] and state["epochs"] == 2 and state["model"]
+    again = json.loads(torchrun(2, "-m", "tgdist.train", *common, "train.epochs=2", f"run_dir={tmp_path / 'b'}",
+                                f"train.resume={tmp_path / 'a'}", cwd=tmp_path).stdout.strip().splitlines()[-1])
+    for key in ("loss", "traversed_events", "val_ap", "test_ap", "test_mrr"):
+        assert again[key] == done[key], key
+    assert again["train_events_per_s"] is None and done["train_events_per_s"] > 0  # nothing trained on resume
+    last = tmp_path / "a" / "checkpoints" / "last.pt"
+    r = subprocess.run([sys.executable, "-m", "tgdist", "launch", "--", *common, "train.epochs=4",
+                        f"train.resume={tmp_path / 'a'}", f"run_dir={tmp_path / 'c'}"],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path, check=False)
+    assert r.returncode == 2 and r.stderr == (f"tgdist launch: error: {last}: this parallel run was started with "
+                                              "train.epochs=2, and resumes only with it (train.epochs=4 changes "
+                                              "every rank's schedule)\n")
+    r = subprocess.run([sys.executable, "-m", "tgdist", "train", *SMALL, "train.batch_size=100", "train.epochs=2",
+                        "train.num_neg_eval=4", "train.lr=1e-3", f"train.resume={tmp_path / 'a'}",
+                        f"run_dir={tmp_path / 'd'}"], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                       check=False)
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == (
+        f"tgdist train: error: {last}: written by a parallel run, and this is a single-process run; a run resumes "
+        "from checkpoints of its own kind")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
+
+
 @pytest.mark.parametrize("layout,nproc", [("2,1,1", 2), ("1,2,1", 2)])
 def test_daemon_and_depcache_backends_give_identical_runs(tmp_path, layout, nproc):
     """DistTGL's memory daemon (shared memory, one server process per group) and DepCache

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from tgdist.errors import ConfigError, DataError
+from tgdist.runtime import checkpoint
 from tgdist.runtime.build import build_trainer, compose
 from tgdist.runtime.run import Run
 
@@ -81,6 +82,12 @@ def test_checkpoint_from_another_config_is_refused(tmp_path):
         run(tmp_path, "b", ["train.epochs=1", "model.mem_dim=32", f"train.resume={d}"])
     with pytest.raises(ConfigError, match="no checkpoint"):
         run(tmp_path, "c", ["train.epochs=1", f"train.resume={tmp_path / 'nowhere'}"])
+    torch.save({"a": 1}, tmp_path / "other.pt")
+    with pytest.raises(ConfigError, match=r"other.pt: not a tgdist checkpoint \(no model state\)$"):
+        run(tmp_path, "e", ["train.epochs=1", f"train.resume={tmp_path / 'other.pt'}"])
+    cfg = compose(SMALL + ["train.epochs=1", "parallel.i=2", f"train.resume={d}"])
+    with pytest.raises(ConfigError, match="last.pt: written by a single-process run, and this is a parallel run"):
+        checkpoint.check_resume(cfg, parallel=True)  # what tgdist launch checks before starting the ranks
 
 
 def test_resume_with_more_epochs_equals_the_longer_run(tmp_path):

@@ -145,6 +145,12 @@ def main(argv: list[str] | None = None) -> int:
             cfg = precheck_overrides("tgdist launch", "train", args.overrides)
             if cfg is not None:
                 validate(cfg)
+                if cfg.train.resume:  # a checkpoint of another config or epochs, before any process starts
+                    from tgdist.runtime import checkpoint
+                    from tgdist.runtime.run import is_parallel
+
+                    processes = _nproc(args, parallel_overrides(args.overrides)) * args.nnodes
+                    checkpoint.check_resume(cfg, parallel=is_parallel(cfg) or processes > 1)
         return _launch(args, args.overrides)
     return _sweep(args, [a for a in args.overrides if a not in ("-m", "--multirun")])
 

@@ -97,14 +97,45 @@ def _reason(e: Exception) -> str:
     return text.split(". ", 1)[0][:160] or "no detail"  # the first sentence; the rest is advice
 
 
+def read(path: str | Path, parallel: bool, map_location=None, mmap: bool = False) -> dict:
+    """A checkpoint's state (``weights_only``), refused in one line when it is unreadable or of
+    the other kind: a single-process run's (model, optimizer, memory, RNG, position) or a parallel
+    run's ``last.pt`` (model, optimizer, iteration; memory copies and read slots beside it)."""
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except Exception as e:  # corrupt or foreign file
+        raise ConfigError(f"{path}: not a readable tgdist checkpoint ({type(e).__name__}: {_reason(e)})") from None
+    if not isinstance(state, dict) or "model" not in state:
+        raise ConfigError(f"{path}: not a tgdist checkpoint (no model state)")
+    if ("iteration" in state) != parallel:
+        kind, other = ("parallel", "single-process") if "iteration" in state else ("single-process", "parallel")
+        raise ConfigError(f"{path}: written by a {kind} run, and this is a {other} run; a run resumes from "
+                          f"checkpoints of its own kind")
+    return state
+
+
+def check_epochs(path, state: dict, epochs: int) -> None:
+    """A parallel run resumes only with the ``train.epochs`` it started with."""
+    if state.get("epochs", epochs) != epochs:  # the schedule of every iteration depends on it
+        raise ConfigError(f"{path}: this parallel run was started with train.epochs={state['epochs']}, and "
+                          f"resumes only with it (train.epochs={epochs} changes every rank's schedule)")
+
+
+def check_resume(cfg: DictConfig, parallel: bool) -> None:
+    """What resuming from ``train.resume`` checks, without building anything: ``tgdist launch``
+    runs it before starting any process, so a mismatch is one line, not one per rank."""
+    path = find(cfg.train.resume)
+    state = read(path, parallel, map_location="cpu", mmap=True)
+    check_config(path, state.get("config", {}), cfg)
+    if parallel:
+        check_epochs(path, state, cfg.train.epochs)
+
+
 def load(path: str | Path, trainer, cfg: DictConfig) -> tuple[dict, list]:
     """Restore ``trainer`` in place; returns (position, history)."""
     import ast
 
-    try:
-        state = torch.load(path, map_location=trainer.device, weights_only=True)
-    except Exception as e:  # corrupt or foreign file
-        raise ConfigError(f"{path}: not a readable tgdist checkpoint ({type(e).__name__}: {_reason(e)})") from None
+    state = read(path, parallel=False, map_location=trainer.device)
     check_config(path, state.get("config", {}), cfg)
     trainer.model.load_state_dict(state["model"])
     trainer.optimizer.load_state_dict(state["optimizer"])

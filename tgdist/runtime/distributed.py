@@ -25,6 +25,7 @@ import shutil
 import signal
 import socket
 import time
+import traceback
 from pathlib import Path
 import numpy as np
 import torch
@@ -205,6 +206,8 @@ class ParallelRun:
                 log.info("iteration %d/%d, %d events on this rank, %.0f events/s", t + 1, self.iterations,
                          trained, trained / max(el, 1e-9))
         el = time.perf_counter() - start
+        if self.ckpt_dir is not None and self.start_iteration < self.iterations:
+            self.save(self.iterations)  # the trained model and memory, as a single-process run leaves them
         return {"iterations": self.iterations, "rank_events": trained, "rank_seconds": el,
                 "rank_events_per_s": trained / max(el, 1e-9)}
 
@@ -224,7 +227,7 @@ class ParallelRun:
         collectives.barrier(self.groups.get("world"), name="checkpoint")
         if self.rank == 0:
             checkpoint.atomic_save({"format": 1, "config": checkpoint.identity(self.cfg), "iteration": iteration,
-                                    "dir": d.name, "model": tr.model.state_dict(),
+                                    "epochs": self.epochs, "dir": d.name, "model": tr.model.state_dict(),
                                     "optimizer": tr.optimizer.state_dict()}, self.ckpt_dir / "last.pt")
             for old in self.ckpt_dir.glob("it*"):
                 if old.name != d.name:
@@ -233,8 +236,9 @@ class ParallelRun:
 
     def load(self, path: Path) -> None:
         tr = self.tr
-        state = torch.load(path, weights_only=True)
+        state = checkpoint.read(path, parallel=True)
         checkpoint.check_config(path, state["config"], self.cfg)
+        checkpoint.check_epochs(path, state, self.epochs)
         d = path.parent / state["dir"]
         tr.model.load_state_dict(state["model"])
         tr.optimizer.load_state_dict(state["optimizer"])
@@ -342,7 +346,8 @@ def run_parallel(cfg: DictConfig, run_dir) -> dict:
                        "memory_backend": backend, "epochs": cfg.train.epochs,
                        "batch_size": cfg.train.batch_size, "lr": lr, "iterations": par.iterations,
                        "loss": loss_sum / max(events, 1), "traversed_events": events, **metrics,
-                       "train_events_per_s": events / max(s["rank_seconds"] for s in stats),
+                       "train_events_per_s": rate(sum(s["rank_events"] for s in stats),
+                                                  max(s["rank_seconds"] for s in stats)),
                        "replicas_identical": replicas_identical, "communication": par.counter.as_dict()}
             Run.write_summary(run_dir, run_cfg, summary)
             return summary
@@ -354,6 +359,11 @@ def run_parallel(cfg: DictConfig, run_dir) -> dict:
         # active exception"). Only on this success path, so failures still exit at once.
         collectives.barrier(groups.get("world"), name="shutdown")
         return summary
+    except BaseException as e:
+        # the frames below this one hold the trainer, whose memory holds a process group: clear
+        # their variables (the traceback's lines stay), so destroy() below can free every group
+        traceback.clear_frames(e.__traceback__.tb_next)
+        raise
     finally:
         if trainer is not None and hasattr(trainer.memory, "close"):
             trainer.memory.close()  # detach from the daemon's segments
@@ -361,6 +371,12 @@ def run_parallel(cfg: DictConfig, run_dir) -> dict:
             daemon.stop()  # the daemon unlinks its segments on the way out
         trainer = par = None  # they hold group handles; destroy() frees the groups only with the last one
         groups.destroy()
+
+
+def rate(events: int, seconds: float) -> float | None:
+    """Events per second of the events trained by this process (a resumed run's earlier events
+    are not in ``seconds``); None when it trained none (a finished run resumed)."""
+    return events / max(seconds, 1e-9) if events else None
 
 
 def _downstream_alone(trainer: Trainer, cfg: DictConfig) -> dict:
