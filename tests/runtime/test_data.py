@@ -321,6 +321,31 @@ def test_subset_keeps_ids_and_filters_node_labels():
     assert g.num_events == 4 and len(g.node_labels) == 3  # the original is untouched
 
 
+def test_string_node_ids(tmp_path, cache_dir, monkeypatch):
+    """Names as node ids (accounts, e-mail addresses) are remapped like numbers; the map keeps the
+    names, also through the cache. A header is told from data by its other fields."""
+    path = write(tmp_path / "mail.csv", "sender,recipient,ts,size\nann@x.org,bob@x.org,10,1.5\n"
+                                        "bob@x.org,cy@x.org,11,2.5\nann@x.org,cy@x.org,12,0.5\n")
+    g = load_graph(path)
+    assert g.node_map.tolist() == ["ann@x.org", "bob@x.org", "cy@x.org"]
+    assert g.node_map[g.src].tolist() == ["ann@x.org", "bob@x.org", "ann@x.org"]
+    assert g.node_map[g.dst].tolist() == ["bob@x.org", "cy@x.org", "cy@x.org"]
+    assert g.t.tolist() == [10, 11, 12] and g.edge_feat[:, 0].tolist() == [1.5, 2.5, 0.5]
+    monkeypatch.setattr(tdata, "_read_edgelist", None)  # from the cache
+    h = load_graph(path)
+    assert h.node_map.tolist() == g.node_map.tolist() and h.src.tolist() == g.src.tolist()
+    monkeypatch.undo()
+    # no header, whitespace, time first (SocioPatterns' order), bipartite
+    path = write(tmp_path / "p.txt", "5 u1 i1\n6 u2 i1\n7 u1 i2\n")
+    g = load_graph(path, columns="t,src,dst", bipartite=True)
+    assert g.node_map.tolist() == ["u1", "u2", "i1", "i2"] and g.num_src_nodes == 2 and g.t.tolist() == [5, 6, 7]
+
+
+def test_bad_time_beside_string_ids(tmp_path, cache_dir):
+    path = write(tmp_path / "q.csv", "a,b,1\nb,c,later\n")
+    bad(cache_dir, loc(path, 2) + "non-numeric field 'later' in column 3$", path)
+
+
 # ---------------------------------------------------------------------------------------------
 # Cache
 

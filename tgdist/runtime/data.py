@@ -257,16 +257,20 @@ class _Table:
     lines: np.ndarray  # 1-based file line of each data row
     path: Path
     exact: dict[int, np.ndarray] = field(default_factory=dict)
+    text: dict[int, np.ndarray] = field(default_factory=dict)  # string node ids (0 in ``values``)
 
     def column(self, c: int) -> np.ndarray:
         return self.exact[c] if c in self.exact else self.values[:, c]
 
 
-def _parse_table(path: Path, data: bytes, delimiter: str | None = "auto", usecols: list[int] | None = None) -> _Table:
+def _parse_table(path: Path, data: bytes, delimiter: str | None = "auto", usecols: list[int] | None = None,
+                 text_cols: tuple[int, ...] = ()) -> _Table:
     """Parse a numeric table with an optional header line into int64 (if possible) or float64.
 
     Blank lines and ``#`` comment lines are skipped; every row keeps its file line number so that
-    errors can name it.
+    errors can name it. ``text_cols`` (indices among the columns read) are kept as strings, in
+    ``_Table.text``: node ids such as account names. The first line is a header when its first
+    field is not a number (with ``text_cols``: when none of its other fields is).
     """
     text = data.decode("utf-8", errors="replace")
     if not text.strip():
@@ -274,8 +278,11 @@ def _parse_table(path: Path, data: bytes, delimiter: str | None = "auto", usecol
     all_lines = text.splitlines()
     first = next(i for i, ln in enumerate(all_lines) if ln.strip())
     header = None
-    if not _NUMERIC.match(all_lines[first]):
-        header = [h.strip() for h in re.split(r"[,\s]+" if delimiter != "," else r",", all_lines[first].strip())]
+    fields = _fields(all_lines[first], delimiter)
+    numeric = [f for i, f in enumerate(fields if usecols is None else [fields[c] for c in usecols if c < len(fields)])
+               if i not in text_cols]
+    if not any(_NUMERIC.match(f) for f in numeric) if text_cols else not _NUMERIC.match(all_lines[first]):
+        header = [h.strip() for h in fields]
         first += 1
     body = all_lines[first:]
     keep = np.fromiter(((ln.strip() != "") and not ln.lstrip().startswith("#") for ln in body), dtype=bool, count=len(body))
@@ -285,6 +292,8 @@ def _parse_table(path: Path, data: bytes, delimiter: str | None = "auto", usecol
     lines = rows + first + 1
     if delimiter == "auto":
         delimiter = "," if "," in body[rows[0]] else None
+    if text_cols:
+        return _parse_mixed(path, body, lines, header, delimiter, usecols, text_cols)
     exact: dict[int, np.ndarray] = {}
     try:
         values = np.loadtxt(body, dtype=np.int64, delimiter=delimiter, ndmin=2, usecols=usecols)
@@ -305,6 +314,40 @@ def _parse_table(path: Path, data: bytes, delimiter: str | None = "auto", usecol
             except ValueError:
                 pass  # written with a fraction or exponent somewhere: float64 it is
     return _Table(values, header, lines, path, exact)
+
+
+def _fields(line: str, delimiter: str | None) -> list[str]:
+    """The fields of one line as the table is split (``auto``: commas, else whitespace)."""
+    line = line.strip()
+    if delimiter == "auto":
+        delimiter = "," if "," in line else None
+    return [f.strip() for f in (line.split(delimiter) if delimiter else line.split())]
+
+
+def _parse_mixed(path: Path, body: list[str], lines: np.ndarray, header, delimiter, usecols,
+                 text_cols: tuple[int, ...]) -> _Table:
+    """``_parse_table`` with string columns: every field read as text, the others converted."""
+    try:
+        raw = np.loadtxt(body, dtype=str, delimiter=delimiter, ndmin=2, usecols=usecols, comments="#")
+    except ValueError as e:
+        raise DataError(_locate_loadtxt_error(path, str(e), lines)) from None
+    numeric = [c for c in range(raw.shape[1]) if c not in text_cols]
+    cols, integral = {}, True
+    for c in numeric:
+        try:
+            cols[c] = raw[:, c].astype(np.int64)
+        except ValueError:
+            integral = False
+            try:
+                cols[c] = raw[:, c].astype(np.float64)
+            except ValueError:
+                r = next(i for i, v in enumerate(raw[:, c]) if not _NUMERIC.match(v))
+                raise DataError(f"{path}:{lines[r]}: non-numeric field {str(raw[r, c])!r} in column {c + 1}") from None
+    values = np.zeros(raw.shape, np.int64 if integral else np.float64)
+    for c, v in cols.items():
+        values[:, c] = v
+    exact = {c: v for c, v in cols.items() if not integral and v.dtype.kind == "i"}
+    return _Table(values, header, lines, path, exact, {c: raw[:, c] for c in text_cols if c < raw.shape[1]})
 
 
 def _locate_loadtxt_error(path: Path, msg: str, lines: np.ndarray) -> str:
@@ -340,6 +383,8 @@ def _integral(table: _Table, col: int, what: str) -> np.ndarray:
 
 
 def _as_ids(table: _Table, col: int, what: str) -> np.ndarray:
+    if col in table.text:
+        return table.text[col]
     v = _integral(table, col, f"{what} id")
     neg = v < 0
     if neg.any():
@@ -380,10 +425,11 @@ def _read_edgelist(path: Path, data: bytes, columns: str | None) -> dict:
     if unknown:
         raise DataError(f"data.columns={columns!r}: unknown field name(s) {sorted(unknown)}; use src, dst, t, feat, label or _")
     usecols = [i for i, c in enumerate(spec) if c != "_"] if columns else None
-    table = _parse_table(path, data, usecols=usecols)
-    ncol = table.values.shape[1]
     if columns:
         spec = [c for c in spec if c != "_"]
+    ids = (spec.index("src"), spec.index("dst")) if {"src", "dst"} <= set(spec) else ()
+    table = _parse_table(path, data, usecols=usecols, text_cols=_text_id_columns(data, ids, usecols))
+    ncol = table.values.shape[1]
     if ncol < 3:
         raise DataError(f"{path}:{table.lines[0]}: expected at least 3 fields (src dst t), found {ncol}")
     pos = {name: i for i, name in enumerate(spec) if name in ("src", "dst", "t", "label")}
@@ -402,6 +448,20 @@ def _read_edgelist(path: Path, data: bytes, columns: str | None) -> dict:
     if not columns:
         out["order_hint"] = _time_field_hint(table, out["t"])
     return out
+
+
+def _text_id_columns(data: bytes, ids: tuple[int, ...], usecols: list[int] | None) -> tuple[int, ...]:
+    """The id columns (src, dst: indices among the columns read) that hold names rather than
+    numbers, judged on the first data line (after a header, whose fields are all non-numeric)."""
+    head = data[:1 << 16].decode("utf-8", errors="replace").splitlines()
+    for line in [ln for ln in head if ln.strip() and not ln.lstrip().startswith("#")][:2]:
+        fields = _fields(line, "auto")
+        if usecols is not None:
+            fields = [fields[c] for c in usecols if c < len(fields)]
+        if not any(_NUMERIC.match(f) for f in fields):
+            continue  # a header
+        return tuple(c for c in ids if c < len(fields) and not _NUMERIC.match(fields[c]))
+    return ()
 
 
 def _time_field_hint(table, t: np.ndarray) -> str | None:
@@ -582,7 +642,7 @@ def _finish(raw: dict, *, name: str, source_hash: str, bipartite: bool | None, s
     label = raw.get("label")
     return TemporalGraph(
         src=np.ascontiguousarray(src_new), dst=np.ascontiguousarray(dst_new), t=np.ascontiguousarray(t),
-        num_nodes=num_nodes, node_map=node_map.astype(np.int64),
+        num_nodes=num_nodes, node_map=node_map if node_map.dtype.kind == "U" else node_map.astype(np.int64),
         edge_feat=None if raw.get("edge_feat") is None else np.ascontiguousarray(raw["edge_feat"], dtype=np.float32),
         node_feat=node_feat, label=None if label is None else np.ascontiguousarray(label),
         bipartite=bool(bip), num_src_nodes=int(num_src), ext_roll=raw.get("ext_roll"),
