@@ -279,10 +279,13 @@ def _parse_table(path: Path, data: bytes, delimiter: str | None = "auto", usecol
     first = next(i for i, ln in enumerate(all_lines) if ln.strip())
     header = None
     fields = _fields(all_lines[first], delimiter)
-    numeric = [f for i, f in enumerate(fields if usecols is None else [fields[c] for c in usecols if c < len(fields)])
-               if i not in text_cols]
-    if not any(_NUMERIC.match(f) for f in numeric) if text_cols else not _NUMERIC.match(all_lines[first]):
-        header = [h.strip() for h in fields]
+    if text_cols:  # names in the id columns: a header has no number in the other columns either
+        used = fields if usecols is None else [fields[c] for c in usecols if c < len(fields)]
+        is_header = not any(_NUMERIC.match(f) for i, f in enumerate(used) if i not in text_cols)
+    else:
+        is_header = not _NUMERIC.match(all_lines[first])
+    if is_header:
+        header = fields
         first += 1
     body = all_lines[first:]
     keep = np.fromiter(((ln.strip() != "") and not ln.lstrip().startswith("#") for ln in body), dtype=bool, count=len(body))
