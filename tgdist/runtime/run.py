@@ -22,7 +22,7 @@ from tgdist.runtime.build import build_trainer, check_labels
 from tgdist.runtime.data import NodeLabels, class_targets, label_ranges
 from tgdist.runtime.metrics import f1_multilabel, roc_auc
 from tgdist.runtime.models import MLPClassifier
-from tgdist.runtime.trainer import Trainer
+from tgdist.runtime.trainer import Progress, Trainer
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +176,7 @@ def collect_embeddings(tr: Trainer, labels: NodeLabels | None = None):
             hl.append(tr.embed(labels.node[a:b], labels.t[a:b]))
         done = max(done, upto)
 
+    prog = Progress(tr.g.num_events, "embeddings", tr.progress)
     for s in range(0, tr.g.num_events, tr.batch_size):
         e = min(s + tr.batch_size, tr.g.num_events)
         if labels is not None:
@@ -183,6 +184,7 @@ def collect_embeddings(tr: Trainer, labels: NodeLabels | None = None):
         out = tr.step(s, e, tr.negatives.fixed("train", s, e, 1), train=False, keep_emb=True)
         hs.append(out.h_src)
         hd.append(out.h_dst)
+        prog.update(e - s)
     if labels is not None:
         embed_labels(len(labels))
     return torch.cat(hs), torch.cat(hd), (torch.cat(hl) if hl else None)
@@ -217,6 +219,7 @@ def downstream(tr: Trainer, task: str, epochs: int) -> dict:
     opt = torch.optim.Adam(dec.parameters(), lr=1e-3)
     lo, hi = ranges["train"]
     pos_w = ((y[lo:hi] == 0).sum(0) / (y[lo:hi] == 1).sum(0).clamp(min=1)).clamp(max=100)
+    prog = Progress(epochs * (hi - lo), f"{task} decoder ({epochs} epochs)", tr.progress)
     for _ in range(epochs):
         dec.train()
         for s in range(lo, hi, 200):
@@ -228,6 +231,7 @@ def downstream(tr: Trainer, task: str, epochs: int) -> dict:
             opt.zero_grad()
             loss.backward()
             opt.step()
+        prog.update(hi - lo, loss=float(loss.detach()))
     dec.eval()
     res = {} if classes is None else {"classes": len(classes)}
     with torch.no_grad():
