@@ -219,7 +219,7 @@ def downstream(tr: Trainer, task: str, epochs: int) -> dict:
     opt = torch.optim.Adam(dec.parameters(), lr=1e-3)
     lo, hi = ranges["train"]
     pos_w = ((y[lo:hi] == 0).sum(0) / (y[lo:hi] == 1).sum(0).clamp(min=1)).clamp(max=100)
-    prog = Progress(epochs * (hi - lo), f"{task} decoder ({epochs} epochs)", tr.progress)
+    prog = Progress(epochs * (hi - lo), f"{task} decoder ({epochs} epochs)", tr.progress, unit="examples")
     for _ in range(epochs):
         dec.train()
         for s in range(lo, hi, 200):

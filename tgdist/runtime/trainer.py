@@ -80,8 +80,8 @@ class StageTimer:
 class Progress:
     """A rank-0 progress line with events/s on stderr (redrawn on a TTY, every ~10 s otherwise)."""
 
-    def __init__(self, total: int, desc: str, enabled: bool = True):
-        self.total, self.desc, self.enabled = total, desc, enabled
+    def __init__(self, total: int, desc: str, enabled: bool = True, unit: str = "events"):
+        self.total, self.desc, self.enabled, self.unit = total, desc, enabled, unit
         self.done = 0
         self.start = self.last = time.perf_counter()
         self.tty = sys.stderr.isatty()
@@ -95,8 +95,9 @@ class Progress:
             self.last = now
             rate = self.done / max(now - self.start, 1e-9)
             extra = " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in info.items())
-            line = (f"{self.desc}: {self.done:,}/{self.total:,} events "
-                    f"({100 * self.done / max(self.total, 1):5.1f}%) {rate:,.0f} ev/s {extra}")
+            per_s = "ev/s" if self.unit == "events" else f"{self.unit}/s"
+            line = (f"{self.desc}: {self.done:,}/{self.total:,} {self.unit} "
+                    f"({100 * self.done / max(self.total, 1):5.1f}%) {rate:,.0f} {per_s} {extra}")
             sys.stderr.write(("\r" + line + ("\n" if self.done >= self.total else "")) if self.tty else line + "\n")
             sys.stderr.flush()
 
