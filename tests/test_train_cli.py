@@ -177,6 +177,16 @@ def test_sweep_runs_one_job_per_value(tmp_path):
     assert (sweep / "1" / "summary.json").exists() and (sweep / "multirun.yaml").exists()
 
 
+def test_sweep_over_a_missing_data_file_fails_before_any_job(tmp_path):
+    (tmp_path / "ok.csv").write_text("1,2,3\n2,3,4\n")
+    r = tgdist("train", "-m", "data=file", f"data.path={tmp_path / 'ok.csv'},{tmp_path / 'nope.csv'}", *QUICK,
+               cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        (f"tgdist train: error: {tmp_path / 'nope.csv'}: no such file or directory "
+         f"(sweep job #1: data.path={tmp_path / 'nope.csv'})")]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ok.csv"]
+
+
 def test_bad_sweep_value_fails_before_any_job(tmp_path):
     """Every job is composed and validated before Hydra makes the sweep directory: a bad value in
     the last job fails in one line naming that job, and nothing ran or was written."""
@@ -199,13 +209,16 @@ def test_bad_sweep_value_fails_before_any_job(tmp_path):
 
 
 def test_sweep_whose_first_job_fails_leaves_nothing_behind(tmp_path):
-    r = tgdist("train", "-m", "data.path=missing.csv,other.csv", *QUICK, cwd=tmp_path)
+    """A failure only reading the data finds (the file is there, so the checks before the sweep pass)."""
+    (tmp_path / "bad.csv").write_text("1,2,3\n2,3\n")
+    (tmp_path / "other.csv").write_text("1,2,3\n")
+    r = tgdist("train", "-m", "data.path=bad.csv,other.csv", *QUICK, cwd=tmp_path)
     assert r.returncode == 2
-    assert r.stderr.strip().splitlines()[-1] == "tgdist train: error: missing.csv: no such file or directory"
-    assert list(tmp_path.iterdir()) == []  # no multirun/<time>/multirun.yaml
-    r = tgdist("train", "-m", "data.path=missing.csv,other.csv", *QUICK, f"hydra.sweep.dir={tmp_path / 'a' / 'b'}",
+    assert r.stderr.strip().splitlines()[-1] == "tgdist train: error: bad.csv:2: expected 3 fields, found 2"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.csv", "other.csv"]  # no multirun/<time>/multirun.yaml
+    r = tgdist("train", "-m", "data.path=bad.csv,other.csv", *QUICK, f"hydra.sweep.dir={tmp_path / 'a' / 'b'}",
                cwd=tmp_path)
-    assert r.returncode == 2 and list(tmp_path.iterdir()) == []
+    assert r.returncode == 2 and sorted(p.name for p in tmp_path.iterdir()) == ["bad.csv", "other.csv"]
 
 
 def test_second_attention_layer_shows_in_the_run_name(tmp_path):

@@ -116,13 +116,22 @@ class SamplerConfig:
     seed: int = 0
 
 
-def load_data(cfg: DataConfig):
-    """Build the ``TemporalGraph`` a ``DataConfig`` describes."""
-    from tgdist.errors import ConfigError
-    from tgdist.runtime import data as tdata
+def check_data_source(cfg: DataConfig) -> None:
+    """The data a ``DataConfig`` names is there (``tgdist launch`` checks it before starting the
+    ranks, which would each report it)."""
+    from tgdist.errors import ConfigError, DataError
 
     if cfg.require_path and cfg.path is None:
         raise ConfigError("data=file needs data.path=FILE (any supported file or TGL directory)")
+    if cfg.path is not None and cfg.format != "synthetic" and not Path(cfg.path).expanduser().exists():
+        raise DataError(f"{Path(cfg.path).expanduser()}: no such file or directory")
+
+
+def load_data(cfg: DataConfig):
+    """Build the ``TemporalGraph`` a ``DataConfig`` describes."""
+    from tgdist.runtime import data as tdata
+
+    check_data_source(cfg)
     if cfg.format == "synthetic":
         from tgdist.runtime.synthetic import generate
         graph = generate(**vars(cfg.synthetic)) if not hasattr(cfg.synthetic, "_metadata") else generate(**dict(cfg.synthetic))
@@ -188,7 +197,7 @@ def sweep_jobs(command: str, config_name: str, overrides: list[str],
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException, OverrideParseException
 
-    from tgdist.errors import ConfigError
+    from tgdist.errors import ConfigError, DataError
 
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
@@ -213,7 +222,7 @@ def sweep_jobs(command: str, config_name: str, overrides: list[str],
         cfg = _compose_or_exit(command, config_name, job, where=f"sweep job #{num}: {where}" if where else "")
         try:
             validate(cfg)
-        except ConfigError as e:
+        except (ConfigError, DataError) as e:
             failed.append((num, where, str(e)))
     if failed:
         num, where, msg = failed[0]

@@ -101,13 +101,13 @@ def main() -> None:
     """Check the overrides (and the run directory) before Hydra starts, then hand over to it."""
     global _sweep_dir
     from tgdist.launcher.world import detect
-    from tgdist.runtime.build import validate
+    from tgdist.runtime.build import precheck
 
     if {"-m", "--multirun"} & set(sys.argv[1:]) and detect().world_size > 1:  # each rank would sweep alone
         print("tgdist train: error: --multirun inside a parallel job runs the sweep in every rank; sweep with "
               "tgdist launch -- --multirun ... (one launch per job)", file=sys.stderr)
         sys.exit(2)
-    args, cfg, sweep = precheck_command("tgdist train", "train", sys.argv[1:], validate)
+    args, cfg, sweep = precheck_command("tgdist train", "train", sys.argv[1:], precheck)
     if sweep is not None:  # every job's settings are valid; Hydra gets the directory checked here
         _sweep_dir = Path(sweep).absolute()
         _new_parents[:] = [p for p in (_sweep_dir, *_sweep_dir.parents) if not p.exists()]

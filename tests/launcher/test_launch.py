@@ -69,6 +69,19 @@ def test_training_settings_checked_before_start(capsys):
                                        "Key 'mem_di' not in 'ModelConfig'; did you mean 'model.mem_dim'?\n")
 
 
+def test_missing_data_file_checked_before_start(capsys, tmp_path):
+    """One line from the launcher, not one per rank and torchrun's report; in a sweep, naming the job."""
+    missing = tmp_path / "nope.csv"
+    rc = cli_main(["launch", "--nproc", "2", "--", "parallel.i=2", "data=file", f"data.path={missing}"])
+    assert rc == 2 and capsys.readouterr().err == f"tgdist launch: error: {missing}: no such file or directory\n"
+    (tmp_path / "ok.csv").write_text("1,2,3\n")
+    with pytest.raises(SystemExit) as e:
+        cli_main(["launch", "--dry-run", "--", "-m", "parallel.i=2", "data=file", f"data.path={tmp_path / 'ok.csv'},{missing}"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == (f"tgdist launch: error: {missing}: no such file or directory "
+                                       f"(sweep job #1: data.path={missing})\n")
+
+
 def test_sweep_dry_run_is_one_torchrun_per_job(capsys):
     """``--multirun``: Hydra's sweep syntax, one launch per job, each with its own process count and
     run directory."""

@@ -140,11 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     if not {"-m", "--multirun"} & set(args.overrides):
         if args.module == "tgdist.train":  # settings errors once, here, not from every rank after start-up
             from tgdist.config import precheck_overrides
-            from tgdist.runtime.build import validate
+            from tgdist.runtime.build import precheck
 
             cfg = precheck_overrides("tgdist launch", "train", args.overrides)
             if cfg is not None:
-                validate(cfg)
+                precheck(cfg)
                 if cfg.train.resume:  # a checkpoint of another config or epochs, before any process starts
                     from tgdist.runtime import checkpoint
                     from tgdist.runtime.run import is_parallel
@@ -162,10 +162,9 @@ def _sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     import time
 
     from tgdist.config import sweep_jobs, swept_values
-    from tgdist.runtime.build import validate
+    from tgdist.runtime.build import precheck
 
-    jobs, swept = sweep_jobs("tgdist launch", "train", overrides,
-                             validate if args.module == "tgdist.train" else None)
+    jobs, swept = sweep_jobs("tgdist launch", "train", overrides, precheck if args.module == "tgdist.train" else None)
     for num, job in enumerate(jobs):  # the process counts, before anything starts
         try:
             _nproc(args, parallel_overrides(job))

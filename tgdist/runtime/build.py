@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from tgdist.config import load_data
+from tgdist.config import check_data_source, load_data
 from tgdist.errors import ConfigError
 from tgdist.launcher.schedule import LR_SCALING_MODES, Layout
 from tgdist.runtime import kernels
@@ -88,6 +88,14 @@ def validate(cfg: DictConfig) -> None:
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", t.device):
         raise ConfigError(f"train.device={t.device!r}: choose auto, cpu, cuda or cuda:N")
     resolve_device(t.device)  # cuda where there is none: refused here, before the data is read
+
+
+def precheck(cfg: DictConfig) -> None:
+    """What can be checked before a run starts, without reading the data: the settings
+    (``validate``) and that the data file is there. Sweeps and ``tgdist launch`` run it for every
+    job before the first starts."""
+    validate(cfg)
+    check_data_source(cfg.data)
 
 
 def check_labels(task: str, graph: TemporalGraph, split) -> None:
