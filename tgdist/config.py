@@ -119,12 +119,13 @@ class SamplerConfig:
 def check_data_source(cfg: DataConfig) -> None:
     """The data a ``DataConfig`` names is there (``tgdist launch`` checks it before starting the
     ranks, which would each report it)."""
-    from tgdist.errors import ConfigError, DataError
+    from tgdist.errors import ConfigError
+    from tgdist.runtime.data import existing
 
     if cfg.require_path and cfg.path is None:
         raise ConfigError("data=file needs data.path=FILE (any supported file or TGL directory)")
-    if cfg.path is not None and cfg.format != "synthetic" and not Path(cfg.path).expanduser().exists():
-        raise DataError(f"{Path(cfg.path).expanduser()}: no such file or directory")
+    if cfg.path is not None and cfg.format != "synthetic":
+        existing(cfg.path)
 
 
 def load_data(cfg: DataConfig):

@@ -18,7 +18,7 @@ from tgdist.runtime import kernels
 from tgdist.runtime.data import (
     TemporalGraph,
     chronological_split,
-    class_targets,
+    label_classes,
     label_ranges,
 )
 from tgdist.runtime.models import build_model, use_cpu_kernels
@@ -103,14 +103,14 @@ def check_labels(task: str, graph: TemporalGraph, split) -> None:
     DataError otherwise, before any training): per-event labels, or for the node task the node
     labels at times of a TGL ``labels.csv``, of which some fall in the training part."""
     if graph.label is not None:
-        class_targets(graph.label, graph.name)
+        label_classes(graph.label, graph.name)
         return
     if graph.node_labels is None:
         raise ConfigError(f"train.task={task} needs labels, and data {graph.name!r} has none")
     if task == "edge":
         raise ConfigError(f"train.task=edge needs a label per event, and data {graph.name!r} has node labels at "
                           f"times (labels.csv) only: use train.task=node")
-    class_targets(graph.node_labels.label, graph.name)
+    label_classes(graph.node_labels.label, graph.name)
     lo, hi = label_ranges(graph.node_labels, graph, split)["train"]
     if hi <= lo:
         raise ConfigError(f"train.task=node: none of the {len(graph.node_labels):,} node labels of data {graph.name!r} "

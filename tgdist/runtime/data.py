@@ -145,6 +145,24 @@ def label_ranges(labels: NodeLabels, graph: TemporalGraph, split: Split) -> dict
 MAX_CLASSES = 1024
 
 
+def label_classes(label: np.ndarray, name: str = "data") -> tuple[np.ndarray | None, np.ndarray | None]:
+    """What ``class_targets`` makes of ``label``, checked without building the targets: the class
+    values and each event's index into them for one class per event, ``(None, None)`` for 0/1
+    targets. A DataError names what is wrong."""
+    y = np.asarray(label)
+    if y.ndim == 2:
+        if not np.isin(y, (0, 1)).all():
+            raise DataError(f"{name}: multi-label targets [events, classes] must be 0 or 1")
+        return None, None
+    values, index = np.unique(y, return_inverse=True)
+    if np.isin(values, (0, 1)).all():
+        return None, None
+    if len(values) > MAX_CLASSES:
+        raise DataError(f"{name}: the label column has {len(values):,} distinct values, more than the "
+                        f"{MAX_CLASSES:,} classes a classifier is built for")
+    return values, index
+
+
 def class_targets(label: np.ndarray, name: str = "data") -> tuple[np.ndarray, np.ndarray | None]:
     """Targets of a classifier on events: float32 ``[num_events, C]`` and, for one class per event,
     the class values (None for 0/1 targets, which are used as they are).
@@ -154,16 +172,9 @@ def class_targets(label: np.ndarray, name: str = "data") -> tuple[np.ndarray, np
     bitcoin ratings -10..10) is one-hot over its distinct values, not read as a 0/1 target.
     """
     y = np.asarray(label)
-    if y.ndim == 2:
-        if not np.isin(y, (0, 1)).all():
-            raise DataError(f"{name}: multi-label targets [events, classes] must be 0 or 1")
-        return y.astype(np.float32), None
-    values, index = np.unique(y, return_inverse=True)
-    if np.isin(values, (0, 1)).all():
-        return y.astype(np.float32).reshape(-1, 1), None
-    if len(values) > MAX_CLASSES:
-        raise DataError(f"{name}: the label column has {len(values):,} distinct values, more than the "
-                        f"{MAX_CLASSES:,} classes a classifier is built for")
+    values, index = label_classes(y, name)
+    if values is None:
+        return y.astype(np.float32).reshape(len(y), -1), None
     onehot = np.zeros((len(y), len(values)), np.float32)
     onehot[np.arange(len(y)), index] = 1
     return onehot, values
@@ -783,6 +794,14 @@ def file_stem(path: str | Path) -> str:
     return re.sub(r"(\.(txt|csv|tsv|gz|zip|npz))+$", "", name) or name
 
 
+def existing(path: str | Path) -> Path:
+    """``path`` (with ``~`` expanded), or a DataError when there is nothing there."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise DataError(f"{p}: no such file or directory")
+    return p
+
+
 def detect_format(path: Path) -> str:
     if path.is_dir():
         if (path / "edges.csv").exists():
@@ -816,9 +835,7 @@ def load_graph(path: str | Path | None = None, *, format: str = "auto", columns:
         origin, data = _collegemsg_bytes()
         fmt = "collegemsg"
     else:
-        origin = Path(path).expanduser()
-        if not origin.exists():
-            raise DataError(f"{origin}: no such file or directory")
+        origin = existing(path)
         fmt = detect_format(origin) if format == "auto" else format
         data = None
     if fmt == "native":

@@ -36,7 +36,7 @@ from tgdist.errors import ConfigError
 from tgdist.launcher import collectives
 from tgdist.launcher.schedule import Layout, num_iterations, scaled_lr, step
 from tgdist.runtime import checkpoint
-from tgdist.runtime.kernels import available_cpus
+from tgdist.runtime.kernels import cpu_mask
 from tgdist.runtime.memory import LocalMemory, MemoryRead
 from tgdist.runtime.trainer import Trainer, memory_for
 
@@ -277,10 +277,7 @@ def cpu_share(group) -> int:
     """CPU threads for this trainer: its affinity mask divided among the processes of this machine
     in ``group`` that have the same mask. Ranks that share the machine unbound (torchrun) split it;
     ranks bound to their own CPUs (SLURM's ``--cpus-per-task``, MPI binding) keep theirs."""
-    try:
-        mask = tuple(sorted(os.sched_getaffinity(0)))
-    except AttributeError:  # no affinity call on this platform: assume every rank sees all CPUs
-        mask = tuple(range(available_cpus()))
+    mask = cpu_mask()
     mine = (socket.gethostname(), mask)
     peers = collectives.all_gather_object(mine, group, name="cpu_share", counter=collectives.ByteCounter())
     return max(1, len(mask) // peers.count(mine))

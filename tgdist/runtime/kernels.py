@@ -297,14 +297,19 @@ def torch_threads_kept():
             torch.set_num_threads(threads)
 
 
-def available_cpus() -> int:
+def cpu_mask() -> tuple[int, ...]:
     """The CPUs this process may run on: its affinity mask (``taskset``, SLURM's
     ``--cpus-per-task``, MPI binding), not the machine's ``os.cpu_count()``. (numba sizes its
     thread pool the same way when it is imported, and cannot grow it later.)"""
     try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # no affinity call on this platform (macOS)
-        return os.cpu_count() or 1
+        return tuple(sorted(os.sched_getaffinity(0)))
+    except AttributeError:  # no affinity call on this platform (macOS): every CPU
+        return tuple(range(os.cpu_count() or 1))
+
+
+def available_cpus() -> int:
+    """How many CPUs this process may run on (``cpu_mask``)."""
+    return len(cpu_mask())
 
 
 def set_threads(num_threads: int) -> int:
