@@ -334,7 +334,7 @@ class ModelConfig:
 @dataclass
 class TrainConfig:
     task: str = "link"  # link | node (dynamic node classification) | edge (edge classification)
-    epochs: int = 5
+    epochs: int = 5  # 0: evaluate the model as initialised (a baseline), single-process only
     batch_size: int = 200
     lr: float = 1e-4
     lr_scaling: str = "linear"  # with the global batch in parallel runs: linear | sqrt | none

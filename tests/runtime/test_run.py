@@ -128,6 +128,22 @@ def test_run_directory_files(tmp_path):
     assert "model:" in (d / "config.yaml").read_text()
 
 
+def test_zero_epochs_evaluates_the_untrained_model(tmp_path):
+    cfg = compose(SMALL + ["train.epochs=0", f"run_dir={tmp_path / 'z'}"])
+    r = Run(cfg, tmp_path / "z")
+    before = {k: v.clone() for k, v in r.trainer.model.state_dict().items()}
+    s = r.train()
+    assert s["epochs"] == 0 and "best_epoch" not in s and "train_events_per_s" not in s
+    for key in ("val_ap", "val_auc", "val_mrr", "test_ap", "test_auc", "test_mrr"):
+        assert 0.0 <= s[key] <= 1.0, key
+    after = r.trainer.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # evaluated, not trained
+    rec = json.loads((tmp_path / "z" / "metrics.jsonl").read_text())
+    assert rec["epoch"] == -1 and rec["test_ap"] == s["test_ap"] and "train_ap" in rec
+    trained, _ = run(tmp_path, "t", ["train.epochs=1"])
+    assert trained["test_ap"] != s["test_ap"]
+
+
 @pytest.mark.parametrize("model", ["jodie", "apan", "tgat2"])
 def test_other_models_run(tmp_path, model):
     s, _ = run(tmp_path, model, ["train.epochs=1", f"model={model}", "model.mem_dim=16"])

@@ -101,11 +101,25 @@ class Run:
                          res["events_per_s"])
                 log.info("training stage times:\n%s", train_stages.table(res["train_events"]))
                 self._checkpoint(epoch + 1, 0)
+        if cfg.train.epochs == 0 and not cfg.train.resume and cfg.train.task == "link":
+            self.evaluate_untrained()
         summary = self.summary()
         if cfg.train.task in ("node", "edge"):
             summary.update(downstream(tr, cfg.train.task, cfg.train.node_class_epochs))
         (self.dir / "summary.json").write_text(json.dumps(summary, indent=1))
         return summary
+
+    def evaluate_untrained(self) -> None:
+        """``train.epochs=0``: the link metrics of the model as initialised (a baseline). The
+        training events only advance the memory, as evaluation does; no parameter changes."""
+        tr = self.trainer
+        log.info("train.epochs=0: evaluating the model as initialised, without training")
+        tr.memory.reset_state()
+        res = {"epoch": -1, **tr.evaluate("train"), **tr.evaluate("val"), **tr.evaluate("test")}
+        self.history.append(_jsonable(res))
+        with open(self.dir / "metrics.jsonl", "a") as mf:
+            mf.write(json.dumps(self.history[-1]) + "\n")
+        log.info("untrained: %s", ", ".join(f"{k} {v:.4f}" for k, v in res.items() if k != "epoch"))
 
     @staticmethod
     def write_summary(run_dir, cfg: DictConfig, summary: dict) -> None:
@@ -118,16 +132,20 @@ class Run:
         if not self.history:
             return {"epochs": 0, "run_dir": str(self.dir)}
         last = self.history[-1]
-        best = max(self.history, key=lambda h: h.get("val_ap", float("-inf")))
         m = self.cfg.model
         out = {"run_dir": str(self.dir), "data": self.cfg.data.name, "model": model_tag(m.name, m.num_layers),
-               "epochs": len(self.history), "batch_size": self.cfg.train.batch_size}
+               "epochs": 0, "batch_size": self.cfg.train.batch_size}
         out.update({k: v for k, v in last.items() if k.startswith(("val_", "test_")) or k == "loss"})
+        trained = [h for h in self.history if h["epoch"] >= 0]
+        if not trained:  # train.epochs=0: an untrained baseline
+            return out
+        best = max(trained, key=lambda h: h.get("val_ap", float("-inf")))
+        out["epochs"] = len(trained)
         out["best_epoch"] = best["epoch"]
         out["best_val_ap"] = best.get("val_ap")
         out["test_ap_at_best_val"] = best.get("test_ap")
-        out["train_events_per_s"] = float(np.mean([h["events_per_s"] for h in self.history]))
-        out["traversed_events"] = int(sum(h["train_events"] for h in self.history))
+        out["train_events_per_s"] = float(np.mean([h["events_per_s"] for h in trained]))
+        out["traversed_events"] = int(sum(h["train_events"] for h in trained))
         return out
 
 
