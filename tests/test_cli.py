@@ -142,6 +142,14 @@ def test_data_usage_errors(capsys):
     assert e.value.code == 0 and "info" in capsys.readouterr().out
 
 
+def test_top_level_usage(capsys):
+    assert cli.main([]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tgdist: error: give a command\n") and "launch" in err
+    assert cli.main(["--help"]) == 0 and "usage: tgdist <command>" in capsys.readouterr().out
+    assert cli.main(["trian"]) == 2 and "unknown command 'trian' (did you mean 'train'?)" in capsys.readouterr().err
+
+
 def test_data_synth_through_the_real_command(tmp_path):
     out = tmp_path / "p.npz"
     proc = run_cli("data", "synth", "--num-events", "500", "--num-nodes", "50", "--out", str(out))

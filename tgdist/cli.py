@@ -6,6 +6,7 @@ exactly as ``python -m tgdist.train`` would.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import sys
 
@@ -28,7 +29,10 @@ def usage() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] in ("-h", "--help", "help"):
+    if not argv:  # like a missing argument: usage on stderr, exit 2
+        print(f"tgdist: error: give a command\n\n{usage()}", file=sys.stderr)
+        return 2
+    if argv[0] in ("-h", "--help", "help"):
         print(usage())
         return 0
     if argv[0] in ("-V", "--version"):
@@ -37,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     name = argv[0]
     if name not in COMMANDS:
-        print(f"tgdist: error: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        close = difflib.get_close_matches(name, COMMANDS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        print(f"tgdist: error: unknown command {name!r}{hint}\n\n{usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[name][0])
     sys.argv = [f"tgdist {name}", *argv[1:]]
