@@ -103,8 +103,9 @@ def test_sweep_checked_before_any_job(capsys):
         cli_main(["launch", "--dry-run", "--", "-m", "parallel.i=1,0"])
     assert e.value.code == 2 and capsys.readouterr() == (
         "", "tgdist launch: error: parallel.i must be a positive integer, got 0 (sweep job #1: parallel.i=0)\n")
-    rc = cli_main(["launch", "--nproc", "2", "--dry-run", "--", "-m", "parallel.i=2,1"])
-    assert rc == 2 and capsys.readouterr() == (
+    with pytest.raises(SystemExit) as e:  # the process count of every job too
+        cli_main(["launch", "--nproc", "2", "--dry-run", "--", "-m", "parallel.i=2,1"])
+    assert e.value.code == 2 and capsys.readouterr() == (
         "", ("tgdist launch: error: parallel.i x parallel.j x parallel.k = 1 x 1 x 1 = 1 but --nproc 2 x --nnodes 1 "
              "starts 2 processes (sweep job #1: parallel.i=1)\n"))
     with pytest.raises(SystemExit) as e:
@@ -145,8 +146,30 @@ def test_real_launch(tmp_path):
 def test_exit_code_is_forwarded(tmp_path):
     res = run([sys.executable, "-m", "tgdist", "launch", "--nproc", "1", "--module", "tests.launcher.probe", "--",
                "--layout", "2,1,1"])
-    assert res.returncode == 1  # torchrun reports the worker's failure (a ConfigError traceback) as 1
+    assert res.returncode == 1  # the probe's exit code (an uncaught ConfigError), not torchrun's
     assert "parallel.i x parallel.j x parallel.k = 2 x 1 x 1 = 2 but the world has 1 process" in res.stderr
+    assert res.stderr.splitlines()[-1] == "tgdist launch: rank 0 exited with 1 (its error is above)"
+    assert "ChildFailedError" not in res.stderr and "Root Cause" not in res.stderr  # torchrun's own report
+
+
+@pytest.mark.distributed
+def test_a_rank_error_ends_in_one_launcher_line(tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_text("1 2 x\n2 3 4\n")
+    res = run([sys.executable, "-m", "tgdist", "launch", "--nproc", "2", "--", "parallel.i=2", f"data.path={bad}",
+               "train.progress=false", f"run_dir={tmp_path / 'run'}"])
+    assert res.returncode == 2, res.stderr  # the ranks' DataError exit code
+    lines = res.stderr.strip().splitlines()
+    assert sum("non-numeric field 'x'" in ln for ln in lines) == 2  # each rank's own one-line error
+    assert lines[-1].startswith("tgdist launch: rank ") and "exited with 2 (its error is above)" in lines[-1]
+    assert not any("Traceback" in ln or "OMP_NUM_THREADS" in ln or "closing signal" in ln for ln in lines), lines
+    assert len(lines) == 4, lines  # the command, two rank errors, the report
+
+
+def test_nproc_is_checked_against_the_default_layout(capsys):
+    assert cli_main(["launch", "--nproc", "2", "--dry-run", "--", "train.epochs=1"]) == 2
+    assert capsys.readouterr().err == ("tgdist launch: error: parallel.i x parallel.j x parallel.k = 1 x 1 x 1 = 1 "
+                                       "but --nproc 2 x --nnodes 1 starts 2 processes\n")
 
 
 @pytest.mark.distributed

@@ -145,11 +145,11 @@ def main(argv: list[str] | None = None) -> int:
             cfg = precheck_overrides("tgdist launch", "train", args.overrides)
             if cfg is not None:
                 precheck(cfg)
+                processes = _nproc(args, _layout(args, cfg, args.overrides)) * args.nnodes
                 if cfg.train.resume:  # a checkpoint of another config or epochs, before any process starts
                     from tgdist.runtime import checkpoint
                     from tgdist.runtime.run import is_parallel
 
-                    processes = _nproc(args, parallel_overrides(args.overrides)) * args.nnodes
                     checkpoint.check_resume(cfg, parallel=is_parallel(cfg) or processes > 1)
         return _launch(args, args.overrides)
     return _sweep(args, [a for a in args.overrides if a not in ("-m", "--multirun")])
@@ -164,7 +164,12 @@ def _sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     from tgdist.config import sweep_jobs, swept_values
     from tgdist.runtime.build import precheck
 
-    jobs, swept = sweep_jobs("tgdist launch", "train", overrides, precheck if args.module == "tgdist.train" else None)
+    def check(cfg) -> None:
+        precheck(cfg)
+        if par := _layout(args, cfg, []):  # else the job's own overrides decide (below)
+            _nproc(args, par)
+
+    jobs, swept = sweep_jobs("tgdist launch", "train", overrides, check if args.module == "tgdist.train" else None)
     for num, job in enumerate(jobs):  # the process counts, before anything starts
         try:
             _nproc(args, parallel_overrides(job))
@@ -182,6 +187,14 @@ def _sweep(args: argparse.Namespace, overrides: list[str]) -> int:
             print(f"tgdist launch: sweep stopped: job #{num} exited with {rc}", file=sys.stderr, flush=True)
             return rc
     return 0
+
+
+def _layout(args: argparse.Namespace, cfg, overrides: list[str]) -> dict[str, int]:
+    """parallel.i/j/k to check the process count against: the composed config's (its defaults
+    included) when the overrides give one of them or ``--nproc`` is given, else none."""
+    if parallel_overrides(overrides) or args.nproc is not None or any(cfg.parallel[k] != 1 for k in "ijk"):
+        return {k: int(cfg.parallel[k]) for k in "ijk"}
+    return {}
 
 
 def _nproc(args: argparse.Namespace, par: dict[str, int]) -> int:
@@ -216,7 +229,8 @@ def _launch(args: argparse.Namespace, overrides: list[str]) -> int:
         print(shlex.join(cmd))
         return 0
     print(f"tgdist launch: {shlex.join(cmd)}", file=sys.stderr, flush=True)
-    return run_forwarding_signals(cmd)
+    run_as = [cmd[0], "-m", "tgdist.launcher.torchrun", *cmd[3:]]  # the same, with a short failure report
+    return run_forwarding_signals(run_as)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,67 @@
+"""``python -m tgdist.launcher.torchrun ARGS``: ``python -m torch.distributed.run ARGS`` with a
+short failure report. This is what ``tgdist launch`` runs (its ``--dry-run`` prints the plain
+torchrun command, which behaves the same apart from the report).
+
+When a worker fails, torchrun prints its own traceback and a failure table below the error the
+worker already printed (``tgdist train [rank N]: error: ...``). Here that becomes one line naming
+the rank that failed first and its exit code, and the exit code is the worker's (2 for a settings
+or data error; 128 + N for a worker killed by signal N) instead of torchrun's 1. The elastic
+agent's log lines about stopping the other workers are dropped too. Everything else (rendezvous
+errors, signals, a worker's own output) is left as torchrun reports it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+__all__ = ["main"]
+
+_NOISE = ("Sending process", "failed (exitcode")  # the agent's lines on stopping the other workers
+
+
+class _DropWorkerStopLines(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.name.startswith("torch.distributed.elastic") and record.getMessage().startswith(_NOISE))
+
+
+def _quiet_agent() -> None:
+    quiet = _DropWorkerStopLines()
+    for name in ("", "torch", "torch.distributed", "torch.distributed.elastic"):
+        for handler in logging.getLogger(name).handlers:
+            handler.addFilter(quiet)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import parse_args, run
+
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    _quiet_agent()
+    if "OMP_NUM_THREADS" not in os.environ:
+        # torchrun would set 1 with a banner; tgdist sets each rank's threads itself (its share of the
+        # machine's CPUs, train.num_threads=0), so the banner would only mislead
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        nproc = int(args.nproc_per_node) if str(args.nproc_per_node).isdigit() else 1
+        os.environ["OMP_NUM_THREADS"] = str(max(1, cpus // max(1, nproc)))
+    try:
+        run(args)
+    except ChildFailedError as e:
+        rank, failure = e.get_first_failure()
+        code = failure.exitcode
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with {code}"
+        failed = sorted(r for r, f in e.failures.items() if r != rank and f.exitcode > 0)
+        stopped = sorted(r for r, f in e.failures.items() if r != rank and f.exitcode <= 0)
+        report = f"tgdist launch: rank {rank} {how}" + (" (its error is above)" if code > 0 else "")
+        if failed:
+            report += f"; rank{'s' * (len(failed) > 1)} {', '.join(map(str, failed))} failed too"
+        if stopped:
+            report += f"; rank{'s' * (len(stopped) > 1)} {', '.join(map(str, stopped))} stopped by torchrun"
+        print(report, file=sys.stderr, flush=True)
+        return 128 - code if code < 0 else code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
