@@ -185,7 +185,19 @@ INVALID = [
     (["train.lr_scaling=log"], "train.lr_scaling='log': choose linear, sqrt, none"),
     (["train.device=tpu"], "train.device='tpu': choose auto, cpu, cuda or cuda:N"),
     (["train.device=cuda:99"], "train.device=cuda:99 but (CUDA is not available|this machine has)"),
+    (["data.val_frac=0.9", "data.test_frac=0.2"], r"data.val_frac=0.9, data.test_frac=0.2: each must be in \[0, 1\)"),
+    (["data.test_frac=-0.1"], r"data.test_frac=-0.1: each must be"),
+    (["train.resume=/nonexistent/run"], "train.resume=/nonexistent/run: no checkpoint at /nonexistent/run$"),
 ]
+
+
+def test_split_and_resume_are_checked_without_the_data():
+    from tgdist.runtime.build import precheck, validate
+
+    with pytest.raises(ConfigError, match="data.val_frac=0.5, data.test_frac=0.5"):
+        validate(compose(["data.val_frac=0.5", "data.test_frac=0.5", "data.path=/nonexistent.csv"]))
+    with pytest.raises(ConfigError, match="train.resume=/nonexistent/run: no checkpoint"):
+        precheck(compose(["train.resume=/nonexistent/run"]))
 
 
 @pytest.mark.parametrize("overrides, message", INVALID, ids=[o[-1] for o, _ in INVALID])

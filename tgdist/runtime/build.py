@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from tgdist.config import check_data_source, load_data
 from tgdist.errors import ConfigError
 from tgdist.launcher.schedule import LR_SCALING_MODES, Layout
-from tgdist.runtime import kernels
+from tgdist.runtime import checkpoint, kernels
 from tgdist.runtime.data import (
     TemporalGraph,
     chronological_split,
@@ -88,6 +88,10 @@ def validate(cfg: DictConfig) -> None:
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", t.device):
         raise ConfigError(f"train.device={t.device!r}: choose auto, cpu, cuda or cuda:N")
     resolve_device(t.device)  # cuda where there is none: refused here, before the data is read
+    d = cfg.data
+    if not (0 <= d.val_frac < 1 and 0 <= d.test_frac < 1 and d.val_frac + d.test_frac < 1):
+        raise ConfigError(f"data.val_frac={d.val_frac}, data.test_frac={d.test_frac}: each must be in [0, 1) "
+                          f"and their sum below 1 (the rest is the training part)")
 
 
 def precheck(cfg: DictConfig) -> None:
@@ -96,6 +100,8 @@ def precheck(cfg: DictConfig) -> None:
     job before the first starts."""
     validate(cfg)
     check_data_source(cfg.data)
+    if cfg.train.resume:
+        checkpoint.find(cfg.train.resume)
 
 
 def check_labels(task: str, graph: TemporalGraph, split) -> None:
@@ -126,6 +132,8 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
     parallel run passes its share of the machine (``distributed.cpu_share``).
     """
     validate(cfg)
+    if cfg.train.resume:  # before the data is read
+        checkpoint.find(cfg.train.resume)
     cpus = cpus or kernels.available_cpus()
     torch_threads, numba_threads = cfg.train.num_threads or cpus, cfg.sampler.num_threads or cpus
     torch.set_num_threads(torch_threads)
