@@ -118,6 +118,13 @@ def test_unreadable_checkpoint_names_the_cause_in_one_line(tmp_path):
         assert "\n" not in msg and "weights_only" not in msg and len(msg) < 300
 
 
+def test_reusing_a_run_directory_warns(tmp_path, caplog):
+    run(tmp_path, "a", ["train.epochs=1"])
+    assert "already holds a run" not in caplog.text
+    run(tmp_path, "a", ["train.epochs=1"])
+    assert f"run_dir {tmp_path / 'a'} already holds a run" in caplog.text
+
+
 def test_run_directory_files(tmp_path):
     summary, d = run(tmp_path, "a", ["train.epochs=1"])
     rec = json.loads((d / "metrics.jsonl").read_text().splitlines()[0])

@@ -36,6 +36,8 @@ class Run:
         self.cfg = cfg
         self.dir = Path(run_dir)
         self.trainer = trainer or build_trainer(cfg)  # first: a config or data error leaves no directory
+        if (self.dir / "metrics.jsonl").exists() and not cfg.train.resume:
+            log.warning("run_dir %s already holds a run; its metrics, summary and checkpoint are replaced", self.dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.history: list[dict] = []
         self.ckpt_path = self.dir / "checkpoints" / "last.pt"
