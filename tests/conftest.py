@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
+
+# A test command started in the background by a shell without job control (`make test &` in a
+# script, some CI runners) inherits SIGINT ignored, and so would every process the tests start:
+# the Ctrl-C tests would then see their SIGINT ignored. Tests send SIGINT on purpose, so take it
+# back: an exec'd child resets a handled signal to its default, but keeps an ignored one ignored.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # The repository's sibling folder shared/ holds the real data sets (see shared/datasets/SOURCES.md).
 DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
