@@ -194,6 +194,7 @@ INVALID = [
     (["train.device=cuda:99"], "train.device=cuda:99 but (CUDA is not available|this machine has)"),
     (["data.val_frac=0.9", "data.test_frac=0.2"], r"data.val_frac=0.9, data.test_frac=0.2: each must be in \[0, 1\)"),
     (["data.test_frac=-0.1"], r"data.test_frac=-0.1: each must be"),
+    (["train.epochs=0", "parallel.k=2"], r"train.epochs=0 \(evaluate the untrained model\) runs in one process"),
     (["train.resume=/nonexistent/run"], "train.resume=/nonexistent/run: no checkpoint at /nonexistent/run$"),
 ]
 

@@ -84,7 +84,10 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"train.lr_scaling={t.lr_scaling!r}: choose {', '.join(LR_SCALING_MODES)}")
     if m.num_layers not in (1, 2):
         raise ConfigError(f"model.num_layers={m.num_layers}: 1 or 2 attention layers are supported")
-    Layout(cfg.parallel.i, cfg.parallel.j, cfg.parallel.k)  # each a positive integer
+    layout = Layout(cfg.parallel.i, cfg.parallel.j, cfg.parallel.k)  # each a positive integer
+    if t.epochs == 0 and (layout.i * layout.j * layout.k > 1 or cfg.memory.backend == "daemon"):
+        raise ConfigError(f"train.epochs=0 (evaluate the untrained model) runs in one process; a parallel run "
+                          f"needs a positive multiple of parallel.j x parallel.k = {layout.j * layout.k}")
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", t.device):
         raise ConfigError(f"train.device={t.device!r}: choose auto, cpu, cuda or cuda:N")
     resolve_device(t.device)  # cuda where there is none: refused here, before the data is read
