@@ -142,6 +142,15 @@ def test_data_usage_errors(capsys):
     assert e.value.code == 0 and "info" in capsys.readouterr().out
 
 
+def test_data_synth_help_is_the_schema_documentation(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["data", "synth", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert e.value.code == 0
+    assert "--p-repeat P_REPEAT chance the destination is one of the source's last partners; default 0.5" in out
+    assert "--num-src-nodes NUM_SRC_NODES bipartite: how many nodes are sources (0: 90%); default 0" in out
+
+
 def test_top_level_usage(capsys):
     assert cli.main([]) == 2
     err = capsys.readouterr().err

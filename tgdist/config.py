@@ -154,7 +154,7 @@ OmegaConf.register_new_resolver("data_name", data_name, replace=True)
 class SyntheticConfig:
     """Seeded generator used when ``data.format=synthetic``."""
 
-    num_events: int = 100_000  # events in the stream (data=synthetic)
+    num_events: int = 100_000  # events in the stream
     num_nodes: int = 10_000  # nodes, all of which may take part
     num_communities: int = 20  # nodes fall in communities; most events stay inside one
     p_in_community: float = 0.8  # chance an event's destination is in its source's community

@@ -10,11 +10,13 @@ Errors are ``DataError`` / ``ConfigError``; the ``tgdist`` command prints them a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 import warnings
 from pathlib import Path
 
+from tgdist.config import DataConfig, SyntheticConfig, key_notes
 from tgdist.errors import ConfigError, TgdistError
 from tgdist.runtime import data as tdata
 
@@ -33,21 +35,22 @@ def _parser() -> argparse.ArgumentParser:
     info.add_argument("--strict", action="store_true", help="unsorted times are an error instead of a stable sort")
     info.add_argument("--no-cache", action="store_true", help="neither read nor write the processed-graph cache")
     info.add_argument("--cache-dir", default=None, help="default: $TGDIST_CACHE or ~/.cache/tgdist")
-    info.add_argument("--val-frac", type=float, default=0.15)
-    info.add_argument("--test-frac", type=float, default=0.15)
+    split = ("the last val + test fractions of the events are validation then test (cut back to whole "
+             "timestamps); default %(default)s")
+    info.add_argument("--val-frac", type=float, default=DataConfig.val_frac, help=split)
+    info.add_argument("--test-frac", type=float, default=DataConfig.test_frac, help=split)
 
+    # the options of data=synthetic: the schema's fields, defaults and documentation (data.synthetic.*)
     syn = sub.add_parser("synth", help="write a seeded synthetic graph in the native .npz format")
-    syn.add_argument("--num-events", type=int, required=True)
-    syn.add_argument("--num-nodes", type=int, required=True)
-    syn.add_argument("--num-communities", type=int, default=20)
-    syn.add_argument("--p-in-community", type=float, default=0.8)
-    syn.add_argument("--p-repeat", type=float, default=0.5)
-    syn.add_argument("--activity-exponent", type=float, default=1.5)
-    syn.add_argument("--edge-dim", type=int, default=0)
-    syn.add_argument("--node-dim", type=int, default=0)
-    syn.add_argument("--bipartite", action="store_true")
-    syn.add_argument("--num-src-nodes", type=int, default=0, help="bipartite: number of sources (default 90%%)")
-    syn.add_argument("--seed", type=int, default=0)
+    notes = key_notes(SyntheticConfig)
+    for f in dataclasses.fields(SyntheticConfig):
+        flag, text = "--" + f.name.replace("_", "-"), notes[f.name].replace("%", "%%")
+        if isinstance(f.default, bool):
+            syn.add_argument(flag, action="store_true", help=text)
+        elif f.name in ("num_events", "num_nodes"):
+            syn.add_argument(flag, type=type(f.default), required=True, help=text)
+        else:
+            syn.add_argument(flag, type=type(f.default), default=f.default, help=f"{text}; default %(default)s")
     syn.add_argument("--out", required=True, help="output file, e.g. synth.npz (written atomically)")
     syn.add_argument("--quiet", action="store_true", help="no progress on stderr")
     return p
