@@ -302,7 +302,7 @@ class Trainer:
             self.epoch_loss_sum += out.loss * (e - s)
             self.epoch_events += e - s
             ran += e - s
-            prog.update(e - s, loss=out.loss)
+            prog.update(e - s, loss=self.epoch_loss_sum / self.epoch_events)  # the epoch's mean so far
             if on_batch is not None:
                 on_batch(epoch, i + 1)
         el = time.perf_counter() - t0
