@@ -42,9 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     if "OMP_NUM_THREADS" not in os.environ:
         # torchrun would set 1 with a banner; tgdist sets each rank's threads itself (its share of the
         # machine's CPUs, train.num_threads=0), so the banner would only mislead
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        from tgdist.runtime.kernels import cpu_mask
+
         nproc = int(args.nproc_per_node) if str(args.nproc_per_node).isdigit() else 1
-        os.environ["OMP_NUM_THREADS"] = str(max(1, cpus // max(1, nproc)))
+        os.environ["OMP_NUM_THREADS"] = str(max(1, len(cpu_mask()) // max(1, nproc)))
     try:
         run(args)
     except ChildFailedError as e:

@@ -47,7 +47,7 @@ def seed_everything(seed: int, deterministic: bool) -> None:
 
 
 def validate(cfg: DictConfig) -> None:
-    """Reject invalid settings before any data is read."""
+    """Reject invalid settings (and a resume checkpoint that is not there) before any data is read."""
     t, m = cfg.train, cfg.model
     if m.name not in ("tgn", "jodie", "apan"):
         raise ConfigError(f"model.name={m.name!r}: choose tgn, jodie or apan")
@@ -95,6 +95,8 @@ def validate(cfg: DictConfig) -> None:
     if not (0 <= d.val_frac < 1 and 0 <= d.test_frac < 1 and d.val_frac + d.test_frac < 1):
         raise ConfigError(f"data.val_frac={d.val_frac}, data.test_frac={d.test_frac}: each must be in [0, 1) "
                           f"and their sum below 1 (the rest is the training part)")
+    if t.resume:  # a checkpoint that is not there (whether it fits this run is checked when it is read)
+        checkpoint.find(t.resume)
 
 
 def precheck(cfg: DictConfig) -> None:
@@ -103,8 +105,6 @@ def precheck(cfg: DictConfig) -> None:
     job before the first starts."""
     validate(cfg)
     check_data_source(cfg.data)
-    if cfg.train.resume:
-        checkpoint.find(cfg.train.resume)
 
 
 def check_labels(task: str, graph: TemporalGraph, split) -> None:
@@ -135,8 +135,6 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
     parallel run passes its share of the machine (``distributed.cpu_share``).
     """
     validate(cfg)
-    if cfg.train.resume:  # before the data is read
-        checkpoint.find(cfg.train.resume)
     cpus = cpus or kernels.available_cpus()
     torch_threads, numba_threads = cfg.train.num_threads or cpus, cfg.sampler.num_threads or cpus
     torch.set_num_threads(torch_threads)
