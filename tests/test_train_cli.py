@@ -8,6 +8,7 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 QUICK = ["data.max_events=1200", "model.mem_dim=16", "model.time_dim=8", "train.epochs=1", "train.batch_size=100",
          "train.num_neg_eval=4", "train.progress=false"]
@@ -274,3 +275,20 @@ def test_misspelt_keys_get_a_suggestion():
     assert closest_keys("partition.out", "partition") == ["partition.out_dir"]
     assert closest_keys("train.zzzzz", "train") == [] and closest_keys("zzz", "train") == []
     assert closest_keys("partition.num_parts", "train") == []  # not a key of tgdist train
+
+
+def test_unknown_key_without_a_close_spelling_lists_its_group(capsys):
+    """No key spelt like ``sampler.num_neighbors``: the message lists the keys ``sampler`` has."""
+    from tgdist.config import _compose_or_exit, keys_under
+
+    assert keys_under("sampler", "train") == ["strategy", "fanouts", "num_threads", "both_directions", "seed"]
+    assert keys_under("nosuchgroup", "train") == [] and keys_under("", "train") == []
+    with pytest.raises(SystemExit) as exit_:
+        _compose_or_exit("tgdist train", "train", ["sampler.num_neighbors=5"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == (
+        "tgdist train: error: Could not override 'sampler.num_neighbors': Key 'num_neighbors' not in "
+        "'SamplerConfig'; its keys are strategy, fanouts, num_threads, both_directions, seed\n")
+    with pytest.raises(SystemExit):
+        _compose_or_exit("tgdist train", "train", ["sampler.fanout=[5]"])  # a close spelling: named alone
+    assert capsys.readouterr().err.endswith("did you mean 'sampler.fanouts'?\n")

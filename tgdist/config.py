@@ -355,6 +355,8 @@ def _compose_or_exit(command: str, config_name: str, overrides: list[str], where
         if guesses:
             said = guesses[0] if len(guesses) == 1 else ", ".join(guesses[:-1]) + " or " + guesses[-1]
             msg += f"; did you mean {said}?"
+        elif typo and (siblings := keys_under(typo.group(1).lstrip("+~").rpartition(".")[0], config_name)):
+            msg += f"; its keys are {', '.join(siblings)}"
         print(f"{command}: error: {msg}" + (f" ({where})" if where else ""), file=sys.stderr)
         sys.exit(2)
 
@@ -373,15 +375,26 @@ def schema_keys(root: type, prefix: str = "") -> list[str]:
     return keys
 
 
+def _schema_for(config_name: str) -> type:
+    from tgdist.partition.config import PartitionJob
+
+    return PartitionJob if config_name.startswith("partition") else TrainApp
+
+
+def keys_under(parent: str, config_name: str) -> list[str]:
+    """The last parts of the keys directly under ``parent`` (``sampler`` -> ``strategy``,
+    ``fanouts``, ...), in schema order; empty when ``parent`` is not a group of the schema."""
+    return [k.rpartition(".")[2] for k in schema_keys(_schema_for(config_name)) if k.rpartition(".")[0] == parent] \
+        if parent else []
+
+
 def closest_keys(key: str, config_name: str) -> list[str]:
     """The keys a misspelt override most likely meant: under an existing parent, a close spelling
     of the last part (``train.epoch``); else the keys whose last part it is (``epochs``,
     ``trian.epochs`` -> ``train.epochs``); else a close spelling of the whole path (``modle``)."""
     import difflib
 
-    from tgdist.partition.config import PartitionJob
-
-    keys = schema_keys(PartitionJob if config_name.startswith("partition") else TrainApp)
+    keys = schema_keys(_schema_for(config_name))
     name = key.lstrip("+~")
     parent, _, last = name.rpartition(".")
     if parent in keys:

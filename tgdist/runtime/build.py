@@ -53,9 +53,12 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"model.name={m.name!r}: choose tgn, jodie or apan")
     if t.task not in ("link", "node", "edge"):
         raise ConfigError(f"train.task={t.task!r}: choose link, node or edge")
-    if t.batch_size <= 0 or t.epochs < 0 or not 0 < t.lr < math.inf:
-        raise ConfigError(f"train.batch_size, train.epochs and train.lr must be positive and finite "
-                          f"(got {t.batch_size}, {t.epochs}, {t.lr})")
+    if t.batch_size <= 0:
+        raise ConfigError(f"train.batch_size={t.batch_size}: give a positive number of events per batch")
+    if t.epochs < 0:
+        raise ConfigError(f"train.epochs={t.epochs}: give a count of at least 0 (0 evaluates the untrained model)")
+    if not 0 < t.lr < math.inf:
+        raise ConfigError(f"train.lr={t.lr}: give a positive, finite learning rate")
     fanouts = list(cfg.sampler.fanouts)
     if (not fanouts and m.name != "jodie") or (fanouts and min(fanouts) <= 0):  # JODIE samples none
         raise ConfigError(f"sampler.fanouts={fanouts}: give one positive neighbour count per hop, e.g. [10]")
@@ -75,9 +78,10 @@ def validate(cfg: DictConfig) -> None:
         value = OmegaConf.select(cfg, key)
         if value < bound:
             raise ConfigError(f"{key}={value}: must be at least {bound}")
-    if not 0 < cfg.memory.timeout < math.inf or (cfg.memory.max_ids is not None and cfg.memory.max_ids < 1):
-        raise ConfigError(f"memory.timeout={cfg.memory.timeout} and memory.max_ids={cfg.memory.max_ids}: "
-                          f"give a positive timeout in seconds and a positive row count (or null)")
+    if not 0 < cfg.memory.timeout < math.inf:
+        raise ConfigError(f"memory.timeout={cfg.memory.timeout}: give a positive, finite number of seconds")
+    if cfg.memory.max_ids is not None and cfg.memory.max_ids < 1:
+        raise ConfigError(f"memory.max_ids={cfg.memory.max_ids}: give a positive row count, or null")
     if cfg.memory.backend not in ("auto", "local", "depcache", "daemon"):
         raise ConfigError(f"memory.backend={cfg.memory.backend!r}: choose auto, local, depcache or daemon")
     if t.lr_scaling not in LR_SCALING_MODES:
