@@ -65,6 +65,18 @@ def test_edgelist_skips_blank_and_comment_lines(tmp_path):
     assert g.src.tolist() == [0, 1, 2] and g.dst.tolist() == [1, 2, 0] and g.t.tolist() == [1, 2, 3]
 
 
+def test_konect_percent_comments_are_skipped(tmp_path):
+    """KONECT's ``out.*`` files open with ``%`` lines (format, then counts); they are neither a
+    header nor events, and a bad row further down is still named by its file line."""
+    text = "% sym unweighted\n% 4 3 3\n1 2 1 10\n2 3 1 11\n% a note\n3 1 1 12\n1 3 1 13\n"
+    g = load_graph(write(tmp_path / "out.konect", text), columns="src,dst,_,t", cache=False)
+    assert g.num_events == 4 and g.t.tolist() == [10, 11, 12, 13] and g.src.tolist() == [0, 1, 2, 0]
+    with pytest.raises(DataError, match=r"bad.konect:4: non-numeric field 'x' in column 3"):
+        load_graph(write(tmp_path / "bad.konect", "% sym\n% 2 3 3\n1 2 10\n2 3 x\n"), cache=False)
+    with pytest.raises(DataError, match="only comment lines"):
+        load_graph(write(tmp_path / "c.konect", "% sym\n% 0 0 0\n"), cache=False)
+
+
 def test_edgelist_columns_spec(tmp_path):
     g = load_graph(write(tmp_path / "b.csv", "1,2,0.5,10\n2,1,-1,11\n"), columns="src,dst,feat,t")
     assert g.t.tolist() == [10, 11] and g.edge_feat.tolist() == [[0.5], [-1.0]]

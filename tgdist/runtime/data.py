@@ -6,8 +6,8 @@ features and labels. Node ids are remapped to 0..N-1 (the original ids are kept 
 Timestamps are kept exactly: int64 when every time is an integer, float64 otherwise.
 
 Readers:
-  * ``edgelist``: SNAP / DyGLib text, ``src dst t [extra...]``, whitespace or comma, optional
-    header, plain, ``.gz`` or ``.zip`` (one member).
+  * ``edgelist``: SNAP / DyGLib / KONECT text, ``src dst t [extra...]``, whitespace or comma,
+    optional header, ``#`` and ``%`` comment lines, plain, ``.gz`` or ``.zip`` (one member).
   * ``jodie``: ``user,item,timestamp,state_label,features...`` (bipartite, labels, features),
     including the ``u,i,ts,label`` variant.
   * ``tgl``: a TGL dataset directory (``edges.csv`` with ``,src,dst,time,ext_roll``,
@@ -43,7 +43,8 @@ log = logging.getLogger(__name__)
 
 # Bump when the processed layout or a reader's semantics change, so old cache entries are ignored.
 # 2: node labels (TGL labels.csv), exact int64 columns inside float tables.
-CACHE_VERSION = 2
+# 3: ``%`` lines are comments (KONECT), not a header or data.
+CACHE_VERSION = 3
 FORMATS = ("auto", "edgelist", "jodie", "tgl", "native", "collegemsg")
 
 
@@ -278,16 +279,19 @@ def _parse_table(path: Path, data: bytes, delimiter: str | None = "auto", usecol
                  text_cols: tuple[int, ...] = ()) -> _Table:
     """Parse a numeric table with an optional header line into int64 (if possible) or float64.
 
-    Blank lines and ``#`` comment lines are skipped; every row keeps its file line number so that
-    errors can name it. ``text_cols`` (indices among the columns read) are kept as strings, in
-    ``_Table.text``: node ids such as account names. The first line is a header when its first
-    field is not a number (with ``text_cols``: when none of its other fields is).
+    Blank lines and comment lines (``#``, and KONECT's ``%``) are skipped; every row keeps its file
+    line number so that errors can name it. ``text_cols`` (indices among the columns read) are kept
+    as strings, in ``_Table.text``: node ids such as account names. The first line that is not a
+    ``%`` comment is a header when its first field is not a number (with ``text_cols``: when none
+    of its other fields is); SNAP's ``# FromNodeId ToNodeId`` header lines are comments either way.
     """
     text = data.decode("utf-8", errors="replace")
     if not text.strip():
         raise DataError(f"{path}: file is empty")
     all_lines = text.splitlines()
-    first = next(i for i, ln in enumerate(all_lines) if ln.strip())
+    first = next((i for i, ln in enumerate(all_lines) if ln.strip() and not ln.lstrip().startswith("%")), None)
+    if first is None:
+        raise DataError(f"{path}: no data rows (only comment lines)")
     header = None
     fields = _fields(all_lines[first], delimiter)
     if text_cols:  # names in the id columns: a header has no number in the other columns either
@@ -299,13 +303,14 @@ def _parse_table(path: Path, data: bytes, delimiter: str | None = "auto", usecol
         header = fields
         first += 1
     body = all_lines[first:]
-    keep = np.fromiter(((ln.strip() != "") and not ln.lstrip().startswith("#") for ln in body), dtype=bool, count=len(body))
+    keep = np.fromiter(((ln.strip() != "") and not _is_comment(ln) for ln in body), dtype=bool, count=len(body))
     rows = np.flatnonzero(keep)
     if rows.size == 0:
         raise DataError(f"{path}: no data rows")
     lines = rows + first + 1
+    body = [body[i] for i in rows]  # numpy's row numbers in errors then index ``lines``
     if delimiter == "auto":
-        delimiter = "," if "," in body[rows[0]] else None
+        delimiter = "," if "," in body[0] else None
     if text_cols:
         return _parse_mixed(path, body, lines, header, delimiter, usecols, text_cols)
     exact: dict[int, np.ndarray] = {}
@@ -328,6 +333,11 @@ def _parse_table(path: Path, data: bytes, delimiter: str | None = "auto", usecol
             except ValueError:
                 pass  # written with a fraction or exponent somewhere: float64 it is
     return _Table(values, header, lines, path, exact)
+
+
+def _is_comment(line: str) -> bool:
+    """A whole-line comment: ``#`` (SNAP, DyGLib) or ``%`` (KONECT's ``out.*`` files)."""
+    return line.lstrip().startswith(("#", "%"))
 
 
 def _fields(line: str, delimiter: str | None) -> list[str]:
@@ -468,7 +478,7 @@ def _text_id_columns(data: bytes, ids: tuple[int, ...], usecols: list[int] | Non
     """The id columns (src, dst: indices among the columns read) that hold names rather than
     numbers, judged on the first data line (after a header, whose fields are all non-numeric)."""
     head = data[:1 << 16].decode("utf-8", errors="replace").splitlines()
-    for line in [ln for ln in head if ln.strip() and not ln.lstrip().startswith("#")][:2]:
+    for line in [ln for ln in head if ln.strip() and not _is_comment(ln)][:2]:
         fields = _fields(line, "auto")
         if usecols is not None:
             fields = [fields[c] for c in usecols if c < len(fields)]
