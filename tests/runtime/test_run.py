@@ -202,6 +202,18 @@ INVALID = [
 ]
 
 
+def test_one_timestamp_for_every_event_suggests_naming_the_time_column(tmp_path):
+    """KONECT's ``src dst weight time`` read as ``src dst t``: every event at weight 1, so no split."""
+    path = tmp_path / "out.konect"
+    path.write_text("% sym unweighted\n" + "".join(f"{i} {i + 1} 1 {100 + i}\n" for i in range(20)))
+    with pytest.raises(ConfigError, match=r"leaves none before the validation part; every event has the time 1: "
+                                          r"if the time is another column, name the columns with data.columns"):
+        run(tmp_path, "k", [f"data.path={path}", "data.cache=false"])
+    s, _ = run(tmp_path, "k", [f"data.path={path}", "data.cache=false", "data.columns='src,dst,_,t'",
+                               "train.epochs=1"])
+    assert s["traversed_events"] == 14
+
+
 def test_split_and_resume_are_checked_without_the_data():
     from tgdist.runtime.build import precheck, validate
 

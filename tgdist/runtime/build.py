@@ -155,7 +155,10 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
         n = graph.num_events
         raise ConfigError(f"no training events: the chronological split of {n:,} event{'s' * (n != 1)} "
                           f"(val_frac {cfg.data.val_frac}, test_frac {cfg.data.test_frac}, cut back to whole "
-                          f"timestamps) leaves none before the validation part")
+                          f"timestamps) leaves none before the validation part"
+                          + (f"; every event has the time {graph.t[0]}: if the time is another column, name the "
+                             f"columns with data.columns, e.g. 'src,dst,_,t'" if n > 1 and graph.t[0] == graph.t[-1]
+                             else ""))
     m = cfg.model
     model = build_model(m.name, num_nodes=graph.num_nodes, mem_dim=m.mem_dim, time_dim=m.time_dim,
                         edge_dim=graph.edge_dim, node_dim=graph.node_dim, num_layers=m.num_layers,
