@@ -94,3 +94,12 @@ def test_data_file_without_a_path_is_one_line(tmp_path):
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         "tgdist partition: error: data=file needs data.path=FILE (any supported file or TGL directory)"]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_more_parts_than_nodes_warns(tmp_path):
+    events = _events(tmp_path / "events.txt", nodes=5)
+    r = _run(tmp_path, "data=file", f"data.path={events}", "partition.num_parts=8", "partition.batch_size=40",
+             "partition.out_dir=p", "partition.plot=false", "partition.progress=false")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "tgdist partition: warning: 8 parts for 5 nodes: at least 3 parts will own no node memory"]

@@ -77,6 +77,9 @@ def run(job: PartitionJob) -> Path:
     graph = load_data(job.data)
     split = chronological_split(graph, job.data.val_frac, job.data.test_frac)
     say(f"{graph.describe()}; pre-sampling {split.train_end:,} training events")
+    if p.num_parts > graph.num_nodes:
+        print(f"tgdist partition: warning: {p.num_parts} parts for {graph.num_nodes:,} nodes: at least "
+              f"{p.num_parts - graph.num_nodes:,} parts will own no node memory", file=sys.stderr, flush=True)
     fanouts = tuple(job.sampler.fanouts) if p.neighbors else ()
     access = build_access_graph(graph, num_parts=p.num_parts, batch_size=p.batch_size, train_end=split.train_end,
                                 fanouts=fanouts, strategy=job.sampler.strategy, num_neg=p.num_neg, seed=p.seed,
