@@ -60,8 +60,9 @@ def _hydra_main(cfg: DictConfig) -> None:
     from tgdist.runtime.run import run
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    rank = detect().rank
-    who = f"tgdist train{f' [rank {rank}]' if rank else ''}"
+    world = detect()
+    rank = world.rank
+    who = f"tgdist train{f' [rank {rank}]' if world.world_size > 1 else ''}"  # every rank of a parallel run
     hold_interrupts_during_compiles(who)  # Ctrl-C inside a numba compile crashes at exit
     try:
         summary = run(cfg, run_dir)

@@ -161,6 +161,8 @@ def test_a_rank_error_ends_in_one_launcher_line(tmp_path):
     assert res.returncode == 2, res.stderr  # the ranks' DataError exit code
     lines = res.stderr.strip().splitlines()
     assert sum("non-numeric field 'x'" in ln for ln in lines) == 2  # each rank's own one-line error
+    assert sorted(ln.split(":")[0] for ln in lines if "non-numeric" in ln) == [
+        "tgdist train [rank 0]", "tgdist train [rank 1]"]
     assert lines[-1].startswith("tgdist launch: rank ") and "exited with 2 (its error is above)" in lines[-1]
     assert not any("Traceback" in ln or "OMP_NUM_THREADS" in ln or "closing signal" in ln for ln in lines), lines
     assert len(lines) == 4, lines  # the command, two rank errors, the report
@@ -173,7 +175,8 @@ def test_nproc_is_checked_against_the_default_layout(capsys):
 
 
 @pytest.mark.distributed
-def test_sigterm_is_forwarded_and_nothing_is_left(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_is_forwarded_and_nothing_is_left(tmp_path, sig):
     proc = subprocess.Popen([sys.executable, "-m", "tgdist", "launch", "--nproc", "2", "--master-port", str(free_port()),
                              "--module", "tests.launcher.probe", "--", "--sleep", "120", "--out", str(tmp_path)],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -183,10 +186,11 @@ def test_sigterm_is_forwarded_and_nothing_is_left(tmp_path):
             time.sleep(0.2)
         workers = [int(f.read_text()) for f in sorted(tmp_path.glob("rank*.ready"))]
         assert len(workers) == 2, proc.communicate(timeout=30)
-        proc.send_signal(signal.SIGTERM)  # only the launcher: it must pass the signal on
+        proc.send_signal(sig)  # only the launcher (Ctrl-C reaches only its group): it must pass it on
         _, err = proc.communicate(timeout=60)
-        assert proc.returncode == 128 + signal.SIGTERM, err
-        assert err.strip().splitlines()[-1] == "tgdist launch: stopped by SIGTERM, forwarded to torchrun"
+        assert proc.returncode == 128 + sig, err
+        assert err.strip().splitlines()[-1] == f"tgdist launch: stopped by {sig.name}, forwarded to torchrun"
+        assert "SignalException" not in err and "death signal" not in err, err  # torchrun's traceback, warning
         deadline = time.monotonic() + 30
         while any(_alive(p) for p in workers) and time.monotonic() < deadline:
             time.sleep(0.2)

@@ -246,7 +246,8 @@ def test_sigkill_of_the_memory_daemon_then_resume(tmp_path):
     assert reports, err[-4000:]
     # rank 0 started the daemon and names the signal; when rank 1 notices first, torchrun may stop
     # rank 0 before it reports (test_daemon.py checks both ranks' messages without torchrun)
-    assert all(line.endswith("died (killed by SIGKILL)") for line in reports if line.startswith("tgdist train: ")), reports
+    rank0 = [line for line in reports if line.startswith("tgdist train [rank 0]: ")]
+    assert all(line.endswith("died (killed by SIGKILL)") for line in rank0), reports
     assert _descendants(proc.pid) == [] and _leftovers(str(tmp_path / "cut")) == []
     assert {p for p in os.listdir("/dev/shm") if p.startswith("tgdist-")} <= before
 

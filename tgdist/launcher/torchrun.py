@@ -6,8 +6,10 @@ When a worker fails, torchrun prints its own traceback and a failure table below
 worker already printed (``tgdist train [rank N]: error: ...``). Here that becomes one line naming
 the rank that failed first and its exit code, and the exit code is the worker's (2 for a settings
 or data error; 128 + N for a worker killed by signal N) instead of torchrun's 1. The elastic
-agent's log lines about stopping the other workers are dropped too. Everything else (rendezvous
-errors, signals, a worker's own output) is left as torchrun reports it.
+agent's log lines about stopping the other workers are dropped too. A signal that stops torchrun
+(``tgdist launch`` forwards Ctrl-C and SIGTERM to it) ends it with 128 + the signal's number after
+the agent has stopped the workers, without its traceback: the launcher says what happened in one
+line. Everything else (rendezvous errors, a worker's own output) is left as torchrun reports it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import sys
 
 __all__ = ["main"]
 
-_NOISE = ("Sending process", "failed (exitcode")  # the agent's lines on stopping the other workers
+# the agent's lines on stopping the other workers, and on a signal (the launcher reports that itself)
+_NOISE = ("Sending process", "failed (exitcode", "Received ")
 
 
 class _DropWorkerStopLines(logging.Filter):
@@ -34,6 +37,7 @@ def _quiet_agent() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
@@ -61,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
             report += f"; rank{'s' * (len(stopped) > 1)} {', '.join(map(str, stopped))} stopped by torchrun"
         print(report, file=sys.stderr, flush=True)
         return 128 - code if code < 0 else code
+    except SignalException as e:  # the agent has stopped the workers before raising this
+        return 128 + int(e.sigval)
     return 0
 
 
