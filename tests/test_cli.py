@@ -157,6 +157,10 @@ def test_top_level_usage(capsys):
     assert err.startswith("tgdist: error: give a command\n") and "launch" in err
     assert cli.main(["--help"]) == 0 and "usage: tgdist <command>" in capsys.readouterr().out
     assert cli.main(["trian"]) == 2 and "unknown command 'trian' (did you mean 'train'?)" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:  # help CMD is CMD --help (argparse exits 0 after printing it)
+        cli.main(["help", "plan"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.startswith("usage: tgdist plan")
+    assert cli.main(["help", "trian"]) == 2 and "did you mean 'train'?" in capsys.readouterr().err
 
 
 def test_data_synth_through_the_real_command(tmp_path):

@@ -24,6 +24,7 @@ COMMANDS = {
 def usage() -> str:
     lines = ["usage: tgdist <command> [args]", "", "commands:"]
     lines += [f"  {name:<10} {text}" for name, (_, text) in COMMANDS.items()]
+    lines += ["", "tgdist help <command> (or tgdist <command> --help) documents a command's options."]
     return "\n".join(lines)
 
 
@@ -32,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     if not argv:  # like a missing argument: usage on stderr, exit 2
         print(f"tgdist: error: give a command\n\n{usage()}", file=sys.stderr)
         return 2
+    if argv[:1] == ["help"] and len(argv) > 1:  # ``tgdist help train`` is ``tgdist train --help``
+        argv = [argv[1], "--help"]
     if argv[0] in ("-h", "--help", "help"):
         print(usage())
         return 0
