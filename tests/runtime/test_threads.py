@@ -48,8 +48,11 @@ def test_train_defaults_to_the_cpus_it_may_use(tmp_path):
     ([("a", tuple(range(8)))] + [("a", tuple(range(8 * i, 8 * i + 8))) for i in (1, 2, 3)], 8),  # bound ranks
     ([("a", tuple(range(8)))] * 16, 1),                                  # more ranks than CPUs: one each
 ])
-def test_cpu_share_splits_a_shared_mask_among_its_machine_s_ranks(monkeypatch, peers, expected):
+def test_cpu_share_splits_a_shared_mask_among_its_machine_s_ranks(monkeypatch, caplog, peers, expected):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
     monkeypatch.setattr(distributed.socket, "gethostname", lambda: "a")
     monkeypatch.setattr(collectives, "all_gather_object", lambda obj, group, **kw: [obj] + peers[1:])
-    assert distributed.cpu_share(group=None) == expected
+    with caplog.at_level("WARNING", logger=distributed.log.name):
+        assert distributed.cpu_share(group=None) == expected
+    oversubscribed = "16 trainer processes share 8 CPUs on a: each runs one thread, and they take turns"
+    assert (oversubscribed in caplog.text) == (len(peers) == 16), caplog.text

@@ -280,7 +280,13 @@ def cpu_share(group) -> int:
     mask = cpu_mask()
     mine = (socket.gethostname(), mask)
     peers = collectives.all_gather_object(mine, group, name="cpu_share", counter=collectives.ByteCounter())
-    return max(1, len(mask) // peers.count(mine))
+    sharing = peers.count(mine)
+    me = torch.distributed.get_rank(group) if torch.distributed.is_initialized() else 0
+    if sharing > len(mask) and peers.index(mine) == me:  # said by the machine's first rank
+        log.warning("%d trainer processes share %d CPU%s on %s: each runs one thread, and they take turns on "
+                    "the cores (fewer processes, or more CPUs per process, would train faster on CPU)",
+                    sharing, len(mask), "s" * (len(mask) != 1), mine[0])
+    return max(1, len(mask) // sharing)
 
 
 def run_parallel(cfg: DictConfig, run_dir) -> dict:
