@@ -151,6 +151,19 @@ def test_data_synth_help_is_the_schema_documentation(capsys):
     assert "--num-src-nodes NUM_SRC_NODES bipartite: how many nodes are sources (0: 90%); default 0" in out
 
 
+def test_a_logged_library_warning_is_one_command_line(tmp_path, monkeypatch):
+    """An unwritable cache is a warning, not an error; shown as the command's own line."""
+    events = tmp_path / "e.txt"
+    events.write_text("1 2 10\n2 3 11\n3 1 12\n")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("TGDIST_CACHE", str(blocker / "cache"))
+    proc = run_cli("data", "info", str(events))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.startswith(f"tgdist data: warning: could not write cache {blocker / 'cache'}/e-")
+    assert len(proc.stderr.splitlines()) == 1 and proc.stdout.startswith("e: 3 events")
+
+
 def test_top_level_usage(capsys):
     assert cli.main([]) == 2
     err = capsys.readouterr().err

@@ -1,4 +1,8 @@
-"""Errors that the command line reports as one line and a non-zero exit."""
+"""Errors that the command line reports as one line and a non-zero exit, and the one-line form of
+the library's logged warnings for commands without a log of their own."""
+
+import logging
+import sys
 
 
 class TgdistError(Exception):
@@ -11,3 +15,25 @@ class DataError(TgdistError, ValueError):
 
 class ConfigError(TgdistError, ValueError):
     """An invalid combination of settings, detected before any work starts."""
+
+
+class _CommandLines(logging.Formatter):
+    def __init__(self, command: str):
+        super().__init__()
+        self.command = command
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"{self.command}: {record.levelname.lower()}: {record.getMessage()}"
+
+
+def log_warnings_as_lines(command: str) -> None:
+    """Show warnings the library logs (``tgdist.*``: an unwritable cache, say) on stderr as
+    ``COMMAND: warning: ...``, for commands that configure no logging (``tgdist data``,
+    ``tgdist partition``); without this, Python prints them bare."""
+    logger = logging.getLogger("tgdist")
+    if logging.getLogger().handlers or any(isinstance(h.formatter, _CommandLines) for h in logger.handlers):
+        return  # logging is set up (a test's capture, an embedding program): leave it alone
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_CommandLines(command))
+    handler.setLevel(logging.WARNING)
+    logger.addHandler(handler)

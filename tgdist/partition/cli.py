@@ -24,7 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 import tgdist
 from tgdist.config import config_dir, load_data, precheck_command
-from tgdist.errors import ConfigError, TgdistError
+from tgdist.errors import ConfigError, TgdistError, log_warnings_as_lines
 from tgdist.partition import artifact, measures, methods
 from tgdist.partition.access import WEIGHTS, build_access_graph
 from tgdist.partition.config import PartitionConfig, PartitionJob, register_schemas
@@ -139,6 +139,7 @@ def _hydra_main(cfg) -> None:
     from tgdist.runtime.interrupts import hold_interrupts_during_compiles
 
     hold_interrupts_during_compiles("tgdist partition")  # Ctrl-C inside a numba compile crashes at exit
+    log_warnings_as_lines("tgdist partition")  # this command's Hydra config sets up no logging
     try:
         try:
             job: PartitionJob = OmegaConf.to_object(cfg)

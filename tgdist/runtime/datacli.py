@@ -17,7 +17,7 @@ import warnings
 from pathlib import Path
 
 from tgdist.config import DataConfig, SyntheticConfig, key_notes
-from tgdist.errors import ConfigError, TgdistError
+from tgdist.errors import ConfigError, TgdistError, log_warnings_as_lines
 from tgdist.runtime import data as tdata
 
 
@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     from tgdist.runtime.interrupts import hold_interrupts_during_compiles
 
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    log_warnings_as_lines("tgdist data")
     hold_interrupts_during_compiles("tgdist data")  # Ctrl-C inside a numba compile crashes at exit
     return {"info": info, "synth": synth}[args.command](args)
 
