@@ -235,11 +235,24 @@ def test_sweep_whose_first_job_fails_leaves_nothing_behind(tmp_path):
     (tmp_path / "other.csv").write_text("1,2,3\n")
     r = tgdist("train", "-m", "data.path=bad.csv,other.csv", *QUICK, cwd=tmp_path)
     assert r.returncode == 2
-    assert r.stderr.strip().splitlines()[-1] == "tgdist train: error: bad.csv:2: expected 3 fields, found 2"
+    assert r.stderr.strip().splitlines()[-1] == ("tgdist train: error: bad.csv:2: expected 3 fields, found 2 "
+                                                 "(sweep job #0: data.path=bad.csv; the 1 job after it did not run)")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.csv", "other.csv"]  # no multirun/<time>/multirun.yaml
     r = tgdist("train", "-m", "data.path=bad.csv,other.csv", *QUICK, f"hydra.sweep.dir={tmp_path / 'a' / 'b'}",
                cwd=tmp_path)
     assert r.returncode == 2 and sorted(p.name for p in tmp_path.iterdir()) == ["bad.csv", "other.csv"]
+
+
+def test_a_job_failing_mid_sweep_is_named_and_the_jobs_before_it_are_kept(tmp_path):
+    (tmp_path / "good.csv").write_text("".join(f"{i % 7},{(3 * i + 1) % 7},{i}\n" for i in range(60)))
+    (tmp_path / "bad.csv").write_text("1,2,3\n2,3\n")
+    sweep = tmp_path / "sweep"
+    r = tgdist("train", "-m", "data.path=good.csv,bad.csv,good.csv,good.csv", *QUICK, f"hydra.sweep.dir={sweep}",
+               cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == ("tgdist train: error: bad.csv:2: expected 3 fields, found 2 "
+                                                 "(sweep job #1: data.path=bad.csv; the 2 jobs after it did not run)")
+    assert len(r.stdout.splitlines()) == 1 and sorted(p.name for p in sweep.iterdir()) == ["0", "multirun.yaml"]
 
 
 def test_second_attention_layer_shows_in_the_run_name(tmp_path):

@@ -26,8 +26,22 @@ _STARTUP_ONLY = {"train.log", ".hydra", "config.yaml"}
 # Parent directories of the run directory that did not exist before this process (``runs/`` on a
 # first run); removed again, when left empty, with a run directory that holds no result.
 _new_parents: list[Path] = []
-# The sweep directory of a ``--multirun`` checked by ``precheck_sweep`` (None otherwise).
+# The sweep directory of a ``--multirun`` checked by ``precheck_sweep`` (None otherwise), its
+# number of jobs and the keys it sweeps (an error in a job names the job by them).
 _sweep_dir: Path | None = None
+_sweep_size, _swept = 0, []
+
+
+def _sweep_job_note() -> str:
+    """`` (sweep job #N: KEY=VALUE ...; ...)`` for an error inside a job of a checked sweep."""
+    if _sweep_dir is None:
+        return ""
+    from tgdist.config import swept_values
+
+    num = int(HydraConfig.get().job.num)
+    rest = _sweep_size - num - 1
+    after = f"; the {rest} job{'s' * (rest != 1)} after it did not run" if rest > 0 else ""
+    return f" (sweep job #{num}: {swept_values(list(HydraConfig.get().overrides.task), _swept)}{after})"
 
 
 def _remove_if_empty_run(run_dir: Path) -> None:
@@ -68,7 +82,7 @@ def _hydra_main(cfg: DictConfig) -> None:
         summary = run(cfg, run_dir)
     except TgdistError as e:
         _remove_if_empty_run(run_dir)
-        print(f"{who}: error: {e}", file=sys.stderr)
+        print(f"{who}: error: {e}{_sweep_job_note()}", file=sys.stderr)
         sys.exit(2)
     except BaseException as e:  # Ctrl-C: one line saying what is kept, the shell's 128 + SIGINT
         if not caused_by_interrupt(e):
@@ -77,7 +91,7 @@ def _hydra_main(cfg: DictConfig) -> None:
         ckpt = run_dir / "checkpoints" / "last.pt"
         kept = (f"; {ckpt} holds the last checkpoint, continue with train.resume={run_dir}" if ckpt.exists()
                 else "; no checkpoint had been written")
-        print(f"{who}: interrupted{kept}", file=sys.stderr)
+        print(f"{who}: interrupted{kept}{_sweep_job_note()}", file=sys.stderr)
         sys.exit(130)
     if rank == 0:
         print(json.dumps(summary), flush=True)
@@ -100,7 +114,8 @@ def _check_run_parent(run_dir: Path) -> None:
 
 def main() -> None:
     """Check the overrides (and the run directory) before Hydra starts, then hand over to it."""
-    global _sweep_dir
+    global _sweep_dir, _sweep_size, _swept
+    from tgdist.config import sweep_jobs
     from tgdist.launcher.world import detect
     from tgdist.runtime.build import precheck
 
@@ -111,6 +126,8 @@ def main() -> None:
     args, cfg, sweep = precheck_command("tgdist train", "train", sys.argv[1:], precheck)
     if sweep is not None:  # every job's settings are valid; Hydra gets the directory checked here
         _sweep_dir = Path(sweep).absolute()
+        jobs, _swept = sweep_jobs("tgdist train", "train", args.overrides, None)
+        _sweep_size = len(jobs)
         _new_parents[:] = [p for p in (_sweep_dir, *_sweep_dir.parents) if not p.exists()]
         if not any(a.partition("=")[0].lstrip("+~") == "hydra.sweep.dir" for a in args.overrides):
             sys.argv.append(f"hydra.sweep.dir={_sweep_dir}")

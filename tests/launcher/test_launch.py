@@ -132,6 +132,19 @@ def test_real_sweep(tmp_path):
 
 
 @pytest.mark.distributed
+def test_a_failing_sweep_job_stops_the_sweep(tmp_path):
+    """The file is there, so the checks before the sweep pass; reading it fails in job #0."""
+    (tmp_path / "bad.csv").write_text("1,2,3\n2,3\n")
+    res = run([sys.executable, "-m", "tgdist", "launch", "--nproc", "1", "--", "-m",
+               f"data.path={tmp_path / 'bad.csv'}", "model.mem_dim=16,32", "train.progress=false",
+               f"run_dir={tmp_path / 'sweep'}"])
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.strip().splitlines()[-1] == (
+        "tgdist launch: sweep stopped: job #0 exited with 2; the 1 job after it did not run")
+    assert "sweep job #1 of 2" not in res.stderr and not (tmp_path / "sweep" / "1").exists()
+
+
+@pytest.mark.distributed
 def test_real_launch(tmp_path):
     res = run([sys.executable, "-m", "tgdist", "launch", "--nproc", "2", "--module", "tests.launcher.probe", "--",
                "--layout", "2,1,1", "--groups", "--out", str(tmp_path)])

@@ -184,7 +184,9 @@ def _sweep(args: argparse.Namespace, overrides: list[str]) -> int:
                   file=sys.stderr, flush=True)
         rc = _launch(args, job)
         if rc:
-            print(f"tgdist launch: sweep stopped: job #{num} exited with {rc}", file=sys.stderr, flush=True)
+            rest = len(jobs) - num - 1
+            after = f"; the {rest} job{'s' * (rest != 1)} after it did not run" if rest else ""
+            print(f"tgdist launch: sweep stopped: job #{num} exited with {rc}{after}", file=sys.stderr, flush=True)
             return rc
     return 0
 
