@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import bz2
 import gzip
+import lzma
 import re
 import warnings
 import zipfile
@@ -20,6 +22,8 @@ def write(path: Path, text: str, *, kind: str = "plain") -> Path:
     raw = text.encode()
     if kind == "gz":
         path.write_bytes(gzip.compress(raw))
+    elif kind in ("bz2", "xz"):
+        path.write_bytes((bz2 if kind == "bz2" else lzma).compress(raw))
     elif kind == "zip":
         with zipfile.ZipFile(path, "w") as zf:
             zf.writestr("__MACOSX/._data.txt", b"resource fork noise")
@@ -50,7 +54,8 @@ def test_edgelist_whitespace_no_header_remaps_ids(tmp_path):
     assert g.describe().startswith("a: 3 events, 3 nodes (general), t 5 .. 7 (int64)")
 
 
-@pytest.mark.parametrize("kind, name", [("plain", "e.csv"), ("gz", "e.csv.gz"), ("zip", "e.txt.zip")])
+@pytest.mark.parametrize("kind, name", [("plain", "e.csv"), ("gz", "e.csv.gz"), ("zip", "e.txt.zip"),
+                                        ("bz2", "e.csv.bz2"), ("xz", "e.csv.xz")])
 def test_edgelist_comma_header_extra_columns_become_features(tmp_path, kind, name):
     g = load_graph(write(tmp_path / name, "src,dst,t,w\n3,1,100,0.5\n1,3,200,1.5\n", kind=kind))
     assert g.name == "e"
@@ -437,6 +442,22 @@ def test_bad_truncated_gzip(tmp_path, cache_dir):
     bad(cache_dir, loc(path) + "truncated or corrupt gzip file", path)
     path.write_bytes(b"not gzip at all")
     bad(cache_dir, loc(path) + "truncated or corrupt gzip file", path)
+
+
+@pytest.mark.parametrize("suffix, codec, kind", [(".bz2", bz2, "bzip2"), (".xz", lzma, "xz")])
+def test_bad_truncated_bz2_and_xz(tmp_path, cache_dir, suffix, codec, kind):
+    whole = codec.compress(("".join(f"{i} {i + 1} {i}\n" for i in range(5000))).encode())
+    path = tmp_path / f"cut.txt{suffix}"
+    path.write_bytes(whole[: len(whole) // 2])
+    bad(cache_dir, loc(path) + f"truncated or corrupt {kind} file", path)
+
+
+@pytest.mark.parametrize("name", ["events.parquet", "events.csv"])
+def test_binary_data_is_named_as_such(tmp_path, cache_dir, name):
+    """A parquet (or zstd, or mislabelled) file: one line saying it is binary, not a garbled field."""
+    path = tmp_path / name
+    path.write_bytes(b"PAR1\x15\x04\x15\x00\x00" + bytes(range(256)))
+    bad(cache_dir, loc(path) + r"binary data, not a text event list \(supported: ", path)
 
 
 def test_bad_truncated_zip(tmp_path, cache_dir):

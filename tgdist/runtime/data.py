@@ -7,7 +7,8 @@ Timestamps are kept exactly: int64 when every time is an integer, float64 otherw
 
 Readers:
   * ``edgelist``: SNAP / DyGLib / KONECT text, ``src dst t [extra...]``, whitespace or comma,
-    optional header, ``#`` and ``%`` comment lines, plain, ``.gz`` or ``.zip`` (one member).
+    optional header, ``#`` and ``%`` comment lines, plain, ``.gz``, ``.bz2``, ``.xz`` or ``.zip``
+    (one member).
   * ``jodie``: ``user,item,timestamp,state_label,features...`` (bipartite, labels, features),
     including the ``u,i,ts,label`` variant.
   * ``tgl``: a TGL dataset directory (``edges.csv`` with ``,src,dst,time,ext_roll``,
@@ -19,12 +20,14 @@ Readers:
 
 from __future__ import annotations
 
+import bz2
 import dataclasses
 import gzip
 import hashlib
 import io
 import json
 import logging
+import lzma
 import os
 import re
 import tempfile
@@ -213,31 +216,35 @@ def chronological_split(graph: TemporalGraph, val_frac: float = 0.15, test_frac:
 # Raw text reading
 
 
+# Single-stream compressions by suffix: (name in messages, module with open() and decompress()).
+_COMPRESSED = {".gz": ("gzip", gzip), ".bz2": ("bzip2", bz2), ".xz": ("xz", lzma)}
+
+
 def _read_bytes(path: Path, limit: int | None = None) -> bytes:
-    """File contents, decompressed for .gz and single-member .zip files.
+    """File contents, decompressed for .gz, .bz2, .xz and single-member .zip files.
 
     ``limit``: read only about that many leading (decompressed) bytes, for format detection.
     """
+    name = path.name.lower()
+    kind, codec = next((v for k, v in _COMPRESSED.items() if name.endswith(k)), (None, None))
     try:
-        if limit is not None and not path.name.lower().endswith(".zip"):
-            opener = gzip.open if path.name.lower().endswith(".gz") else open
-            with opener(path, "rb") as f:
+        if limit is not None and not name.endswith(".zip"):
+            with (codec.open if codec else open)(path, "rb") as f:
                 return f.read(limit)
         raw = path.read_bytes()
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise DataError(f"{path}: is a directory, expected a file (a TGL dataset directory needs edges.csv)") from None
-    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
-        raise DataError(f"{path}: truncated or corrupt gzip file ({e})") from None
-    except OSError as e:
-        raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
-    name = path.name.lower()
-    if name.endswith(".gz"):
+    except (EOFError, OSError, zlib.error, lzma.LZMAError) as e:
+        if kind is None or isinstance(e, (PermissionError, FileNotFoundError)):
+            raise DataError(f"{path}: cannot read ({getattr(e, 'strerror', None) or e})") from None
+        raise DataError(f"{path}: truncated or corrupt {kind} file ({e})") from None
+    if codec is not None:
         try:
-            return gzip.decompress(raw)
-        except (EOFError, OSError, zlib.error) as e:
-            raise DataError(f"{path}: truncated or corrupt gzip file ({e})") from None
+            return codec.decompress(raw)
+        except (EOFError, OSError, ValueError, zlib.error, lzma.LZMAError) as e:
+            raise DataError(f"{path}: truncated or corrupt {kind} file ({e})") from None
     if name.endswith(".zip"):
         try:
             with zipfile.ZipFile(io.BytesIO(raw)) as zf:
@@ -285,6 +292,9 @@ def _parse_table(path: Path, data: bytes, delimiter: str | None = "auto", usecol
     ``%`` comment is a header when its first field is not a number (with ``text_cols``: when none
     of its other fields is); SNAP's ``# FromNodeId ToNodeId`` header lines are comments either way.
     """
+    if b"\0" in data[:1 << 16]:  # parquet, zstd, a model file...: say so instead of a garbled field
+        raise DataError(f"{path}: binary data, not a text event list (supported: text edge lists and JODIE CSVs, "
+                        f"plain or .gz/.bz2/.xz/.zip; TGL directories; tgdist .npz)")
     text = data.decode("utf-8", errors="replace")
     if not text.strip():
         raise DataError(f"{path}: file is empty")
@@ -801,7 +811,7 @@ def _source_hash(path: Path, options: dict) -> str:
 def file_stem(path: str | Path) -> str:
     """A data file's name without its data suffixes: ``events.csv.gz`` -> ``events``."""
     name = Path(path).name
-    return re.sub(r"(\.(txt|csv|tsv|gz|zip|npz))+$", "", name) or name
+    return re.sub(r"(\.(txt|csv|tsv|gz|bz2|xz|zip|npz))+$", "", name) or name
 
 
 def existing(path: str | Path) -> Path:
