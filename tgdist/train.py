@@ -71,6 +71,7 @@ def _remove_new_parents() -> None:
 def _hydra_main(cfg: DictConfig) -> None:
     from tgdist.launcher.world import detect
     from tgdist.runtime.interrupts import caused_by_interrupt, hold_interrupts_during_compiles
+    from tgdist.runtime.jit import announce_compiles
     from tgdist.runtime.run import run
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -78,6 +79,8 @@ def _hydra_main(cfg: DictConfig) -> None:
     rank = world.rank
     who = f"tgdist train{f' [rank {rank}]' if world.world_size > 1 else ''}"  # every rank of a parallel run
     hold_interrupts_during_compiles(who)  # Ctrl-C inside a numba compile crashes at exit
+    if rank == 0:
+        announce_compiles(who)  # why the first batches of a fresh install are slow
     try:
         summary = run(cfg, run_dir)
     except TgdistError as e:

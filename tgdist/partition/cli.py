@@ -137,8 +137,10 @@ def run(job: PartitionJob) -> Path:
 @hydra.main(version_base=None, config_path=config_dir(), config_name="partition_job")
 def _hydra_main(cfg) -> None:
     from tgdist.runtime.interrupts import hold_interrupts_during_compiles
+    from tgdist.runtime.jit import announce_compiles
 
     hold_interrupts_during_compiles("tgdist partition")  # Ctrl-C inside a numba compile crashes at exit
+    announce_compiles("tgdist partition")
     log_warnings_as_lines("tgdist partition")  # this command's Hydra config sets up no logging
     try:
         try:

@@ -117,10 +117,12 @@ def synth(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from tgdist.runtime.interrupts import hold_interrupts_during_compiles
+    from tgdist.runtime.jit import announce_compiles
 
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     log_warnings_as_lines("tgdist data")
     hold_interrupts_during_compiles("tgdist data")  # Ctrl-C inside a numba compile crashes at exit
+    announce_compiles("tgdist data")
     return {"info": info, "synth": synth}[args.command](args)
 
 

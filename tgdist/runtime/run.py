@@ -98,9 +98,11 @@ class Run:
                 self.history.append(_jsonable(res))
                 mf.write(json.dumps(self.history[-1]) + "\n")
                 mf.flush()
-                log.info("epoch %d: loss %.4f, %s, %.0f train events/s", epoch, res["loss"],
+                compiled = (f" (leaving out {res['compile_seconds']:.1f} s of one-time kernel compiling)"
+                            if res["compile_seconds"] >= 0.5 else "")
+                log.info("epoch %d: loss %.4f, %s, %.0f train events/s%s", epoch, res["loss"],
                          ", ".join(f"{k} {v:.4f}" for k, v in res.items() if k.startswith(("val_", "test_"))),
-                         res["events_per_s"])
+                         res["events_per_s"], compiled)
                 log.info("training stage times:\n%s", train_stages.table(res["train_events"]))
                 self._checkpoint(epoch + 1, 0)
         if cfg.train.epochs == 0 and not cfg.train.resume and cfg.train.task == "link":
