@@ -1,5 +1,7 @@
 """Compile accounting: real numba compiles are timed (cache loads are not) and announced once."""
 
+import sys
+
 import numpy as np
 import pytest
 from numba import njit
@@ -13,6 +15,7 @@ def test_a_compile_is_timed_and_announced_once(monkeypatch, capsys):
     monkeypatch.setattr(clock, "announced", False)
     monkeypatch.setattr(clock, "who", None)
     jit.announce_compiles("tgdist test")
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # said on a terminal only
     before = jit.compile_seconds()
 
     @njit(cache=False)

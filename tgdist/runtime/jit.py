@@ -5,8 +5,8 @@ and cached on disk (``cache=True``; numba keeps the cache beside the package or 
 ``$NUMBA_CACHE_DIR``). On a fresh install the first batches of a run therefore take tens of
 seconds. ``compile_seconds()`` is the wall time spent in real compiles so far (numba's
 ``numba:compile`` event fires for those only, not for cache loads), so an epoch's events/s can
-leave it out and report it beside; ``announce_compiles`` makes a command say once, on stderr, why
-its first batches are slow.
+leave it out and report it beside; ``announce_compiles`` makes a command say once, on stderr when
+that is a terminal, why its first batches are slow (logs get the epoch line's note instead).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class _CompileClock(event.Listener):
         self.depth += 1
         if self.depth == 1:
             self.started = time.perf_counter()
-            if self.who is not None and not self.announced:
+            if self.who is not None and not self.announced and sys.stderr.isatty():
                 self.announced = True
                 print(f"{self.who}: compiling numba kernels on first use, which takes a while once: they are "
                       f"cached for later runs", file=sys.stderr, flush=True)
@@ -57,7 +57,8 @@ def track_compiles() -> _CompileClock:
 
 
 def announce_compiles(who: str) -> None:
-    """Say once, as ``WHO: compiling ...`` on stderr, when this process first compiles a kernel."""
+    """Say once, as ``WHO: compiling ...`` on stderr (a terminal), when this process first compiles
+    a kernel."""
     track_compiles().who = who
 
 
