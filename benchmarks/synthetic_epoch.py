@@ -38,7 +38,8 @@ def main():
     res["rss_after_build_mib"] = peak_rss_mib()
     r = tr.train_epoch(0)
     res.update({"train_events": r["train_events"], "train_seconds": r["train_seconds"],
-                "train_events_per_s": r["events_per_s"], "stage_seconds": dict(tr.timer.seconds)})
+                "train_events_per_s": r["events_per_s"], "compile_seconds": r["compile_seconds"],
+                "stage_seconds": dict(tr.timer.seconds)})
     if not args.skip_eval:
         t0 = time.perf_counter()
         res.update(tr.evaluate("val"))
