@@ -306,6 +306,24 @@ def test_embed_is_the_embedding_a_batch_root_gets(model):
     assert not torch.equal(tr.memory.mem, mem)  # the step did write
 
 
+def test_embed_refuses_queries_it_cannot_answer():
+    """Bad ids or times would index the sampler's numba kernels out of bounds: refused up front."""
+    tr = build_trainer(compose(SMALL))
+    t, n = tr.g.t[-1], tr.g.num_nodes
+    assert tr.embed(np.array([0, n - 1]), np.array([t, t])).shape == (2, 16)
+    for nodes, times, message in [
+        ([n], [t], rf"node ids must be integers in 0..{n - 1} \(g.node_map"),
+        ([-1], [t], "node ids must be integers in"),
+        ([0.5], [t], "node ids must be integers in"),
+        ([0, 1], [t], r"one length, got shapes \(2,\) and \(1,\)"),
+        ([[0]], [[t]], "must be 1-D arrays"),
+        ([0], [np.nan], "times must be finite"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            tr.embed(np.array(nodes), np.array(times))
+    assert tr.embed(np.array([], np.int64), np.array([], tr.g.t.dtype)).shape == (0, 16)
+
+
 def test_node_task_on_node_labels_at_times(tmp_path):
     """TGL ``labels.csv``: labels of nodes at times, not of events. Each is embedded from the
     events before its time and split by time with the events; the decoder learns them."""

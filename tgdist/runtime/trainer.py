@@ -177,9 +177,20 @@ class Trainer:
     def embed(self, nodes: np.ndarray, times: np.ndarray) -> torch.Tensor:
         """Embeddings ``[len(nodes), dim]`` of ``nodes`` at ``times`` (the graph's time dtype) from
         the current memory, which is not written: what roots of the next batch would get
-        (node-classification queries, e.g. TGL ``labels.csv``)."""
+        (node-classification queries, e.g. TGL ``labels.csv``). ``nodes`` are ids 0..N-1
+        (``g.node_map`` holds the original ones); ``times``, one per node, must be finite."""
+        nodes, times = np.asarray(nodes), np.asarray(times)
+        if nodes.ndim != 1 or times.shape != nodes.shape:
+            raise ValueError(f"embed: nodes and times must be 1-D arrays of one length, got shapes {nodes.shape} "
+                             f"and {times.shape}")
+        if nodes.size and (not np.issubdtype(nodes.dtype, np.integer) or nodes.min() < 0
+                           or nodes.max() >= self.g.num_nodes):
+            raise ValueError(f"embed: node ids must be integers in 0..{self.g.num_nodes - 1} (g.node_map maps them "
+                             f"to the data's ids), got {nodes.min()}..{nodes.max()} ({nodes.dtype})")
+        if not np.isfinite(times).all():
+            raise ValueError("embed: times must be finite numbers")
         model = self.model
-        ids, root_idx, hop_tables, _ = self._sample_and_organize(np.asarray(nodes, np.int64), times)
+        ids, root_idx, hop_tables, _ = self._sample_and_organize(nodes.astype(np.int64), times)
         upd = model.updater(self.memory.read(ids))
         h = model.node_repr(ids, upd, None if self.node_feat is None else self.node_feat[ids])
         t_rel = torch.from_numpy((times - self.g.t[0]).astype(np.float64)).to(self.device)
