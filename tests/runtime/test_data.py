@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bz2
+import dataclasses
 import gzip
 import lzma
 import re
@@ -15,6 +16,7 @@ import pytest
 
 from tgdist.errors import DataError
 from tgdist.runtime import data as tdata
+from tgdist.runtime.build import build_trainer, compose
 from tgdist.runtime.data import NodeLabels, TemporalGraph, chronological_split, load_graph
 
 
@@ -308,6 +310,36 @@ def test_native_round_trip_keeps_everything(tmp_path):
         assert getattr(h, k).dtype == getattr(g, k).dtype
     assert (h.num_nodes, h.name, h.source_hash, h.bipartite) == (3, "x", "abc", False)
     assert h.node_labels.node.tolist() == [1] and h.node_labels.t.tolist() == [0.75] and h.node_labels.label.tolist() == [4]
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"src": [0, 3]}, r"node ids must be in 0\.\.2 \(num_nodes 3\), got 0\.\.3"),
+    ({"dst": [-1, 0]}, r"node ids must be in 0\.\.2"),
+    ({"src": [0.0, 1.0]}, "src and dst must hold integer node ids, got float64"),
+    ({"t": [5, 4]}, r"events must be in time order; event #1 \(counting from 0\) at 4 comes after one at 5"),
+    ({"t": [1.0, np.nan]}, "time nan is not a finite number"),
+    ({"t": np.array([1, 2], np.int32)}, "t must be int64 or float64, got int32"),
+    ({"t": [1, 2, 3]}, r"t must be a 1-D array of 2 events \(as src\), got \(3,\)"),
+    ({"node_map": np.arange(2)}, r"node_map must have one entry per node \(3\)"),
+    ({"edge_feat": np.ones((3, 1), np.float32)}, r"edge_feat must be \[2, dim\], got shape \(3, 1\)"),
+    ({"label": np.array([1])}, "label must have 2 rows"),
+    ({"bipartite": True, "num_src_nodes": 0}, "a bipartite graph needs 0 < num_src_nodes < num_nodes"),
+])
+def test_a_malformed_graph_is_refused_before_the_kernels_see_it(tmp_path, change, message):
+    """Arrays that do not fit together (a graph made in Python, or a hand-written .npz) would be
+    indexed out of bounds by the numba sampler: refused with a DataError naming the problem."""
+    good = graph(src=[0, 2], dst=[1, 0], t=[1, 2])
+    assert good.check() is good
+    kw = {k: (np.asarray(v) if isinstance(v, list) else v) for k, v in change.items()}
+    bad = dataclasses.replace(good, **kw)
+    with pytest.raises(DataError, match="graph: " + message):
+        bad.check()
+    if "t" not in change or np.asarray(change["t"]).dtype != np.int32:  # the .npz keeps what it is given
+        path = tdata.save_native(bad, tmp_path / "bad.npz")
+        with pytest.raises(DataError, match=re.escape(str(path)) + ": " + message):
+            tdata.load_native(path)
+    with pytest.raises(DataError, match=message):
+        build_trainer(compose(["model.mem_dim=8", "model.time_dim=4", "train.progress=false"]), graph=bad)
 
 
 def test_native_from_a_newer_version_is_refused(tmp_path, monkeypatch):

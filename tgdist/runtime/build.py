@@ -144,7 +144,7 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
     torch.set_num_threads(torch_threads)
     numba_threads = kernels.set_threads(numba_threads)  # the sampler's and the CPU kernels'
     seed_everything(cfg.train.seed, cfg.train.deterministic)
-    graph = graph if graph is not None else load_data(cfg.data)
+    graph = graph.check() if graph is not None else load_data(cfg.data)  # a graph made in Python: checked
     log.info("%s", graph.describe())
     log.info("threads: %d torch, %d numba", torch_threads, numba_threads)
     split = chronological_split(graph, cfg.data.val_frac, cfg.data.test_frac)

@@ -108,6 +108,46 @@ class TemporalGraph:
     def node_dim(self) -> int:
         return 0 if self.node_feat is None else int(self.node_feat.shape[1])
 
+    def check(self, where: str = "graph") -> "TemporalGraph":
+        """Raise a DataError (prefixed ``where``) unless the arrays fit together: what the sampler's
+        numba kernels index without bounds checks, and what the split and memory assume. The
+        readers build valid graphs; this guards graphs made in Python or read from a .npz."""
+        n, e = int(self.num_nodes), self.num_events
+
+        def bad(msg: str):
+            raise DataError(f"{where}: {msg}")
+
+        for k in ("src", "dst", "t"):
+            a = getattr(self, k)
+            if not isinstance(a, np.ndarray) or a.ndim != 1 or a.shape[0] != e:
+                bad(f"{k} must be a 1-D array of {e:,} events (as src), got {getattr(a, 'shape', type(a).__name__)}")
+        if not (np.issubdtype(self.src.dtype, np.integer) and np.issubdtype(self.dst.dtype, np.integer)):
+            bad(f"src and dst must hold integer node ids, got {self.src.dtype} and {self.dst.dtype}")
+        if e and (min(self.src.min(), self.dst.min()) < 0 or max(self.src.max(), self.dst.max()) >= n):
+            bad(f"node ids must be in 0..{n - 1} (num_nodes {n:,}), got "
+                f"{min(self.src.min(), self.dst.min())}..{max(self.src.max(), self.dst.max())}")
+        if self.t.dtype not in (np.int64, np.float64):
+            bad(f"t must be int64 or float64, got {self.t.dtype}")
+        if self.t.dtype == np.float64 and not np.isfinite(self.t).all():
+            bad(f"time {self.t[~np.isfinite(self.t)][0]} is not a finite number")
+        if e > 1 and (np.diff(self.t) < 0).any():
+            i = int(np.argmax(np.diff(self.t) < 0)) + 1
+            bad(f"events must be in time order; event #{i} (counting from 0) at {self.t[i]} comes after one at "
+                f"{self.t[i - 1]}")
+        if np.shape(self.node_map) != (n,):
+            bad(f"node_map must have one entry per node ({n:,}), got shape {np.shape(self.node_map)}")
+        for k, rows in (("edge_feat", e), ("node_feat", n)):
+            a = getattr(self, k)
+            if a is not None and (a.ndim != 2 or a.shape[0] != rows):
+                bad(f"{k} must be [{rows:,}, dim], got shape {a.shape}")
+        for k in ("label", "ext_roll"):
+            a = getattr(self, k)
+            if a is not None and a.shape[0] != e:
+                bad(f"{k} must have {e:,} rows (one per event), got {a.shape[0]:,}")
+        if self.bipartite and not 0 < self.num_src_nodes < n:
+            bad(f"a bipartite graph needs 0 < num_src_nodes < num_nodes, got {self.num_src_nodes} of {n}")
+        return self
+
     def describe(self) -> str:
         span = f"{self.t[0]} .. {self.t[-1]}" if self.num_events else "empty"
         kind = f"bipartite {self.num_src_nodes}+{self.num_nodes - self.num_src_nodes}" if self.bipartite else "general"
@@ -789,7 +829,7 @@ def _read_native(path: str | Path) -> tuple[TemporalGraph, list[str]]:
     graph = TemporalGraph(num_nodes=meta["num_nodes"], bipartite=meta["bipartite"], num_src_nodes=meta["num_src_nodes"],
                           name=meta["name"], source_hash=meta.get("source_hash", ""), node_labels=labels,
                           **{k: arrays.get(k) for k in _ARRAYS})
-    return graph, [str(n) for n in meta.get("notes", [])]
+    return graph.check(str(path)), [str(n) for n in meta.get("notes", [])]
 
 
 def default_cache_dir() -> Path:
