@@ -17,7 +17,12 @@ import pytest
 from tgdist.errors import DataError
 from tgdist.runtime import data as tdata
 from tgdist.runtime.build import build_trainer, compose
-from tgdist.runtime.data import NodeLabels, TemporalGraph, chronological_split, load_graph
+from tgdist.runtime.data import (
+    NodeLabels,
+    TemporalGraph,
+    chronological_split,
+    load_graph,
+)
 
 
 def write(path: Path, text: str, *, kind: str = "plain") -> Path:
