@@ -127,14 +127,12 @@ def print_help(command: str, config_name: str, overrides: list[str]) -> None:
     ``$CONFIG`` is the composed config (with ``overrides``) and each key's documentation."""
     from omegaconf import open_dict
 
-    from tgdist.partition.config import PartitionJob
-
     full = _compose_or_exit(command, config_name, overrides, return_hydra_config=True)
     template = str(full.hydra.help.template)
     with open_dict(full):
         del full["hydra"]
-    schema = PartitionJob if config_name.startswith("partition") else TrainApp
-    print(template.replace("$CONFIG", annotate(OmegaConf.to_yaml(full), key_notes(schema)) + "\n").rstrip())
+    notes = key_notes(_schema_for(config_name))
+    print(template.replace("$CONFIG", annotate(OmegaConf.to_yaml(full), notes) + "\n").rstrip())
 
 
 def model_tag(name: str, num_layers: int) -> str:
@@ -319,6 +317,13 @@ def sweep_jobs(command: str, config_name: str, overrides: list[str],
 def swept_values(job: list[str], swept: list[str]) -> str:
     """The overrides of ``job`` that the sweep varies, e.g. ``model=jodie parallel.i=2``."""
     return " ".join(a for a in job if a.partition("=")[0] in swept)
+
+
+def jobs_not_run(num: int, total: int) -> str:
+    """``; the 2 jobs after it did not run`` for a sweep stopped by job ``num`` of ``total``
+    (empty when it was the last)."""
+    rest = total - num - 1
+    return f"; the {rest} job{'s' * (rest != 1)} after it did not run" if rest > 0 else ""
 
 
 def _compose_or_exit(command: str, config_name: str, overrides: list[str], where: str = "",

@@ -36,12 +36,11 @@ def _sweep_job_note() -> str:
     """`` (sweep job #N: KEY=VALUE ...; ...)`` for an error inside a job of a checked sweep."""
     if _sweep_dir is None:
         return ""
-    from tgdist.config import swept_values
+    from tgdist.config import jobs_not_run, swept_values
 
     num = int(HydraConfig.get().job.num)
-    rest = _sweep_size - num - 1
-    after = f"; the {rest} job{'s' * (rest != 1)} after it did not run" if rest > 0 else ""
-    return f" (sweep job #{num}: {swept_values(list(HydraConfig.get().overrides.task), _swept)}{after})"
+    values = swept_values(list(HydraConfig.get().overrides.task), _swept)
+    return f" (sweep job #{num}: {values}{jobs_not_run(num, _sweep_size)})"
 
 
 def _remove_if_empty_run(run_dir: Path) -> None:

@@ -161,7 +161,7 @@ def _sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     in ``RUN_DIR/N`` when ``run_dir`` is given. Stops at the first job that fails."""
     import time
 
-    from tgdist.config import sweep_jobs, swept_values
+    from tgdist.config import jobs_not_run, sweep_jobs, swept_values
     from tgdist.runtime.build import precheck
 
     def check(cfg) -> None:
@@ -184,9 +184,8 @@ def _sweep(args: argparse.Namespace, overrides: list[str]) -> int:
                   file=sys.stderr, flush=True)
         rc = _launch(args, job)
         if rc:
-            rest = len(jobs) - num - 1
-            after = f"; the {rest} job{'s' * (rest != 1)} after it did not run" if rest else ""
-            print(f"tgdist launch: sweep stopped: job #{num} exited with {rc}{after}", file=sys.stderr, flush=True)
+            print(f"tgdist launch: sweep stopped: job #{num} exited with {rc}{jobs_not_run(num, len(jobs))}",
+                  file=sys.stderr, flush=True)
             return rc
     return 0
 
