@@ -397,7 +397,8 @@ def test_string_node_ids(tmp_path, cache_dir, monkeypatch):
 
 def test_bad_time_beside_string_ids(tmp_path, cache_dir):
     path = write(tmp_path / "q.csv", "a,b,1\nb,c,later\n")
-    bad(cache_dir, loc(path, 2) + "non-numeric field 'later' in column 3$", path)
+    bad(cache_dir, loc(path, 2) + "non-numeric field 'later' in column 3 \\(the third field is read as the time; "
+                                  "name the columns if it is elsewhere: data.columns, e.g. src,dst,_,t\\)$", path)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -514,9 +515,38 @@ def test_bad_zip_with_two_members(tmp_path, cache_dir):
 
 def test_bad_non_numeric_field_names_the_line(tmp_path, cache_dir):
     path = write(tmp_path / "x.txt", "# comment\n1 2 1\n\n2 3 2\n# comment\n2 x 3\n4 5 6\n")
-    bad(cache_dir, loc(path, 6) + "non-numeric field 'x' in column 2", path)
+    bad(cache_dir, loc(path, 6) + "node id 'x' in column 2 is not a number, but the first data line's is", path)
     path = write(tmp_path / "x.csv", "src,dst,t\n1,2,1\n1,,2\n")
-    bad(cache_dir, loc(path, 3) + "non-numeric field '' in column 2", path)
+    bad(cache_dir, loc(path, 3) + "empty field in column 2", path)
+    path = write(tmp_path / "f.txt", "1 2 1 0.5\n2 3 2 x\n")
+    bad(cache_dir, loc(path, 2) + r"non-numeric field 'x' in column 4 \(name the columns to read with data.columns, "
+                                  r"e.g. src,dst,t,_\)$", path)
+    path = write(tmp_path / "g.csv", "1,2,0,1,0.5\n2,3,0,2,x\n")  # the hint follows the columns given
+    bad(cache_dir, loc(path, 2) + r"non-numeric field 'x' in column 5 \(data.columns='src,dst,_,t,feat' reads column "
+                                  r"5 as feat; _ skips a column\)$", path, columns="src,dst,_,t,feat")
+
+
+@pytest.mark.parametrize("text", ["1 2 2020-01-01\n2 3 2020-01-02\n", "ann bob 2020-01-01\nbob cy 2020-01-02\n",
+                                  "ann,bob,2020-01-01T10:00:00\n", "1 2 10:30\n"])
+def test_bad_dates_as_times(tmp_path, cache_dir, text):
+    """Dates are not read as times, and the error says so (with names as ids this crashed)."""
+    path = write(tmp_path / "d.txt", text)
+    bad(cache_dir, loc(path, 1) + r"non-numeric field '.*' in column 3 \(times must be numbers, such as Unix "
+                                  r"seconds; convert dates before reading\)$", path)
+
+
+def test_bad_two_name_fields(tmp_path, cache_dir):
+    """Two names per line and no time: said as such, not as a non-numeric name (the first line
+    reads as a header)."""
+    path = write(tmp_path / "pairs.txt", "ann bob\nbob cy\ncy dee\n")
+    bad(cache_dir, loc(path, 2) + r"expected at least 3 fields \(src dst t\), found 2$", path)
+
+
+def test_names_that_start_with_digits_are_names(tmp_path, cache_dir):
+    """An id such as ``1234abc`` is a name (it is not a number), also on the first line."""
+    g = load_graph(write(tmp_path / "h.txt", "1234abc x9 1\nfoo 1234abc 2\n"))
+    assert g.node_map.tolist() == ["1234abc", "foo", "x9"] or sorted(g.node_map.tolist()) == ["1234abc", "foo", "x9"]
+    assert g.node_map[g.src].tolist() == ["1234abc", "foo"] and g.node_map[g.dst].tolist() == ["x9", "1234abc"]
 
 
 def test_bad_field_count(tmp_path, cache_dir):

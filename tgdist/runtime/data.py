@@ -370,7 +370,7 @@ def _parse_table(path: Path, data: bytes, delimiter: str | None = "auto", usecol
         try:
             values = np.loadtxt(body, dtype=np.float64, delimiter=delimiter, ndmin=2, usecols=usecols)
         except ValueError as e:
-            raise DataError(_locate_loadtxt_error(path, str(e), lines)) from None
+            raise _locate_loadtxt_error(path, str(e), lines) from None
         # Integral columns beyond float64's exact range are read again as int64 so that ids and
         # times survive exactly.
         with np.errstate(invalid="ignore"):
@@ -404,7 +404,7 @@ def _parse_mixed(path: Path, body: list[str], lines: np.ndarray, header, delimit
     try:
         raw = np.loadtxt(body, dtype=str, delimiter=delimiter, ndmin=2, usecols=usecols, comments="#")
     except ValueError as e:
-        raise DataError(_locate_loadtxt_error(path, str(e), lines)) from None
+        raise _locate_loadtxt_error(path, str(e), lines) from None
     numeric = [c for c in range(raw.shape[1]) if c not in text_cols]
     cols, integral = {}, True
     for c in numeric:
@@ -415,8 +415,8 @@ def _parse_mixed(path: Path, body: list[str], lines: np.ndarray, header, delimit
             try:
                 cols[c] = raw[:, c].astype(np.float64)
             except ValueError:
-                r = next(i for i, v in enumerate(raw[:, c]) if not _NUMERIC.match(v))
-                raise DataError(f"{path}:{lines[r]}: non-numeric field {str(raw[r, c])!r} in column {c + 1}") from None
+                r = next(i for i, v in enumerate(raw[:, c]) if not _is_float(v))
+                raise _FieldError(path, lines[r], str(raw[r, c]), usecols[c] if usecols else c) from None
     values = np.zeros(raw.shape, np.int64 if integral else np.float64)
     for c, v in cols.items():
         values[:, c] = v
@@ -424,24 +424,50 @@ def _parse_mixed(path: Path, body: list[str], lines: np.ndarray, header, delimit
     return _Table(values, header, lines, path, exact, {c: raw[:, c] for c in text_cols if c < raw.shape[1]})
 
 
-def _locate_loadtxt_error(path: Path, msg: str, lines: np.ndarray) -> str:
-    """Turn numpy.loadtxt's message (data row numbers) into ``FILE:LINE: problem``."""
+def _is_float(field: str) -> bool:
+    try:
+        float(field)
+    except ValueError:
+        return False
+    return True
+
+
+_DATE = re.compile(r"\d{4}-\d\d-\d\d|\d\d?:\d\d")
+
+
+class _FieldError(DataError):
+    """A field that is not a number, in the file's 0-based ``column``. Dates and clock times get a
+    hint of their own: they are not read as times."""
+
+    def __init__(self, path: Path, line, field: str, column: int, hint: str | None = None):
+        self.path, self.line, self.field, self.column = path, line, field, column
+        if _DATE.search(field):
+            hint = "times must be numbers, such as Unix seconds; convert dates before reading"
+        what = f"non-numeric field {field!r}" if field.strip() else "empty field"
+        super().__init__(f"{path}:{line}: {what} in column {column + 1}" + (f" ({hint})" if hint else ""))
+
+    def hinted(self, hint: str) -> _FieldError:
+        return _FieldError(self.path, self.line, self.field, self.column, hint)
+
+
+def _locate_loadtxt_error(path: Path, msg: str, lines: np.ndarray) -> DataError:
+    """Turn numpy.loadtxt's message (data row numbers) into an error ``FILE:LINE: problem``."""
     def line_of(row: int) -> str:
         return str(lines[row]) if 0 <= row < lines.size else "?"
     # "could not convert string 'x' to float64 at row 1, column 2." (row 0-based, column 1-based)
     m = re.search(r"could not convert string '(.*)' to \w+ at row (\d+), column (\d+)", msg)
     if m:
-        return (f"{path}:{line_of(int(m.group(2)))}: non-numeric field {m.group(1)!r} in column {m.group(3)} "
-                f"(name the columns to read with data.columns, e.g. src,dst,t,_,_)")
+        return _FieldError(path, line_of(int(m.group(2))), m.group(1), int(m.group(3)) - 1)
     # "the number of columns changed from 3 to 2 at row 2; ..." (row 1-based)
     m = re.search(r"the number of columns changed from (\d+) to (\d+) at row (\d+)", msg)
     if m:
-        return f"{path}:{line_of(int(m.group(3)) - 1)}: expected {m.group(1)} fields, found {m.group(2)}"
+        return DataError(f"{path}:{line_of(int(m.group(3)) - 1)}: expected {m.group(1)} fields, found {m.group(2)}")
     # "invalid column index 2 at row 2 with 2 columns" (row 1-based)
     m = re.search(r"invalid column index (\d+) at row (\d+) with (\d+) columns", msg)
     if m:
-        return f"{path}:{line_of(int(m.group(2)) - 1)}: expected at least {int(m.group(1)) + 1} fields, found {m.group(3)}"
-    return f"{path}: {msg.splitlines()[0] if msg else 'unreadable table'}"
+        return DataError(f"{path}:{line_of(int(m.group(2)) - 1)}: expected at least {int(m.group(1)) + 1} fields, "
+                         f"found {m.group(3)}")
+    return DataError(f"{path}: {msg.splitlines()[0] if msg else 'unreadable table'}")
 
 
 def _integral(table: _Table, col: int, what: str) -> np.ndarray:
@@ -502,7 +528,16 @@ def _read_edgelist(path: Path, data: bytes, columns: str | None) -> dict:
     if columns:
         spec = [c for c in spec if c != "_"]
     ids = (spec.index("src"), spec.index("dst")) if {"src", "dst"} <= set(spec) else ()
-    table = _parse_table(path, data, usecols=usecols, text_cols=_text_id_columns(data, ids, usecols))
+    text_cols = _text_id_columns(data, ids, usecols)
+    try:
+        table = _parse_table(path, data, usecols=usecols, text_cols=text_cols)
+    except _FieldError as e:
+        numeric_ids = [usecols[c] if usecols else c for c in ids if c not in text_cols]
+        if e.column in numeric_ids and e.field.strip():  # "17" on the first line, "alice" later
+            raise DataError(f"{e.path}:{e.line}: node id {e.field!r} in column {e.column + 1} is not a number, but the "
+                            f"first data line's is (ids are read as names only when the first data line has a name "
+                            f"there)") from None
+        raise e.hinted(_columns_hint(e.column, columns)) from None
     ncol = table.values.shape[1]
     if ncol < 3:
         raise DataError(f"{path}:{table.lines[0]}: expected at least 3 fields (src dst t), found {ncol}")
@@ -524,17 +559,28 @@ def _read_edgelist(path: Path, data: bytes, columns: str | None) -> dict:
     return out
 
 
+def _columns_hint(column: int, columns: str | None) -> str:
+    """What to do about text in an edge list's 0-based ``column``: name (or skip) the columns."""
+    if columns is not None:
+        names = [c.strip() for c in columns.split(",")]
+        return f"data.columns={columns!r} reads column {column + 1} as {names[column]}; _ skips a column"
+    if column == 2:
+        return "the third field is read as the time; name the columns if it is elsewhere: data.columns, e.g. src,dst,_,t"
+    skip = ",".join(["src", "dst", "t"] + ["feat"] * (column - 3) + ["_"]) if column > 2 else "src,dst,t,_,_"
+    return f"name the columns to read with data.columns, e.g. {skip}"
+
+
 def _text_id_columns(data: bytes, ids: tuple[int, ...], usecols: list[int] | None) -> tuple[int, ...]:
     """The id columns (src, dst: indices among the columns read) that hold names rather than
-    numbers, judged on the first data line (after a header, whose fields are all non-numeric)."""
+    numbers, judged on the first data line (after a header: a first line with no numeric field)."""
     head = data[:1 << 16].decode("utf-8", errors="replace").splitlines()
-    for line in [ln for ln in head if ln.strip() and not _is_comment(ln)][:2]:
+    for n, line in enumerate([ln for ln in head if ln.strip() and not _is_comment(ln)][:2]):
         fields = _fields(line, "auto")
         if usecols is not None:
             fields = [fields[c] for c in usecols if c < len(fields)]
-        if not any(_NUMERIC.match(f) for f in fields):
+        if n == 0 and not any(_NUMERIC.match(f) for f in fields):
             continue  # a header
-        return tuple(c for c in ids if c < len(fields) and not _NUMERIC.match(fields[c]))
+        return tuple(c for c in ids if c < len(fields) and not _is_float(fields[c]))
     return ()
 
 
