@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import os
 import subprocess
 import sys
@@ -108,6 +109,42 @@ def test_data_synth_writes_native_graph(tmp_path, capsys):
     for k in ("src", "dst", "t", "edge_feat", "node_feat"):
         np.testing.assert_array_equal(getattr(g, k), getattr(want, k))
     assert g.source_hash == want.source_hash
+
+
+@pytest.mark.parametrize("name, sep", [("s.csv", ","), ("s.tsv.gz", "\t"), ("s.txt", ",")])
+def test_data_synth_writes_an_edge_list(tmp_path, capsys, cache_dir, name, sep):
+    """A text name gives a plain edge list that reads back as the same graph the .npz holds."""
+    out = tmp_path / name
+    args = ["data", "synth", "--num-events", "2000", "--num-nodes", "50", "--edge-dim", "3", "--seed", "2"]
+    assert cli.main([*args, "--out", str(out), "--quiet"]) == 0
+    assert cli.main([*args, "--out", str(tmp_path / "s.npz"), "--quiet"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted({name, "s.npz"})  # nothing else left
+    opener = gzip.open if name.endswith(".gz") else open
+    with opener(out, "rt") as f:
+        assert f.readline() == sep.join(["src", "dst", "t", "f0", "f1", "f2"]) + "\n"
+    g, want = load_graph(out), load_graph(tmp_path / "s.npz")
+    for k in ("src", "dst", "t", "edge_feat"):
+        np.testing.assert_array_equal(getattr(g, k), getattr(want, k))
+    assert g.t.dtype == want.t.dtype and g.num_nodes == want.num_nodes
+
+
+def test_data_synth_refuses_an_output_it_cannot_write(tmp_path, capsys):
+    args = ["data", "synth", "--num-events", "100", "--num-nodes", "10"]
+    assert cli.main([*args, "--out", str(tmp_path / "s.parquet")]) == 2
+    assert capsys.readouterr().err == (f"tgdist data: error: --out {tmp_path / 's.parquet'}: name a .npz file "
+                                       f"(tgdist's format) or a text edge list (.csv, .tsv or .txt, optionally .gz)\n")
+    assert cli.main([*args, "--node-dim", "4", "--out", str(tmp_path / "s.csv")]) == 2
+    assert capsys.readouterr().err == (f"tgdist data: error: --out {tmp_path / 's.csv'}: an edge list cannot hold "
+                                       f"node features (--node-dim); write a .npz\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_native_graph_under_another_name_is_read_as_one(tmp_path, cache_dir):
+    """A tgdist .npz renamed (or downloaded as ``data.bin``) is still recognised by its content."""
+    out = tmp_path / "s.npz"
+    assert cli.main(["data", "synth", "--num-events", "300", "--num-nodes", "20", "--out", str(out), "--quiet"]) == 0
+    renamed = out.rename(tmp_path / "data.bin")
+    np.testing.assert_array_equal(load_graph(renamed).src, generate(300, 20).src)
 
 
 def test_data_synth_quiet_and_errors(tmp_path, capsys):

