@@ -157,6 +157,14 @@ def test_other_models_run(tmp_path, model):
     assert 0.0 <= s["test_ap"] <= 1.0
 
 
+def test_no_time_encoding_trains_without_torch_warnings(tmp_path, recwarn):
+    """``model.time_dim=0`` (an ablation) builds empty time maps; torch's warning about
+    initialising them is not passed on."""
+    s, _ = run(tmp_path, "t0", ["train.epochs=1", "model.time_dim=0", "model.mem_dim=16"])
+    assert np.isfinite(s["test_ap"])
+    assert not [w for w in recwarn if "zero-element" in str(w.message)]
+
+
 def test_static_memory_with_pretraining(tmp_path):
     s, _ = run(tmp_path, "s", ["train.epochs=1", "model.static_memory=true", "model.static_pretrain_epochs=1"])
     assert np.isfinite(s["test_ap"])
@@ -177,6 +185,8 @@ INVALID = [
     (["train.epochs=-1"], r"train.epochs=-1: give a count of at least 0 \(0 evaluates the untrained model\)$"),
     (["sampler.fanouts=[]"], r"sampler.fanouts=\[\]"),
     (["sampler.fanouts=[10,0]"], "one positive neighbour count per hop"),
+    (["sampler.fanouts=[10,10]"], r"sampler.fanouts=\[10, 10\] gives 2 hops, but model.num_layers=1 attends over 1: "
+                                  r"use model=tgat2 \(or model.num_layers=2\) for two hops$"),
     (["data.max_events=0"], "data.max_events=0 keeps no events"),
     (["data.max_events=1"], "no training events: the chronological split of 1 event "),
     (["model.mem_dim=0"], "model.mem_dim=0: must be at least 1"),

@@ -11,6 +11,7 @@ over concatenations ``W [h || e || phi(dt)]`` are split into ``W_h h + W_e e + W
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -489,6 +490,14 @@ def build_model(name: str, *, num_nodes: int, mem_dim: int = 100, time_dim: int 
                 node_dim: int = 0, num_layers: int = 1, num_heads: int = 2, dropout: float = 0.1,
                 mailbox_size: int = 10, static_memory: bool = False, time_scale: float = 1.0) -> TemporalModel:
     """TGN, JODIE or APAN from parts (the config's ``model.name`` picks the parts, not the loop)."""
+    with warnings.catch_warnings():  # time_dim=0 (no time encoding, an ablation): empty maps, which torch warns of
+        warnings.filterwarnings("ignore", "Initializing zero-element tensors is a no-op")
+        return _assemble(name, num_nodes, mem_dim, time_dim, edge_dim, node_dim, num_layers, num_heads, dropout,
+                         mailbox_size, static_memory, time_scale)
+
+
+def _assemble(name, num_nodes, mem_dim, time_dim, edge_dim, node_dim, num_layers, num_heads, dropout, mailbox_size,
+              static_memory, time_scale) -> TemporalModel:
     mail_dim = 2 * mem_dim + edge_dim
     if name == "tgn":
         return TemporalModel(num_nodes, mem_dim, edge_dim, node_dim, GRUUpdater(mem_dim, mail_dim, time_dim),
