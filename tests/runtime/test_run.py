@@ -185,8 +185,8 @@ INVALID = [
     (["train.epochs=-1"], r"train.epochs=-1: give a count of at least 0 \(0 evaluates the untrained model\)$"),
     (["sampler.fanouts=[]"], r"sampler.fanouts=\[\]"),
     (["sampler.fanouts=[10,0]"], "one positive neighbour count per hop"),
-    (["sampler.fanouts=[10,10]"], r"sampler.fanouts=\[10, 10\] gives 2 hops, but model.num_layers=1 attends over 1: "
-                                  r"use model=tgat2 \(or model.num_layers=2\) for two hops$"),
+    (["sampler.fanouts=[10,10]"], (r"sampler.fanouts=\[10, 10\] gives 2 hops, but model.num_layers=1 attends over "
+                                   r"1: use model=tgat2 \(or model.num_layers=2\) for two hops$")),
     (["data.max_events=0"], "data.max_events=0 keeps no events"),
     (["data.max_events=1"], "no training events: the chronological split of 1 event "),
     (["model.mem_dim=0"], "model.mem_dim=0: must be at least 1"),
