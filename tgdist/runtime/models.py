@@ -403,7 +403,7 @@ class TimeProjectionEmbedding(nn.Module):
 
     def forward(self, x: EmbedInput) -> torch.Tensor:
         dt = ((x.root_t - x.mem_ts[x.root]) / self.time_scale).float().unsqueeze(1)
-        return x.h[x.root] * (1 + dt * self.w)
+        return _rows(x.h, x.root) * (1 + dt * self.w)
 
 
 class IdentityEmbedding(nn.Module):
@@ -412,7 +412,7 @@ class IdentityEmbedding(nn.Module):
     num_hops = 0
 
     def forward(self, x: EmbedInput) -> torch.Tensor:
-        return x.h[x.root]
+        return _rows(x.h, x.root)
 
 
 # ----------------------------------------------------------------------------------------------
