@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -44,13 +45,40 @@ def test_dry_run(capsys):
     assert out.endswith("--nproc-per-node 2 --nnodes 1 --node-rank 0 --rdzv-backend c10d --rdzv-endpoint "
                         "127.0.0.1:29999 --rdzv-id tgdist --max-restarts 0 -m tgdist.train model=jodie parallel.i=2")
     # --nproc derived from parallel.i x j x k over the nodes
-    rc = cli_main(["launch", "--nnodes", "2", "--dry-run", "--", "parallel.i=2", "parallel.k=2"])
-    out = capsys.readouterr().out
-    assert rc == 0 and "--nproc-per-node 2 --nnodes 2" in out and "127.0.0.1:29500" in out
+    rc = cli_main(["launch", "--nnodes", "2", "--dry-run", "--", "parallel.i=2", "parallel.k=2", "train.epochs=2"])
+    cap = capsys.readouterr()
+    assert rc == 0 and "--nproc-per-node 2 --nnodes 2" in cap.out and "127.0.0.1:29500" in cap.out
+    assert cap.err == ("tgdist launch: warning: --nnodes 2 without --master-addr: the rendezvous is on 127.0.0.1, "
+                       "which only processes on this machine can reach; give node 0's host name\n")
+    rc = cli_main(["launch", "--nnodes", "2", "--master-addr", "node01", "--dry-run", "--", "parallel.i=2",
+                   "parallel.k=2", "train.epochs=2"])
+    cap = capsys.readouterr()
+    assert rc == 0 and "node01:29500" in cap.out and cap.err == ""
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--nproc", "0"], "--nproc 0: give at least 1 process"),
+    (["--nnodes", "0"], "--nnodes 0: give at least 1 machine"),
+    (["--nnodes", "2", "--node-rank", "2", "--master-addr", "h"], r"--node-rank 2: give 0 .. 1 \(--nnodes 2\)"),
+    (["--node-rank", "-1"], r"--node-rank -1: give 0 .. 0 \(--nnodes 1\)"),
+    (["--master-port", "70000"], "--master-port 70000 is not a TCP port"),
+])
+def test_launcher_arguments_are_named_alone(capsys, args, message):
+    assert cli_main(["launch", *args, "--dry-run", "--", "parallel.i=2"]) == 2
+    assert re.fullmatch(f"tgdist launch: error: {message}\n", capsys.readouterr().err)
+
+
+def test_epochs_not_a_multiple_of_j_times_k_refused_before_start(capsys):
+    """Once, by the launcher; before, every rank failed with it after torchrun started them."""
+    assert cli_main(["launch", "--dry-run", "--", "parallel.k=2", "train.epochs=3"]) == 2
+    assert capsys.readouterr().err == (
+        "tgdist launch: error: train.epochs = 3 is not a multiple of parallel.j x parallel.k = 1 x 2 = 2 (each "
+        "memory group makes epochs / (j*k) passes so the total traversals equal the single-process run); use "
+        "train.epochs=2 or 4\n")
 
 
 def test_layout_checked_before_start(capsys):
-    rc = cli_main(["launch", "--nproc", "3", "--dry-run", "--", "parallel.i=2", "parallel.k=2"])
+    rc = cli_main(["launch", "--nproc", "3", "--dry-run", "--", "parallel.i=2", "parallel.k=2", "train.epochs=2"])
     err = capsys.readouterr().err
     assert rc == 2 and err == ("tgdist launch: error: parallel.i x parallel.j x parallel.k = 2 x 1 x 2 = 4 but "
                                "--nproc 3 x --nnodes 1 starts 3 processes\n")
@@ -92,7 +120,7 @@ def test_sweep_dry_run_is_one_torchrun_per_job(capsys):
     assert tails == ["parallel.i=1 model=tgn run_dir=sw/0", "parallel.i=1 model=jodie run_dir=sw/1",
                      "parallel.i=2 model=tgn run_dir=sw/2", "parallel.i=2 model=jodie run_dir=sw/3"]
     assert [ln.split("--nproc-per-node ")[1].split()[0] for ln in lines] == ["1", "1", "2", "2"]
-    rc = cli_main(["launch", "--dry-run", "--", "--multirun", "parallel.k=1,2"])
+    rc = cli_main(["launch", "--dry-run", "--", "--multirun", "parallel.k=1,2", "train.epochs=2"])
     lines = capsys.readouterr().out.strip().splitlines()
     assert rc == 0 and [ln.split("run_dir=")[1].split("/")[0] for ln in lines] == ["multirun"] * 2
     assert [ln.rsplit("/", 1)[1] for ln in lines] == ["0", "1"]

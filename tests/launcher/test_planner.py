@@ -11,6 +11,8 @@ from tgdist.errors import ConfigError
 from tgdist.launcher import planner
 from tgdist.launcher.schedule import Layout
 from tgdist.launcher.world import WorldInfo, validate
+from tgdist.runtime.build import compose
+from tgdist.runtime.build import validate as check_settings
 
 
 def test_paper_example():
@@ -65,6 +67,10 @@ def test_cli_plan(capsys):
     got = json.loads(out[-1])
     assert (got["i"], got["j"], got["k"], got["local_batch"]) == (2, 2, 8, 1600)
     assert got["overrides"][:3] == ["parallel.i=2", "parallel.j=2", "parallel.k=8"]
+    assert got["overrides"][-1] == "train.epochs=16"  # a multiple of j*k, or the launch line would be refused
+    line = next(ln for ln in out if "slurm/multinode_gpu.sbatch" in ln)
+    cfg = compose(line.split("slurm/multinode_gpu.sbatch ")[1].split())
+    check_settings(cfg)  # the settings the printed line launches with pass tgdist's checks
     assert any("slurm/multinode_gpu.sbatch" in ln for ln in out)
 
 

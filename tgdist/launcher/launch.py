@@ -30,6 +30,7 @@ __all__ = ["build_command", "parallel_overrides", "main"]
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 DEFAULT_MULTINODE_PORT = 29500
+_LOOPBACK = "127.0.0.1"
 
 
 def parallel_overrides(overrides: list[str]) -> dict[str, int]:
@@ -84,7 +85,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="trainer processes on this machine (default: parallel.i*j*k / nnodes from the overrides)")
     ap.add_argument("--nnodes", type=int, default=1, help="machines taking part (run the same command on each)")
     ap.add_argument("--node-rank", type=int, default=0, help="this machine's index in [0, nnodes)")
-    ap.add_argument("--master-addr", default="127.0.0.1", help="host of the c10d rendezvous (node 0)")
+    ap.add_argument("--master-addr", default=_LOOPBACK, help="host of the c10d rendezvous (node 0)")
     ap.add_argument("--master-port", type=int, default=None,
                     help=f"rendezvous port (default: a free port on one node, {DEFAULT_MULTINODE_PORT} on several)")
     ap.add_argument("--module", default="tgdist.train", help=argparse.SUPPRESS)
@@ -135,8 +136,26 @@ def run_forwarding_signals(cmd: list[str]) -> int:
     return rc
 
 
+def _check_args(args: argparse.Namespace) -> None:
+    """The launcher's own numbers, each named alone; a warning where several machines would meet on
+    the loopback address (only right when every "machine" is this one, as in a rehearsal)."""
+    if args.nproc is not None and args.nproc < 1:
+        raise ConfigError(f"--nproc {args.nproc}: give at least 1 process")
+    if args.nnodes < 1:
+        raise ConfigError(f"--nnodes {args.nnodes}: give at least 1 machine")
+    if not 0 <= args.node_rank < args.nnodes:
+        raise ConfigError(f"--node-rank {args.node_rank}: give 0 .. {args.nnodes - 1} (--nnodes {args.nnodes})")
+    if args.master_port is not None and not 0 < args.master_port < 65536:
+        raise ConfigError(f"--master-port {args.master_port} is not a TCP port")
+    if args.nnodes > 1 and args.master_addr == _LOOPBACK:
+        print(f"tgdist launch: warning: --nnodes {args.nnodes} without --master-addr: the rendezvous is on "
+              f"{_LOOPBACK}, which only processes on this machine can reach; give node 0's host name",
+              file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    _check_args(args)
     if not {"-m", "--multirun"} & set(args.overrides):
         if args.module == "tgdist.train":  # settings errors once, here, not from every rank after start-up
             from tgdist.config import precheck_overrides

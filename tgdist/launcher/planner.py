@@ -52,8 +52,16 @@ class Plan:
         return self.i * self.j * self.k
 
     def overrides(self) -> list[str]:
-        return [f"parallel.i={self.i}", f"parallel.j={self.j}", f"parallel.k={self.k}",
-                f"train.batch_size={self.local_batch}", "memory.backend=daemon"]
+        """The layout, and when j*k > 1 the fewest epochs of at least the default (5) that are a
+        multiple of j*k, so that the printed launch line runs as it is."""
+        out = [f"parallel.i={self.i}", f"parallel.j={self.j}", f"parallel.k={self.k}",
+               f"train.batch_size={self.local_batch}", "memory.backend=daemon"]
+        m = self.epochs_multiple_of
+        if m > 1:
+            from tgdist.config import TrainConfig
+
+            out.append(f"train.epochs={-(-TrainConfig.epochs // m) * m}")
+        return out
 
     def as_json(self) -> dict:
         d = asdict(self)

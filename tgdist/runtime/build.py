@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tgdist.config import check_data_source, load_data
 from tgdist.errors import ConfigError
-from tgdist.launcher.schedule import LR_SCALING_MODES, Layout
+from tgdist.launcher.schedule import LR_SCALING_MODES, Layout, passes_per_group
 from tgdist.runtime import checkpoint, kernels
 from tgdist.runtime.data import (
     TemporalGraph,
@@ -95,6 +95,8 @@ def validate(cfg: DictConfig) -> None:
     if t.epochs == 0 and (layout.i * layout.j * layout.k > 1 or cfg.memory.backend == "daemon"):
         raise ConfigError(f"train.epochs=0 (evaluate the untrained model) runs in one process; a parallel run "
                           f"needs a positive multiple of parallel.j x parallel.k = {layout.j * layout.k}")
+    if t.epochs:
+        passes_per_group(layout, t.epochs)  # a multiple of j x k: checked here so launchers refuse it up front
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", t.device):
         raise ConfigError(f"train.device={t.device!r}: choose auto, cpu, cuda or cuda:N")
     resolve_device(t.device)  # cuda where there is none: refused here, before the data is read
