@@ -45,6 +45,34 @@ def test_reruns_match_without_deterministic_mode(tmp_path, model):
     assert metrics(a) == metrics(b)
 
 
+@pytest.mark.parametrize("model", ["tgn", "jodie", "apan"])
+def test_many_evaluation_negatives_are_scored_in_chunks_with_the_same_results(model, monkeypatch):
+    """Evaluation splits many negatives into passes of at most ``EVAL_ROOTS`` roots (so MRR
+    against thousands of nodes fits in memory): same metrics and same memory afterwards."""
+    from tgdist.runtime.trainer import Trainer
+
+    def evaluated(roots):
+        tr = build_trainer(compose(SMALL + [f"model={model}", "train.num_neg_eval=49", "data.max_events=3000"]))
+        tr.EVAL_ROOTS = roots
+        passes = []
+        compute = tr.compute
+        monkeypatch.setattr(tr, "compute", lambda *a, **k: passes.append(1) or compute(*a, **k))
+        return tr.evaluate("val"), tr.memory.state_dict(), len(passes)
+
+    whole, mem, passes = evaluated(1 << 17)
+    chunked, mem_chunked, passes_chunked = evaluated(1000)
+    # 450 val events: four batches of 100 (8 negatives a pass: 7 passes) and one of 50 (18: 3 passes)
+    assert (passes, passes_chunked) == (5, 4 * 7 + 3) and Trainer.EVAL_ROOTS == 1 << 17
+    assert chunked == whole and set(whole) >= {"val_ap", "val_mrr"}
+    assert all(torch.equal(mem[k], mem_chunked[k]) for k in mem)
+
+
+def test_more_evaluation_negatives_than_nodes_warns(tmp_path, caplog):
+    with caplog.at_level("WARNING"):
+        build_trainer(compose(SMALL + ["train.num_neg_eval=5000"]))
+    assert any("train.num_neg_eval=5000 is more than the" in r.getMessage() for r in caplog.records)
+
+
 def test_cpu_kernels_switch_selects_the_path_and_both_compute_the_same_step():
     """``model.cpu_kernels=false`` runs the plain torch formulation. From the same state both give
     the same loss and gradients (to float32 rounding). Whole runs are not compared: Adam turns

@@ -181,6 +181,10 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
         sampler = TemporalSampler(TCSR.build(graph, cfg.sampler.both_directions), fanouts[:model.num_hops],
                                   cfg.sampler.strategy, cfg.sampler.seed, numba_threads)
     negatives = NegativeSampler(graph, cfg.train.seed)
+    candidates = negatives.high - negatives.low
+    if cfg.train.num_neg_eval > candidates:
+        log.warning("train.num_neg_eval=%d is more than the %d candidate destinations; MRR's negatives are drawn with "
+                    "replacement, so many repeat", cfg.train.num_neg_eval, candidates)
     return Trainer(graph, split, model, memory, sampler, negatives, batch_size=cfg.train.batch_size, lr=cfg.train.lr,
                    num_neg_eval=cfg.train.num_neg_eval, device=dev,
                    progress=cfg.train.progress if progress is None else progress, num_threads=torch_threads)

@@ -49,12 +49,16 @@ def average_precision(y_true: np.ndarray, score: np.ndarray) -> float:
     return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
 
 
-def mrr(pos_score: np.ndarray, neg_score: np.ndarray) -> float:
-    """Mean reciprocal rank of each positive among its negatives ``[n, num_neg]``; ties count half."""
+def reciprocal_ranks(pos_score: np.ndarray, neg_score: np.ndarray) -> np.ndarray:
+    """``1 / rank`` of each positive among its negatives ``[n, num_neg]``; ties count half."""
     pos = np.asarray(pos_score)[:, None]
     neg = np.asarray(neg_score)
-    rank = 1 + (neg > pos).sum(1) + 0.5 * (neg == pos).sum(1)
-    return float(np.mean(1.0 / rank))
+    return 1.0 / (1 + (neg > pos).sum(1) + 0.5 * (neg == pos).sum(1))
+
+
+def mrr(pos_score: np.ndarray, neg_score: np.ndarray) -> float:
+    """Mean reciprocal rank of each positive among its negatives ``[n, num_neg]``; ties count half."""
+    return float(np.mean(reciprocal_ranks(pos_score, neg_score)))
 
 
 def f1_multilabel(y_true: np.ndarray, y_pred: np.ndarray) -> dict:

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from tgdist.runtime import jit, kernels
 from tgdist.runtime.data import Split, TemporalGraph
 from tgdist.runtime.memory import LocalMemory, MemoryStore, mail_rounds
-from tgdist.runtime.metrics import average_precision, mrr, roc_auc
+from tgdist.runtime.metrics import average_precision, reciprocal_ranks, roc_auc
 from tgdist.runtime.models import EmbedInput, HopTables, TemporalModel
 from tgdist.runtime.sampler import NegativeSampler, TemporalSampler
 
@@ -330,24 +330,42 @@ class Trainer:
         if hi <= lo:
             return {}
         num_neg = max(1, self.num_neg_eval)
-        pos_all, neg_all = [], []
+        pos_all, neg_all, rr_all = [], [], []
         prog = Progress(hi - lo, f"  {part}", self.progress)
         for s, e in self.batches(part):
-            out = self.step(s, e, self.negatives.fixed(part, s, e, num_neg), train=False)
-            pos_all.append(out.pos.cpu().numpy())
-            neg_all.append(out.neg.cpu().numpy())
+            pos, neg = self.eval_step(s, e, self.negatives.fixed(part, s, e, num_neg))
+            pos_all.append(pos)
+            neg_all.append(neg[:, 0])  # the one negative of AP and ROC-AUC
+            rr_all.append(reciprocal_ranks(pos, neg))
             prog.update(e - s)
         pos, neg = np.concatenate(pos_all), np.concatenate(neg_all)
         y = np.r_[np.ones(len(pos)), np.zeros(len(pos))]
-        sc = np.r_[pos, neg[:, 0]]
+        sc = np.r_[pos, neg]
         res = {f"{part}_ap": average_precision(y, sc), f"{part}_auc": roc_auc(y, sc)}
         if self.num_neg_eval > 1:
-            res[f"{part}_mrr"] = mrr(pos, neg)
+            res[f"{part}_mrr"] = float(np.mean(np.concatenate(rr_all)))
         mask = self.split.new_node_mask[lo:hi]
         if mask.any() and (~mask).any():
             yi = np.r_[np.ones(mask.sum()), np.zeros(mask.sum())]
-            res[f"{part}_ap_inductive"] = average_precision(yi, np.r_[pos[mask], neg[mask, 0]])
+            res[f"{part}_ap_inductive"] = average_precision(yi, np.r_[pos[mask], neg[mask]])
         return res
+
+    EVAL_ROOTS = 1 << 17  # roots per forward pass in evaluation, above which the negatives are split
+
+    def eval_step(self, lo: int, hi: int, neg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Scores of the positives ``[b]`` and of the negatives ``neg [b, num_neg]`` of one
+        evaluation batch, which then writes memory as any batch does. Many negatives (MRR against
+        thousands of nodes) are scored in chunks of columns, each a forward pass of at most
+        ``EVAL_ROOTS`` roots, so memory stays bounded: negatives never write memory, so every chunk
+        sees the same memory and the write follows the last one."""
+        b, num_neg = hi - lo, neg.shape[1]
+        chunk = max(1, self.EVAL_ROOTS // b - 2)
+        scores = []
+        for c in range(0, num_neg, chunk):
+            last = c + chunk >= num_neg
+            out = self.compute(self.prepare(lo, hi, neg[:, c:c + chunk]), train=False, write=None if last else False)
+            scores.append(out.neg.cpu().numpy())
+        return out.pos.cpu().numpy(), np.concatenate(scores, axis=1) if len(scores) > 1 else scores[0]
 
 
 def adam(params, lr: float) -> torch.optim.Adam:
