@@ -445,6 +445,21 @@ def test_cache_key_covers_content_and_options(tmp_path, cache_dir):
     assert load_graph(path).t.tolist() == [1, 3]
 
 
+@pytest.mark.parametrize("cache", [True, False])
+def test_a_large_source_is_announced_before_it_is_parsed(tmp_path, cache_dir, caplog, monkeypatch, cache):
+    path = write(tmp_path / "a.txt", "1 2 1\n2 3 2\n")
+    monkeypatch.setattr(tdata, "_source_size", lambda origin: 300 << 20)
+    with caplog.at_level("INFO", logger="tgdist.runtime.data"):
+        load_graph(path, cache=cache)
+    first = caplog.records[0].getMessage()
+    assert first == f"reading {path} (300 MiB)" + ("; the parsed graph is cached for later runs" if cache else "")
+    caplog.clear()
+    monkeypatch.undo()
+    with caplog.at_level("INFO", logger="tgdist.runtime.data"):
+        load_graph(write(tmp_path / "b.txt", "1 2 1\n2 3 2\n"))
+    assert not any(r.getMessage().startswith("reading") for r in caplog.records)  # small: read at once
+
+
 def test_cache_disabled_writes_nothing(tmp_path, cache_dir):
     load_graph(write(tmp_path / "a.txt", "1 2 1\n"), cache=False)
     assert list(cache_dir.iterdir()) == []

@@ -971,6 +971,12 @@ def detect_format(path: Path) -> str:
     return "edgelist"
 
 
+def _source_size(origin: Path) -> int:
+    """Bytes of a source file, or of a TGL directory's files."""
+    files = origin.iterdir() if origin.is_dir() else [origin]
+    return sum(f.stat().st_size for f in files if f.is_file())
+
+
 def load_graph(path: str | Path | None = None, *, format: str = "auto", columns: str | None = None,
                bipartite: bool | None = None, strict_order: bool = False, cache: bool = True,
                cache_dir: str | Path | None = None, name: str | None = None) -> TemporalGraph:
@@ -1008,6 +1014,10 @@ def load_graph(path: str | Path | None = None, *, format: str = "auto", columns:
         except DataError:
             log.warning("ignoring unreadable cache entry %s", cache_file)
     start = time.perf_counter()
+    size = _source_size(origin) if fmt != "collegemsg" else 0
+    if size >= 64 << 20:  # parsing runs at about 15 MiB/s: say what is happening before a long silence
+        log.info("reading %s (%s MiB)%s", origin, f"{size >> 20:,}", "; the parsed graph is cached for later runs"
+                 if cache else "")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         if fmt == "collegemsg":
