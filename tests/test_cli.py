@@ -215,6 +215,19 @@ def test_top_level_usage(capsys):
     assert cli.main(["help", "trian"]) == 2 and "did you mean 'train'?" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv", [["--version"], ["-V"], ["train", "--version"], ["launch", "--version"]])
+def test_version_names_what_decides_the_numbers(capsys, argv):
+    """``tgdist train --version`` printed Hydra's version; every form gives tgdist's line."""
+    import platform
+
+    import torch
+
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("tgdist 0.1.0 (Python ") and f"Python {platform.python_version()}," in out
+    assert f"torch {torch.__version__}," in out and "numba " in out and "hydra-core " in out
+
+
 def test_data_synth_through_the_real_command(tmp_path):
     out = tmp_path / "p.npz"
     proc = run_cli("data", "synth", "--num-events", "500", "--num-nodes", "50", "--out", str(out))
