@@ -224,7 +224,9 @@ def test_version_names_what_decides_the_numbers(capsys, argv):
 
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
-    assert out.startswith("tgdist 0.1.0 (Python ") and f"Python {platform.python_version()}," in out
+    from tgdist import __version__
+
+    assert out.startswith(f"tgdist {__version__} (Python {platform.python_version()}, ")
     assert f"torch {torch.__version__}," in out and "numba " in out and "hydra-core " in out
 
 
