@@ -28,22 +28,6 @@ def usage() -> str:
     return "\n".join(lines)
 
 
-def version_line() -> str:
-    """tgdist's version and those of what decides its numbers, for bug reports."""
-    import platform
-    from importlib.metadata import PackageNotFoundError, version
-
-    from tgdist import __version__
-
-    def of(dist: str) -> str:
-        try:
-            return version(dist)
-        except PackageNotFoundError:
-            return "not installed"
-    return (f"tgdist {__version__} (Python {platform.python_version()}, torch {of('torch')}, numba {of('numba')}, "
-            f"numpy {of('numpy')}, hydra-core {of('hydra-core')})")
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv:  # like a missing argument: usage on stderr, exit 2
@@ -55,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         print(usage())
         return 0
     if argv[0] in ("-V", "--version") or argv[1:] in (["-V"], ["--version"]):  # ``tgdist train --version`` too
+        from tgdist import version_line
+
         print(version_line())
         return 0
     name = argv[0]

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from tgdist import version_line
 from tgdist.launcher import collectives
 from tgdist.runtime import distributed
 
@@ -34,7 +35,8 @@ def test_auto_threads_follow_the_affinity_mask(tmp_path):
 def test_train_defaults_to_the_cpus_it_may_use(tmp_path):
     r = on_one_cpu(["-m", "tgdist", "train", *QUICK, f"run_dir={tmp_path / 'a'}"], tmp_path)
     assert r.returncode == 0, r.stderr
-    assert "threads: 1 torch, 1 numba" in r.stderr
+    assert f"{version_line()}; threads: 1 torch, 1 numba" in r.stderr  # versions head the run's log
+    assert version_line() in (tmp_path / "a" / "train.log").read_text()
     r = on_one_cpu(["-m", "tgdist", "train", *QUICK, "train.num_threads=3", "sampler.num_threads=2",
                     f"run_dir={tmp_path / 'b'}"], tmp_path)
     assert r.returncode == 0, r.stderr

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from tgdist import version_line
 from tgdist.config import check_data_source, load_data
 from tgdist.errors import ConfigError
 from tgdist.launcher.schedule import LR_SCALING_MODES, Layout, passes_per_group
@@ -151,7 +152,7 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
     seed_everything(cfg.train.seed, cfg.train.deterministic)
     graph = graph.check() if graph is not None else load_data(cfg.data)  # a graph made in Python: checked
     log.info("%s", graph.describe())
-    log.info("threads: %d torch, %d numba", torch_threads, numba_threads)
+    log.info("%s; threads: %d torch, %d numba", version_line(), torch_threads, numba_threads)
     split = chronological_split(graph, cfg.data.val_frac, cfg.data.test_frac)
     if cfg.train.task in ("node", "edge"):  # found before training, not after
         check_labels(cfg.train.task, graph, split)
