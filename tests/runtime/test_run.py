@@ -227,6 +227,8 @@ INVALID = [
     (["sampler.fanouts=[10,0]"], "one positive neighbour count per hop"),
     (["sampler.fanouts=[10,10]"], (r"sampler.fanouts=\[10, 10\] gives 2 hops, but model.num_layers=1 attends over "
                                    r"1: use model=tgat2 \(or model.num_layers=2\) for two hops$")),
+    (["model=tgat2", "sampler.fanouts=[10,10,10]"], (r"gives 3 hops, but model.num_layers=2 attends over 2: give one "
+                                                     r"neighbour count per layer$")),
     (["data.max_events=0"], "data.max_events=0 keeps no events"),
     (["data.max_events=1"], "no training events: the chronological split of 1 event "),
     (["model.mem_dim=0"], "model.mem_dim=0: must be at least 1"),

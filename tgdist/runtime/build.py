@@ -90,8 +90,10 @@ def validate(cfg: DictConfig) -> None:
     if m.num_layers not in (1, 2):
         raise ConfigError(f"model.num_layers={m.num_layers}: 1 or 2 attention layers are supported")
     if m.name == "tgn" and len(fanouts) > m.num_layers:  # the extra hops would be dropped unsaid
+        fix = ("use model=tgat2 (or model.num_layers=2) for two hops" if len(fanouts) == 2
+               else "give one neighbour count per layer")
         raise ConfigError(f"sampler.fanouts={fanouts} gives {len(fanouts)} hops, but model.num_layers={m.num_layers} "
-                          f"attends over {m.num_layers}: use model=tgat2 (or model.num_layers=2) for two hops")
+                          f"attends over {m.num_layers}: {fix}")
     layout = Layout(cfg.parallel.i, cfg.parallel.j, cfg.parallel.k)  # each a positive integer
     if t.epochs == 0 and (layout.i * layout.j * layout.k > 1 or cfg.memory.backend == "daemon"):
         raise ConfigError(f"train.epochs=0 (evaluate the untrained model) runs in one process; a parallel run "

@@ -357,7 +357,8 @@ class Trainer:
         evaluation batch, which then writes memory as any batch does. Many negatives (MRR against
         thousands of nodes) are scored in chunks of columns, each a forward pass of at most
         ``EVAL_ROOTS`` roots, so memory stays bounded: negatives never write memory, so every chunk
-        sees the same memory and the write follows the last one."""
+        sees the same memory and the write follows the last one. (With ``sampler.strategy=uniform``
+        each pass draws the positives' neighbours anew; the default, ``recent``, is exact.)"""
         b, num_neg = hi - lo, neg.shape[1]
         chunk = max(1, self.EVAL_ROOTS // b - 2)
         scores = []
