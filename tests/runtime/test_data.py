@@ -101,6 +101,37 @@ def test_edgelist_columns_spec(tmp_path):
     assert g.t.tolist() == [10, 20] and g.node_map[g.src].tolist() == [1, 2]
 
 
+@pytest.mark.parametrize("text, spec", [
+    ("ts,src,dst\n100,1,2\n101,2,3\n", "t,src,dst"),
+    (",source,target,time\n0,1,2,100\n1,2,3,101\n", "_,src,dst,t"),  # pandas' index column: skipped
+    ("Timestamp Source Target\n100 1 2\n101 2 3\n", "t,src,dst"),
+    ("to,from,time,w\n2,1,100,0.5\n3,2,101,0.5\n", "dst,src,t,feat"),
+])
+def test_edgelist_header_names_decide_the_columns(tmp_path, cache_dir, text, spec):
+    """A header naming src, dst and t in another order is read by its names, with a warning that
+    says so (repeated from the cache); the result equals naming the columns."""
+    path = write(tmp_path / "h.csv", text)
+    with pytest.warns(UserWarning, match=f"columns read by their header names, as data.columns='{spec}'"):
+        g = load_graph(path)
+    assert g.node_map[g.src].tolist() == [1, 2] and g.node_map[g.dst].tolist() == [2, 3]
+    assert g.t.tolist() == [100, 101]
+    named = load_graph(path, columns=spec)
+    for k in ("src", "dst", "t", "node_map"):
+        assert getattr(g, k).tolist() == getattr(named, k).tolist()
+    assert (g.edge_feat is None) == (named.edge_feat is None)
+    with pytest.warns(UserWarning, match="columns read by their header names"):
+        load_graph(path)  # from the cache
+
+
+@pytest.mark.parametrize("text", ["src,dst,t,w\n1,2,100,1\n", "from,to,amount\n1,2,100\n", "1 2 100\n",
+                                  "ts,ts,dst\n1,2,100\n"])
+def test_edgelist_header_in_the_usual_order_or_without_every_name_reads_as_before(tmp_path, cache_dir, text):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        g = load_graph(write(tmp_path / "u.csv", text))
+    assert g.node_map[g.src].tolist() == [1] and g.node_map[g.dst].tolist() == [2] and g.t.tolist() == [100]
+
+
 def test_edgelist_forced_bipartite(tmp_path):
     g = load_graph(write(tmp_path / "a.txt", "7 7 1\n8 7 2\n"), bipartite=True)
     assert g.bipartite and g.num_src_nodes == 2 and g.num_nodes == 3

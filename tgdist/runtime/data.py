@@ -47,7 +47,8 @@ log = logging.getLogger(__name__)
 # Bump when the processed layout or a reader's semantics change, so old cache entries are ignored.
 # 2: node labels (TGL labels.csv), exact int64 columns inside float tables.
 # 3: ``%`` lines are comments (KONECT), not a header or data.
-CACHE_VERSION = 3
+# 4: edge-list columns are read by their header names when these name src, dst and t.
+CACHE_VERSION = 4
 FORMATS = ("auto", "edgelist", "jodie", "tgl", "native", "collegemsg")
 
 
@@ -520,6 +521,10 @@ def _read_edgelist(path: Path, data: bytes, columns: str | None) -> dict:
 
     Without it the layout is ``src dst t`` and any further numeric fields become edge features.
     """
+    if columns is None and (named := _columns_from_header(data)):
+        warnings.warn(f"{path}: columns read by their header names, as data.columns='{named}' (naming the columns "
+                      f"overrides this)", stacklevel=2)
+        columns = named
     spec = [c.strip() for c in (columns or "src,dst,t").split(",")]
     unknown = set(spec) - {"src", "dst", "t", "feat", "label", "_"}
     if unknown:
@@ -557,6 +562,32 @@ def _read_edgelist(path: Path, data: bytes, columns: str | None) -> dict:
     if not columns:
         out["order_hint"] = _time_field_hint(table, out["t"])
     return out
+
+
+_HEADER_ROLES = {
+    "src": {"src", "source", "from", "u", "sender", "src_id", "source_id", "from_id", "u_id", "user", "user_id",
+            "node1", "node_1", "head"},
+    "dst": {"dst", "destination", "dest", "target", "to", "v", "recipient", "receiver", "dst_id", "target_id",
+            "to_id", "v_id", "item", "item_id", "node2", "node_2", "tail"},
+    "t": {"t", "time", "ts", "timestamp", "time_stamp", "unix_time", "unixtime", "datetime", "date"},
+    "_": {"", "index", "unnamed: 0", "id", "idx", "event_id", "edge_id", "e_id"},  # row numbers: not features
+}
+
+
+def _columns_from_header(data: bytes) -> str | None:
+    """A ``data.columns`` spec from a header that names its columns in another order than
+    ``src dst t`` (``timestamp,source,target``; a leading index column, as pandas writes), or
+    None: no header, a name for src, dst or t missing or repeated, or the usual order already.
+    Other named columns are edge features, as without a header."""
+    head = data[:1 << 16].decode("utf-8", errors="replace").splitlines()
+    first = next((ln for ln in head if ln.strip() and not _is_comment(ln)), "")
+    fields = [f.strip().strip("\"'").lower() for f in _fields(first, "auto")]
+    if not fields or any(_NUMERIC.match(f) for f in fields):
+        return None
+    roles = [next((r for r, names in _HEADER_ROLES.items() if f in names), "feat") for f in fields]
+    if any(roles.count(r) != 1 for r in ("src", "dst", "t")) or roles[:3] == ["src", "dst", "t"]:
+        return None
+    return ",".join(roles)
 
 
 def _columns_hint(column: int, columns: str | None) -> str:
