@@ -100,9 +100,9 @@ class Run:
                 mf.flush()
                 compiled = (f" (leaving out {res['compile_seconds']:.1f} s of one-time kernel compiling)"
                             if res["compile_seconds"] >= 0.5 else "")
-                log.info("epoch %d: loss %.4f, %s, %.0f train events/s%s", epoch, res["loss"],
+                log.info("epoch %d: loss %.4f, %s, %s train events/s%s", epoch, res["loss"],
                          ", ".join(f"{k} {v:.4f}" for k, v in res.items() if k.startswith(("val_", "test_"))),
-                         res["events_per_s"], compiled)
+                         f"{res['events_per_s']:,.0f}", compiled)
                 log.info("training stage times:\n%s", train_stages.table(res["train_events"]))
                 self._checkpoint(epoch + 1, 0)
         if cfg.train.epochs == 0 and not cfg.train.resume and cfg.train.task == "link":
