@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -260,6 +261,30 @@ def test_second_attention_layer_shows_in_the_run_name(tmp_path):
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["model"] == "tgn-2layer" and summary["run_dir"].endswith("-collegemsg-tgn-2layer")
+
+
+def test_runs_started_in_one_second_get_their_own_directories(tmp_path):
+    """The default run directory names the second a run starts; where that directory exists (a
+    run started beside this one: ``for s in 0 1; do tgdist train train.seed=$s & done``), the run
+    takes ``NAME-2``, never the other run's directory."""
+    from datetime import datetime, timedelta
+
+    now = datetime.now()
+    taken = [tmp_path / "runs" / f"{(now + timedelta(seconds=d)):%Y%m%d-%H%M%S}-collegemsg-tgn" for d in range(30)]
+    for d in taken:
+        d.mkdir(parents=True)
+    r = tgdist("train", *QUICK, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    run_dir = Path(json.loads(r.stdout.strip().splitlines()[-1])["run_dir"])
+    assert run_dir.name.endswith("-collegemsg-tgn-2") and run_dir.with_name(run_dir.name[:-2]) in taken
+    assert (run_dir / "metrics.jsonl").exists() and all(not any(d.iterdir()) for d in taken)
+
+
+def test_claiming_a_run_directory_is_atomic_and_numbered(tmp_path):
+    from tgdist.train import claim_run_dir
+
+    base = tmp_path / "deep" / "run"
+    assert [claim_run_dir(base) for _ in range(3)] == [base, tmp_path / "deep" / "run-2", tmp_path / "deep" / "run-3"]
 
 
 def test_sweep_inside_a_parallel_job_is_refused(tmp_path):

@@ -137,7 +137,33 @@ def main() -> None:
         run_dir = Path(cfg.run_dir).absolute()
         _new_parents[:] = [p for p in run_dir.parents if not p.exists()]
         _check_run_parent(run_dir)
+        given = any(a.partition("=")[0].lstrip("+~") == "run_dir" for a in args.overrides)
+        if not given and detect().world_size == 1:  # the default name: this run's own directory
+            sys.argv.append(f"run_dir={_quoted(str(claim_run_dir(run_dir)))}")
     _hydra_main()
+
+
+def claim_run_dir(run_dir: Path) -> Path:
+    """Make ``run_dir``, or ``run_dir-2``, ``-3``... where it exists, and return the one made. The
+    default name has a one-second clock, so runs started together (``for s in 0 1 2; do tgdist
+    train train.seed=$s & done``) would share it and overwrite each other's files; making the
+    directory is atomic, so each gets its own. A ``run_dir`` the user names is used as given."""
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 10_000):
+        candidate = run_dir if n == 1 else run_dir.with_name(f"{run_dir.name}-{n}")
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            continue
+    raise TgdistError(f"run_dir={run_dir}: 10,000 directories of this name exist; give run_dir=...")
+
+
+def _quoted(value: str) -> str:
+    """``value`` as a quoted Hydra override value (any path: spaces, brackets, commas)."""
+    if "'" not in value:
+        return f"'{value}'"
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 if __name__ == "__main__":
