@@ -199,6 +199,21 @@ def test_sweep_runs_one_job_per_value(tmp_path):
     assert (sweep / "1" / "summary.json").exists() and (sweep / "multirun.yaml").exists()
 
 
+def test_a_sweep_started_with_another_gets_its_own_folder(tmp_path):
+    from datetime import datetime, timedelta
+
+    now = datetime.now()
+    taken = [tmp_path / "multirun" / f"{(now + timedelta(seconds=d)):%Y%m%d-%H%M%S}" for d in range(30)]
+    for d in taken:
+        d.mkdir(parents=True)
+    r = tgdist("train", "-m", "train.seed=3", *QUICK, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    run_dir = Path(json.loads(r.stdout.strip().splitlines()[-1])["run_dir"])
+    assert run_dir.name == "0" and run_dir.parent.name.endswith("-2") and run_dir.parent.with_name(
+        run_dir.parent.name[:-2]) in taken
+    assert all(not any(d.iterdir()) for d in taken)
+
+
 def test_sweep_over_a_missing_data_file_fails_before_any_job(tmp_path):
     (tmp_path / "ok.csv").write_text("1,2,3\n2,3,4\n")
     r = tgdist("train", "-m", "data=file", f"data.path={tmp_path / 'ok.csv'},{tmp_path / 'nope.csv'}", *QUICK,
@@ -281,10 +296,10 @@ def test_runs_started_in_one_second_get_their_own_directories(tmp_path):
 
 
 def test_claiming_a_run_directory_is_atomic_and_numbered(tmp_path):
-    from tgdist.train import claim_run_dir
+    from tgdist.config import claim_directory
 
     base = tmp_path / "deep" / "run"
-    assert [claim_run_dir(base) for _ in range(3)] == [base, tmp_path / "deep" / "run-2", tmp_path / "deep" / "run-3"]
+    assert [claim_directory(base) for _ in range(3)] == [base, tmp_path / "deep" / "run-2", tmp_path / "deep" / "run-3"]
 
 
 def test_sweep_inside_a_parallel_job_is_refused(tmp_path):

@@ -319,6 +319,25 @@ def swept_values(job: list[str], swept: list[str]) -> str:
     return " ".join(a for a in job if a.partition("=")[0] in swept)
 
 
+def claim_directory(path: Path) -> Path:
+    """Make ``path``, or ``path-2``, ``-3``... where it exists, and return the one made. Default
+    run and sweep directories name the second they start, so runs started together (``for s in 0 1
+    2; do tgdist train train.seed=$s & done``) would share one and overwrite each other's files;
+    making a directory is atomic, so each gets its own. Directories the user names are used as
+    given, not through this."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 10_000):
+        candidate = path if n == 1 else path.with_name(f"{path.name}-{n}")
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            continue
+    from tgdist.errors import ConfigError
+
+    raise ConfigError(f"{path}: 10,000 directories of this name exist; name one yourself")
+
+
 def jobs_not_run(num: int, total: int) -> str:
     """``; the 2 jobs after it did not run`` for a sweep stopped by job ``num`` of ``total``
     (empty when it was the last)."""

@@ -117,7 +117,7 @@ def _check_run_parent(run_dir: Path) -> None:
 def main() -> None:
     """Check the overrides (and the run directory) before Hydra starts, then hand over to it."""
     global _sweep_dir, _sweep_size, _swept
-    from tgdist.config import sweep_jobs
+    from tgdist.config import claim_directory, sweep_jobs
     from tgdist.launcher.world import detect
     from tgdist.runtime.build import precheck
 
@@ -132,31 +132,16 @@ def main() -> None:
         _sweep_size = len(jobs)
         _new_parents[:] = [p for p in (_sweep_dir, *_sweep_dir.parents) if not p.exists()]
         if not any(a.partition("=")[0].lstrip("+~") == "hydra.sweep.dir" for a in args.overrides):
-            sys.argv.append(f"hydra.sweep.dir={_sweep_dir}")
+            _sweep_dir = claim_directory(_sweep_dir)  # a sweep started in the same second has its own
+            sys.argv.append(f"hydra.sweep.dir={_quoted(str(_sweep_dir))}")
     elif cfg is not None and not (args.cfg or args.help or args.hydra_help or args.info):  # a run
         run_dir = Path(cfg.run_dir).absolute()
         _new_parents[:] = [p for p in run_dir.parents if not p.exists()]
         _check_run_parent(run_dir)
         given = any(a.partition("=")[0].lstrip("+~") == "run_dir" for a in args.overrides)
         if not given and detect().world_size == 1:  # the default name: this run's own directory
-            sys.argv.append(f"run_dir={_quoted(str(claim_run_dir(run_dir)))}")
+            sys.argv.append(f"run_dir={_quoted(str(claim_directory(run_dir)))}")
     _hydra_main()
-
-
-def claim_run_dir(run_dir: Path) -> Path:
-    """Make ``run_dir``, or ``run_dir-2``, ``-3``... where it exists, and return the one made. The
-    default name has a one-second clock, so runs started together (``for s in 0 1 2; do tgdist
-    train train.seed=$s & done``) would share it and overwrite each other's files; making the
-    directory is atomic, so each gets its own. A ``run_dir`` the user names is used as given."""
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    for n in range(1, 10_000):
-        candidate = run_dir if n == 1 else run_dir.with_name(f"{run_dir.name}-{n}")
-        try:
-            candidate.mkdir()
-            return candidate
-        except FileExistsError:
-            continue
-    raise TgdistError(f"run_dir={run_dir}: 10,000 directories of this name exist; give run_dir=...")
 
 
 def _quoted(value: str) -> str:

@@ -126,6 +126,32 @@ def test_sweep_dry_run_is_one_torchrun_per_job(capsys):
     assert [ln.rsplit("/", 1)[1] for ln in lines] == ["0", "1"]
 
 
+def test_sweep_folder_is_its_own_and_goes_when_nothing_ran(tmp_path, monkeypatch, capsys):
+    """A launcher sweep started in the same second as another takes ``multirun/<time>-2``; a sweep
+    whose first job fails leaves no empty folders behind."""
+    from datetime import datetime, timedelta
+
+    monkeypatch.chdir(tmp_path)
+    launched = []
+    monkeypatch.setattr(launch, "_launch", lambda args, job: launched.append(job) or 0)
+    now = datetime.now()
+    taken = [tmp_path / "multirun" / f"{(now + timedelta(seconds=d)):%Y%m%d-%H%M%S}" for d in range(30)]
+    for d in taken:
+        d.mkdir(parents=True)
+    assert cli_main(["launch", "--", "-m", "model=tgn,jodie", "parallel.i=1"]) == 0
+    dirs = [job[-1].removeprefix("run_dir=") for job in launched]
+    assert [d.rsplit("/", 1)[1] for d in dirs] == ["0", "1"] and len({d.rsplit("/", 1)[0] for d in dirs}) == 1
+    sweep = tmp_path / dirs[0].rsplit("/", 1)[0]
+    assert sweep.name.endswith("-2") and sweep.with_name(sweep.name[:-2]) in taken and sweep.is_dir()
+
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    monkeypatch.chdir(fresh)
+    monkeypatch.setattr(launch, "_launch", lambda args, job: 3)
+    assert cli_main(["launch", "--", "-m", "model=tgn,jodie", "parallel.i=1"]) == 3
+    assert "sweep stopped: job #0 exited with 3" in capsys.readouterr().err and list(fresh.iterdir()) == []
+
+
 def test_sweep_checked_before_any_job(capsys):
     with pytest.raises(SystemExit) as e:  # the settings of every job, as tgdist train --multirun checks them
         cli_main(["launch", "--dry-run", "--", "-m", "parallel.i=1,0"])

@@ -23,6 +23,7 @@ import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 from tgdist.errors import ConfigError
 
@@ -180,7 +181,7 @@ def _sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     in ``RUN_DIR/N`` when ``run_dir`` is given. Stops at the first job that fails."""
     import time
 
-    from tgdist.config import jobs_not_run, sweep_jobs, swept_values
+    from tgdist.config import claim_directory, jobs_not_run, sweep_jobs, swept_values
     from tgdist.runtime.build import precheck
 
     def check(cfg) -> None:
@@ -194,8 +195,14 @@ def _sweep(args: argparse.Namespace, overrides: list[str]) -> int:
             _nproc(args, parallel_overrides(job))
         except ConfigError as e:
             raise ConfigError(f"{e} (sweep job #{num}: {swept_values(job, swept)})") from None
-    base = next((a.partition("=")[2] for a in overrides if a.partition("=")[0].lstrip("+") == "run_dir"),
-                f"multirun/{time.strftime('%Y%m%d-%H%M%S')}")
+    base = next((a.partition("=")[2] for a in overrides if a.partition("=")[0].lstrip("+") == "run_dir"), None)
+    made: list[Path] = []  # folders this sweep made, removed again if no job left anything in them
+    if base is None:
+        base = Path(f"multirun/{time.strftime('%Y%m%d-%H%M%S')}")
+        if not args.dry_run:  # a sweep started in the same second takes NAME-2
+            new_parents = [p for p in base.parents if not p.exists()]
+            base = claim_directory(base)
+            made = [base, *new_parents]
     for num, job in enumerate(jobs):
         job = [a for a in job if a.partition("=")[0].lstrip("+") != "run_dir"] + [f"run_dir={base}/{num}"]
         if not args.dry_run:
@@ -205,6 +212,11 @@ def _sweep(args: argparse.Namespace, overrides: list[str]) -> int:
         if rc:
             print(f"tgdist launch: sweep stopped: job #{num} exited with {rc}{jobs_not_run(num, len(jobs))}",
                   file=sys.stderr, flush=True)
+            for folder in made:  # deepest first
+                try:
+                    folder.rmdir()
+                except OSError:
+                    break
             return rc
     return 0
 
