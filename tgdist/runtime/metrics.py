@@ -10,15 +10,10 @@ def _ranks(x: np.ndarray) -> np.ndarray:
     order = np.argsort(x, kind="mergesort")
     xs = x[order]
     ranks = np.empty(len(x), dtype=np.float64)
-    i = 0
-    n = len(x)
-    # group boundaries of equal values
-    bounds = np.flatnonzero(np.diff(xs)) + 1
+    bounds = np.flatnonzero(np.diff(xs)) + 1  # where a run of equal values starts
     starts = np.concatenate([[0], bounds])
-    ends = np.concatenate([bounds, [n]])
-    avg = (starts + ends + 1) / 2.0
-    ranks[order] = np.repeat(avg, ends - starts)
-    del i
+    ends = np.concatenate([bounds, [len(x)]])
+    ranks[order] = np.repeat((starts + ends + 1) / 2.0, ends - starts)
     return ranks
 
 

@@ -1,0 +1,61 @@
+"""Evaluation metrics against hand computations (ties included) and, where installed, scikit-learn."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from tgdist.runtime.metrics import (
+    average_precision,
+    f1_multilabel,
+    mrr,
+    reciprocal_ranks,
+    roc_auc,
+)
+
+
+def test_roc_auc_by_hand():
+    # positives 0.9 and 0.7 against negatives 0.8 and 0.1: 3 of 4 pairs ordered right
+    assert roc_auc([1, 0, 1, 0], [0.9, 0.8, 0.7, 0.1]) == 0.75
+    assert roc_auc([1, 0], [0.5, 0.5]) == 0.5  # a tie counts half
+    assert roc_auc([1, 0, 0], [0.2, 0.2, 0.1]) == 0.75
+    assert math.isnan(roc_auc([1, 1], [0.1, 0.2]))  # no negative: undefined
+
+
+def test_average_precision_by_hand():
+    # ranked 1 0 1 0: precision 1 at recall 1/2, 2/3 at recall 1
+    assert average_precision([1, 0, 1, 0], [0.9, 0.8, 0.7, 0.1]) == pytest.approx(0.5 * 1 + 0.5 * 2 / 3)
+    # tied scores are one threshold: precision 1/2 at recall 1/2, then 2/3 at recall 1
+    assert average_precision([1, 0, 1], [0.5, 0.5, 0.1]) == pytest.approx(0.5 * 0.5 + 0.5 * 2 / 3)
+    assert math.isnan(average_precision([0, 0], [0.1, 0.2]))
+
+
+def test_reciprocal_ranks_by_hand():
+    pos = np.array([0.5, 0.2])
+    neg = np.array([[0.1, 0.7, 0.5], [0.1, 0.0, 0.3]])
+    # row 0: one negative above, one tied (half): rank 2.5; row 1: one above: rank 2
+    assert reciprocal_ranks(pos, neg).tolist() == [0.4, 0.5]
+    assert mrr(pos, neg) == pytest.approx(0.45)
+
+
+def test_f1_multilabel_by_hand():
+    y = np.array([[1, 0], [1, 1], [0, 1]])
+    p = np.array([[1, 1], [0, 1], [0, 1]])
+    # class 0: tp 1, fp 0, fn 1 -> 2/3; class 1: tp 2, fp 1, fn 0 -> 4/5; all: tp 3, fp 1, fn 1 -> 3/4
+    out = f1_multilabel(y, p)
+    assert out["f1_micro"] == pytest.approx(0.75) and out["f1_macro"] == pytest.approx((2 / 3 + 4 / 5) / 2)
+
+
+def test_against_scikit_learn_with_ties():
+    metrics = pytest.importorskip("sklearn.metrics")
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 2000)
+    score = np.round(rng.random(2000) + 0.3 * y, 2)  # rounded: many ties
+    assert average_precision(y, score) == pytest.approx(metrics.average_precision_score(y, score), abs=1e-12)
+    assert roc_auc(y, score) == pytest.approx(metrics.roc_auc_score(y, score), abs=1e-12)
+    yl, pl = rng.integers(0, 2, (500, 4)), rng.integers(0, 2, (500, 4))
+    out = f1_multilabel(yl, pl)
+    assert out["f1_micro"] == pytest.approx(metrics.f1_score(yl, pl, average="micro"))
+    assert out["f1_macro"] == pytest.approx(metrics.f1_score(yl, pl, average="macro"))
