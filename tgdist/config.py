@@ -202,6 +202,12 @@ def check_data_source(cfg: DataConfig) -> None:
     if cfg.require_path and cfg.path is None:
         raise ConfigError("data=file needs data.path=FILE (any supported file or TGL directory)")
     if cfg.path is not None and cfg.format != "synthetic":
+        shared = datasets_dir()
+        if str(cfg.path).startswith(shared + os.sep) and not Path(cfg.path).exists():  # data=wikipedia and co.
+            where = ("$TGDIST_DATASETS" if os.environ.get("TGDIST_DATASETS") else
+                     "shared/datasets beside the clone" if os.path.isabs(shared) else "relative to the working directory")
+            raise ConfigError(f"data={cfg.name}: {cfg.path} is missing; shared data sets are read from {shared} "
+                              f"({where}): set TGDIST_DATASETS to the folder that holds {cfg.name}/")
         existing(cfg.path)
 
 

@@ -254,6 +254,15 @@ INVALID = [
 ]
 
 
+def test_a_missing_shared_data_set_says_where_it_was_looked_for(tmp_path, monkeypatch):
+    monkeypatch.setenv("TGDIST_DATASETS", str(tmp_path / "nowhere"))
+    with pytest.raises(ConfigError, match=(r"^data=wikipedia: .*/nowhere/wikipedia/wikipedia.csv.gz is missing; shared "
+                                           r"data sets are read from .*/nowhere \(\$TGDIST_DATASETS\): set "
+                                           r"TGDIST_DATASETS to the folder that holds wikipedia/$")):
+        run(tmp_path, "w", ["data=wikipedia"])
+    assert not (tmp_path / "w").exists()
+
+
 def test_one_timestamp_for_every_event_suggests_naming_the_time_column(tmp_path):
     """KONECT's ``src dst weight time`` read as ``src dst t``: every event at weight 1, so no split."""
     path = tmp_path / "out.konect"
