@@ -257,6 +257,15 @@ def test_sweep_whose_first_job_fails_leaves_nothing_behind(tmp_path):
     r = tgdist("train", "-m", "data.path=bad.csv,other.csv", *QUICK, f"hydra.sweep.dir={tmp_path / 'a' / 'b'}",
                cwd=tmp_path)
     assert r.returncode == 2 and sorted(p.name for p in tmp_path.iterdir()) == ["bad.csv", "other.csv"]
+    # its default folder taken by a sweep of the same second: the NAME-2 it made goes too
+    from datetime import datetime, timedelta
+
+    now = datetime.now()
+    taken = [tmp_path / "multirun" / f"{(now + timedelta(seconds=d)):%Y%m%d-%H%M%S}" for d in range(30)]
+    for d in taken:
+        d.mkdir(parents=True)
+    r = tgdist("train", "-m", "data.path=bad.csv,other.csv", *QUICK, cwd=tmp_path)
+    assert r.returncode == 2 and sorted((tmp_path / "multirun").iterdir()) == taken
 
 
 def test_a_job_failing_mid_sweep_is_named_and_the_jobs_before_it_are_kept(tmp_path):

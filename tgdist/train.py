@@ -133,6 +133,7 @@ def main() -> None:
         _new_parents[:] = [p for p in (_sweep_dir, *_sweep_dir.parents) if not p.exists()]
         if not any(a.partition("=")[0].lstrip("+~") == "hydra.sweep.dir" for a in args.overrides):
             _sweep_dir = claim_directory(_sweep_dir)  # a sweep started in the same second has its own
+            _new_parents[:] = [_sweep_dir, *(p for p in _new_parents if p in _sweep_dir.parents)]
             sys.argv.append(f"hydra.sweep.dir={_quoted(str(_sweep_dir))}")
     elif cfg is not None and not (args.cfg or args.help or args.hydra_help or args.info):  # a run
         run_dir = Path(cfg.run_dir).absolute()
