@@ -181,6 +181,9 @@ class DataConfig:
     val_frac: float = 0.15  # chronological split: the last val_frac + test_frac of the events
     test_frac: float = 0.15  # are validation then test (cut back to whole timestamps)
     max_events: Optional[int] = None  # keep only the first N events (quick runs)
+    # what the times count; the model's time encoding reads seconds. auto: Unix-epoch times in
+    # ms, us or ns (told by their size) are read as such, anything else as seconds
+    time_unit: str = "auto"  # auto | s | ms | us | ns
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 

@@ -246,6 +246,7 @@ INVALID = [
     (["memory.backend=sven"], "memory.backend='sven': choose auto, local, depcache or daemon"),
     (["train.lr_scaling=log"], "train.lr_scaling='log': choose linear, sqrt, none"),
     (["train.device=tpu"], "train.device='tpu': choose auto, cpu, cuda or cuda:N"),
+    (["data.time_unit=days"], "data.time_unit='days': choose auto, s, ms, us, ns$"),
     (["train.device=cuda:99"], "train.device=cuda:99 but (CUDA is not available|this machine has)"),
     (["data.val_frac=0.9", "data.test_frac=0.2"], r"data.val_frac=0.9, data.test_frac=0.2: each must be in \[0, 1\)"),
     (["data.test_frac=-0.1"], r"data.test_frac=-0.1: each must be"),
@@ -261,6 +262,56 @@ def test_a_missing_shared_data_set_says_where_it_was_looked_for(tmp_path, monkey
                                            r"TGDIST_DATASETS to the folder that holds wikipedia/$")):
         run(tmp_path, "w", ["data=wikipedia"])
     assert not (tmp_path / "w").exists()
+
+
+def test_epoch_time_units_are_told_by_their_size():
+    from tgdist.runtime.data import epoch_time_unit
+
+    t = np.array([1_082_040_961, 1_098_777_142])  # CollegeMsg: Unix seconds, 2004
+    assert [epoch_time_unit(t * f) for f in (1, 10**3, 10**6, 10**9)] == ["s", "ms", "us", "ns"]
+    assert epoch_time_unit(np.array([0, 2_678_373])) == "s"  # relative times (Wikipedia)
+    assert epoch_time_unit(np.array([1.2e12, 9e13])) == "s"  # spans two ranges: no guess
+    assert epoch_time_unit(np.array([1289241911.72836])) == "s"
+
+
+def test_millisecond_times_give_the_model_the_same_seconds(tmp_path):
+    """CollegeMsg written in Unix milliseconds: ``data.time_unit=auto`` hands the model the times
+    and gaps of the seconds file (to float32 rounding), so the time encoding sees the same inputs;
+    ``data.time_unit=s`` reads the milliseconds as they are."""
+    from tgdist.runtime.data import TemporalGraph, load_graph, subset
+
+    g = subset(load_graph(None), 1500)
+    ms = TemporalGraph(**{**{f.name: getattr(g, f.name) for f in dataclasses.fields(g)}, "t": g.t * 1000})
+    over = SMALL + ["train.num_neg_eval=1"]
+    a, b = build_trainer(compose(over), graph=g), build_trainer(compose(over), graph=ms)
+    assert np.array_equal(a.t_rel, b.t_rel) and b.units_per_second == 1000
+    lo = a.split.range("val")[0]
+    neg = a.negatives.fixed("val", lo, lo + 100, 1)
+    pa, pb = a.prepare(lo, lo + 100, neg), b.prepare(lo, lo + 100, neg)
+    np.testing.assert_allclose(pb.hop_tables[0].dt_values.numpy()[pb.hop_tables[0].dt_index.numpy()],
+                               pa.hop_tables[0].dt_values.numpy()[pa.hop_tables[0].dt_index.numpy()], rtol=1e-6)
+    a.model.eval(), b.model.eval()  # no dropout
+    with torch.no_grad():
+        oa, ob = a.compute(pa, train=False), b.compute(pb, train=False)
+    np.testing.assert_allclose(ob.pos.numpy(), oa.pos.numpy(), rtol=1e-4, atol=1e-5)
+    raw = build_trainer(compose(over + ["data.time_unit=s"]), graph=ms)
+    assert np.array_equal(raw.t_rel, a.t_rel * 1000) and raw.units_per_second == 1
+    ja = build_trainer(compose(over + ["model=jodie"]), graph=g)
+    jb = build_trainer(compose(over + ["model=jodie"]), graph=ms)
+    assert ja.model.embedding.time_scale == jb.model.embedding.time_scale
+
+
+def test_a_checkpoint_from_before_time_units_resumes(tmp_path):
+    """Checkpoints written before ``data.time_unit`` existed count as written under its default."""
+    s, d = run(tmp_path, "a", ["train.epochs=1"])
+    path = d / "checkpoints" / "last.pt"
+    state = torch.load(path, weights_only=True)
+    del state["config"]["data.time_unit"]
+    torch.save(state, path)
+    again, _ = run(tmp_path, "b", ["train.epochs=1", f"train.resume={d}"])
+    assert metrics(again) == metrics(s)
+    with pytest.raises(ConfigError, match=r"data.time_unit: checkpoint 'auto' vs now 'ms'"):
+        run(tmp_path, "c", ["train.epochs=1", f"train.resume={d}", "data.time_unit=ms"])
 
 
 def test_one_timestamp_for_every_event_suggests_naming_the_time_column(tmp_path):

@@ -17,8 +17,10 @@ from tgdist.errors import ConfigError
 from tgdist.launcher.schedule import LR_SCALING_MODES, Layout, passes_per_group
 from tgdist.runtime import checkpoint, kernels
 from tgdist.runtime.data import (
+    TIME_UNITS,
     TemporalGraph,
     chronological_split,
+    epoch_time_unit,
     label_classes,
     label_ranges,
 )
@@ -100,6 +102,8 @@ def validate(cfg: DictConfig) -> None:
                           f"needs a positive multiple of parallel.j x parallel.k = {layout.j * layout.k}")
     if t.epochs:
         passes_per_group(layout, t.epochs)  # a multiple of j x k: checked here so launchers refuse it up front
+    if cfg.data.time_unit not in ("auto", *TIME_UNITS):
+        raise ConfigError(f"data.time_unit={cfg.data.time_unit!r}: choose auto, {', '.join(TIME_UNITS)}")
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", t.device):
         raise ConfigError(f"train.device={t.device!r}: choose auto, cpu, cuda or cuda:N")
     resolve_device(t.device)  # cuda where there is none: refused here, before the data is read
@@ -167,11 +171,18 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
                           + (f"; every event has the time {graph.t[0]}: if the time is another column, name the "
                              f"columns with data.columns, e.g. 'src,dst,_,t'" if n > 1 and graph.t[0] == graph.t[-1]
                              else ""))
+    unit = cfg.data.time_unit
+    if unit == "auto":
+        unit = epoch_time_unit(graph.t)
+        if unit != "s":
+            log.info("the times look like Unix %s: the model reads them as seconds (data.time_unit=s reads them as "
+                     "they are)", {"ms": "milliseconds", "us": "microseconds", "ns": "nanoseconds"}[unit])
+    units_per_second = TIME_UNITS[unit]
     m = cfg.model
     model = build_model(m.name, num_nodes=graph.num_nodes, mem_dim=m.mem_dim, time_dim=m.time_dim,
                         edge_dim=graph.edge_dim, node_dim=graph.node_dim, num_layers=m.num_layers,
                         num_heads=m.num_heads, dropout=m.dropout, mailbox_size=m.mailbox_size,
-                        static_memory=m.static_memory, time_scale=time_scale(graph) if m.name == "jodie" else 1.0)
+                        static_memory=m.static_memory, time_scale=time_scale(graph) / units_per_second if m.name == "jodie" else 1.0)
     use_cpu_kernels(model, m.cpu_kernels)
     dev = device or resolve_device(cfg.train.device)
     model.to(dev)
@@ -190,7 +201,8 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
                     "replacement, so many repeat", cfg.train.num_neg_eval, candidates)
     return Trainer(graph, split, model, memory, sampler, negatives, batch_size=cfg.train.batch_size, lr=cfg.train.lr,
                    num_neg_eval=cfg.train.num_neg_eval, device=dev,
-                   progress=cfg.train.progress if progress is None else progress, num_threads=torch_threads)
+                   progress=cfg.train.progress if progress is None else progress, num_threads=torch_threads,
+                   units_per_second=units_per_second)
 
 
 def compose(overrides: list[str] | None = None, config_name: str = "train",

@@ -24,6 +24,12 @@ _FREE = {"train": {"epochs", "resume", "progress", "checkpoint_every", "stop_aft
          "data": {"cache", "cache_dir", "name", "require_path"}, "sampler": {"num_threads"}}
 
 
+# Keys added after checkpoints were first written, with the value an older checkpoint was
+# written under (data.time_unit: times were read as seconds, which "auto" still does for all but
+# Unix-epoch ms/us/ns data).
+_ADDED = {"data.time_unit": repr("auto")}
+
+
 def identity(cfg: DictConfig) -> dict:
     """The part of the config a checkpoint must match, as plain strings (weights_only-safe)."""
     out = {}
@@ -64,6 +70,7 @@ def atomic_save(obj, path: str | Path) -> Path:
 
 def check_config(path, saved: dict, cfg: DictConfig) -> None:
     mine = identity(cfg)
+    saved = {**_ADDED, **saved}
     diff = sorted(k for k in set(mine) | set(saved) if mine.get(k) != saved.get(k))
     if diff:
         shown = ", ".join(f"{k}: checkpoint {saved.get(k, '<unset>')} vs now {mine.get(k, '<unset>')}" for k in diff[:4])

@@ -1002,6 +1002,21 @@ def detect_format(path: Path) -> str:
     return "edgelist"
 
 
+TIME_UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6, "ns": 1e9}  # units per second
+
+
+def epoch_time_unit(t: np.ndarray) -> str:
+    """``ms``, ``us`` or ``ns`` when every time lies where Unix times of 1980-2100 counted in that
+    unit do (the ranges do not overlap, and none overlaps Unix seconds), else ``s``."""
+    if t.size == 0:
+        return "s"
+    lo, hi = float(np.min(t)), float(np.max(t))
+    for unit in ("ms", "us", "ns"):
+        if 3.15e8 * TIME_UNITS[unit] <= lo and hi <= 4.1e9 * TIME_UNITS[unit]:
+            return unit
+    return "s"
+
+
 def _source_size(origin: Path) -> int:
     """Bytes of a source file, or of a TGL directory's files."""
     files = origin.iterdir() if origin.is_dir() else [origin]

@@ -108,15 +108,17 @@ class Trainer:
     def __init__(self, graph: TemporalGraph, split: Split, model: TemporalModel, memory: MemoryStore,
                  sampler: TemporalSampler | None, negatives: NegativeSampler, *, batch_size: int = 200,
                  lr: float = 1e-4, num_neg_eval: int = 49, device: str = "cpu", progress: bool = True,
-                 num_threads: int = 0):
+                 num_threads: int = 0, units_per_second: float = 1.0):
         self.g, self.split, self.model, self.memory = graph, split, model, memory
         self.sampler, self.negatives = sampler, negatives
         self.batch_size, self.num_neg_eval = batch_size, num_neg_eval
         self.device = torch.device(device)
         self.progress = progress
         self.optimizer = adam(model.parameters(), lr)
-        # Model times are float64 seconds since the first event: exact for int64 spans below 2**53.
-        self.t_rel = (graph.t - graph.t[0]).astype(np.float64)
+        # Model times are float64 seconds since the first event (the data's times divided by
+        # ``units_per_second``, data.time_unit): exact for int64 spans below 2**53 units.
+        self.units_per_second = float(units_per_second)
+        self.t_rel = self._seconds(graph.t - graph.t[0])
         self.edge_feat = None if graph.edge_feat is None else torch.from_numpy(graph.edge_feat).to(self.device)
         self.node_feat = None if graph.node_feat is None else torch.from_numpy(graph.node_feat).to(self.device)
         self.timer = StageTimer()
@@ -193,7 +195,7 @@ class Trainer:
         ids, root_idx, hop_tables, _ = self._sample_and_organize(nodes.astype(np.int64), times)
         upd = model.updater(self.memory.read(ids))
         h = model.node_repr(ids, upd, None if self.node_feat is None else self.node_feat[ids])
-        t_rel = torch.from_numpy((times - self.g.t[0]).astype(np.float64)).to(self.device)
+        t_rel = torch.from_numpy(self._seconds(times - self.g.t[0])).to(self.device)
         return model.embedding(EmbedInput(h, upd.mem_ts, root_idx, t_rel, hop_tables))
 
     def compute(self, p: "Prepared", train: bool, keep_emb: bool = False, write: bool | None = None) -> BatchOutput:
@@ -233,6 +235,11 @@ class Trainer:
             out.h_src, out.h_dst = h_src.detach(), h_dst.detach()
         return out
 
+    def _seconds(self, dt: np.ndarray) -> np.ndarray:
+        """Time differences in the data's unit as float64 seconds."""
+        dt = dt.astype(np.float64)
+        return dt if self.units_per_second == 1.0 else dt / self.units_per_second
+
     def _hop_tables(self, h, node_idx: np.ndarray) -> HopTables:
         """Index a sampled hop into unique tables: time gaps (the time term depends on dt only)
         and events (edge-feature terms). Exact: each distinct value is computed once, then gathered."""
@@ -241,6 +248,8 @@ class Trainer:
         # gaps are hashed by their float32 bits
         bits, dt_index, _ = kernels.organize(h.dt.reshape(-1).view(np.int32).astype(np.int64))
         dt_values = bits.astype(np.int32).view(np.float32)
+        if self.units_per_second != 1.0:  # the sampler's gaps are in the data's unit
+            dt_values = (dt_values / self.units_per_second).astype(np.float32)
         edge_index = edge_feat = None
         if self.edge_feat is not None:
             ev, ev_index, _ = kernels.organize(np.where(h.mask, h.eid, 0).reshape(-1))
