@@ -215,6 +215,14 @@ def test_top_level_usage(capsys):
     assert cli.main(["help", "trian"]) == 2 and "did you mean 'train'?" in capsys.readouterr().err
 
 
+def test_data_info_names_epoch_milliseconds(tmp_path, cache_dir, capsys):
+    path = tmp_path / "ms.csv"
+    path.write_text("".join(f"{i % 5},{5 + i % 3},{1_600_000_000_000 + 1000 * i}\n" for i in range(50)))
+    assert cli.main(["data", "info", str(path)]) == 0
+    assert "(int64), edge_dim 0, node_dim 0; times in Unix ms, which training reads as seconds (data.time_unit). " \
+        in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("argv", [["--version"], ["-V"], ["train", "--version"], ["launch", "--version"]])
 def test_version_names_what_decides_the_numbers(capsys, argv):
     """``tgdist train --version`` printed Hydra's version; every form gives tgdist's line."""

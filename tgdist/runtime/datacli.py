@@ -76,7 +76,9 @@ def info(args: argparse.Namespace) -> int:
     how = "given by ext_roll" if graph.ext_roll is not None else \
         f"chronological {1 - args.val_frac - args.test_frac:.0%}/{args.val_frac:.0%}/{args.test_frac:.0%}"
     new_val, new_test = int(split.new_node_mask[v0:v1].sum()), int(split.new_node_mask[s0:s1].sum())
-    print(f"{graph.describe()}. Split ({how}): train {tr:,}, val {v1 - v0:,}, test {s1 - s0:,} events; "
+    unit = tdata.epoch_time_unit(graph.t)
+    times = "" if unit == "s" else f"; times in Unix {unit}, which training reads as seconds (data.time_unit)"
+    print(f"{graph.describe()}{times}. Split ({how}): train {tr:,}, val {v1 - v0:,}, test {s1 - s0:,} events; "
           f"inductive (a node unseen in training): {new_val:,} val and {new_test:,} test events. "
           f"Loaded in {elapsed:.2f} s; source hash {graph.source_hash or '-'}.")
     return 0
