@@ -491,6 +491,20 @@ def test_a_large_source_is_announced_before_it_is_parsed(tmp_path, cache_dir, ca
     assert not any(r.getMessage().startswith("reading") for r in caplog.records)  # small: read at once
 
 
+def test_cache_entries_of_an_older_version_are_removed_and_nothing_else(tmp_path, cache_dir, monkeypatch):
+    old = tdata.CACHE_VERSION
+    monkeypatch.setattr(tdata, "CACHE_VERSION", old - 1)
+    stale = tdata.save_native(load_graph(write(tmp_path / "a.txt", "1 2 1\n2 3 2\n")), tmp_path / "x.npz")
+    entry = next(cache_dir.iterdir())  # a.txt's entry under the older version
+    mine = tdata.save_native(load_graph(stale), cache_dir / "mine.npz")  # a user's own file, older too
+    lookalike = cache_dir / f"b-{'0' * 32}.npz"  # named like an entry, but not one (another hash inside)
+    lookalike.write_bytes(mine.read_bytes())
+    monkeypatch.setattr(tdata, "CACHE_VERSION", old)
+    load_graph(write(tmp_path / "c.txt", "1 2 1\n2 3 5\n"))
+    names = sorted(p.name for p in cache_dir.iterdir())
+    assert entry.name not in names and {"mine.npz", lookalike.name} <= set(names) and len(names) == 3
+
+
 def test_cache_disabled_writes_nothing(tmp_path, cache_dir):
     load_graph(write(tmp_path / "a.txt", "1 2 1\n"), cache=False)
     assert list(cache_dir.iterdir()) == []

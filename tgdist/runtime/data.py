@@ -1087,7 +1087,31 @@ def load_graph(path: str | Path | None = None, *, format: str = "auto", columns:
             save_native(graph, cache_file, notes)
         except OSError as e:
             log.warning("could not write cache %s: %s", cache_file, e)
+        else:
+            _prune_stale_cache(cache_file.parent)
     return graph
+
+
+def _prune_stale_cache(folder: Path) -> None:
+    """Remove cache entries of older ``CACHE_VERSION``s: their keys include the version, so this
+    tgdist never reads them again, and each may be as large as its data set."""
+    freed, removed = 0, 0
+    for entry in folder.glob("*.npz"):
+        key = re.fullmatch(r".+-([0-9a-f]{32})\.npz", entry.name)
+        if key is None:
+            continue  # not named as a cache entry: a user's own file, left alone
+        try:
+            with np.load(entry, allow_pickle=False) as z:
+                meta = json.loads(bytes(z["meta"]).decode())
+            if meta.get("source_hash") == key.group(1) and int(meta.get("version", 1)) < CACHE_VERSION:
+                size = entry.stat().st_size
+                entry.unlink()
+                freed, removed = freed + size, removed + 1
+        except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError):
+            continue  # not ours, or being written: left alone
+    if removed:
+        log.info("removed %d cache entr%s of an older tgdist from %s (%s MiB)", removed, "y" if removed == 1 else "ies",
+                 folder, f"{freed / 2**20:,.1f}")
 
 
 def subset(graph: TemporalGraph, num_events: int) -> TemporalGraph:
