@@ -84,6 +84,14 @@ def test_run_dir_that_cannot_be_made_is_one_line(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["afile"]
 
 
+def test_run_dir_that_is_a_file_is_one_line(tmp_path):
+    (tmp_path / "afile").write_text("")
+    r = tgdist("train", f"run_dir={tmp_path / 'afile'}", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"tgdist train: error: run_dir={tmp_path / 'afile'} is a file, not a directory"]
+    assert [p.name for p in tmp_path.iterdir()] == ["afile"] and (tmp_path / "afile").read_text() == ""
+
+
 def test_data_file_needs_a_path(tmp_path):
     r = tgdist("train", "data=file", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [

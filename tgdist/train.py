@@ -107,6 +107,9 @@ def _check_run_parent(run_dir: Path) -> None:
     ``run_dir`` may name the time, which Hydra resolves again when it makes the directory."""
     from tgdist.runtime.data import unwritable
 
+    if run_dir.exists() and not run_dir.is_dir():
+        print(f"tgdist train: error: run_dir={run_dir} is a file, not a directory", file=sys.stderr)
+        sys.exit(2)
     why = unwritable(run_dir.parent)
     if why:
         print(f"tgdist train: error: run_dir={run_dir}: cannot make a directory in {run_dir.parent} ({why})",
