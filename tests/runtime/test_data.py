@@ -742,6 +742,9 @@ def test_bad_paths_and_options(tmp_path, cache_dir):
     bad(cache_dir, "must name src, dst and t", path, columns="src,dst,feat")
     npz = write(tmp_path / "broken.npz", "not a zip")
     bad(cache_dir, loc(npz) + "not a readable tgdist .npz graph", npz)
+    np.savez(tmp_path / "plain.npz", src=np.arange(3), times=np.arange(3))
+    bad(cache_dir, loc(tmp_path / "plain.npz") + r"a NumPy .npz, but not a tgdist graph \(it has no 'meta' array; it "
+                                                 r"holds src, times\): write the events as a text edge list", tmp_path / "plain.npz")
 
 
 def test_warnings_are_not_errors_by_default(tmp_path):

@@ -924,8 +924,14 @@ def _read_native(path: str | Path) -> tuple[TemporalGraph, list[str]]:
     path = Path(path)
     try:
         with np.load(path, allow_pickle=False) as z:
+            if "meta" not in z.files:
+                raise DataError(f"{path}: a NumPy .npz, but not a tgdist graph (it has no 'meta' array; it holds "
+                                f"{', '.join(z.files[:6]) or 'nothing'}): write the events as a text edge list, or "
+                                f"build a TemporalGraph in Python and save it with tgdist.runtime.data.save_native")
             meta = json.loads(bytes(z["meta"]).decode())
             arrays = {k: z[k] for k in (*_ARRAYS, *_LABEL_ARRAYS) if k in z.files}
+    except DataError:
+        raise
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
     except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as e:
