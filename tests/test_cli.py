@@ -238,6 +238,13 @@ def test_version_names_what_decides_the_numbers(capsys, argv):
     assert f"torch {torch.__version__}," in out and "numba " in out and "hydra-core " in out
 
 
+def test_train_module_version_is_tgdists():
+    from tgdist import version_line
+
+    r = subprocess.run([sys.executable, "-m", "tgdist.train", "--version"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout == version_line() + "\n"
+
+
 def test_data_synth_through_the_real_command(tmp_path):
     out = tmp_path / "p.npz"
     proc = run_cli("data", "synth", "--num-events", "500", "--num-nodes", "50", "--out", str(out))

@@ -124,6 +124,11 @@ def main() -> None:
     from tgdist.launcher.world import detect
     from tgdist.runtime.build import precheck
 
+    if sys.argv[1:] in (["--version"], ["-V"]):  # tgdist's, not Hydra's (as ``tgdist train --version``)
+        from tgdist import version_line
+
+        print(version_line())
+        return
     if {"-m", "--multirun"} & set(sys.argv[1:]) and detect().world_size > 1:  # each rank would sweep alone
         print("tgdist train: error: --multirun inside a parallel job runs the sweep in every rank; sweep with "
               "tgdist launch -- --multirun ... (one launch per job)", file=sys.stderr)
