@@ -106,6 +106,8 @@ def test_edgelist_columns_spec(tmp_path):
     (",source,target,time\n0,1,2,100\n1,2,3,101\n", "_,src,dst,t"),  # pandas' index column: skipped
     ("Timestamp Source Target\n100 1 2\n101 2 3\n", "t,src,dst"),
     ("to,from,time,w\n2,1,100,0.5\n3,2,101,0.5\n", "dst,src,t,feat"),
+    ("userId,movieId,rating,timestamp\n1,2,5,100\n2,3,4,101\n", "src,dst,feat,t"),  # MovieLens
+    ("user,item,rating,timestamp\n1,2,5,100\n2,3,4,101\n", "src,dst,feat,t"),  # not JODIE: its time is third
 ])
 def test_edgelist_header_names_decide_the_columns(tmp_path, cache_dir, text, spec):
     """A header naming src, dst and t in another order is read by its names, with a warning that

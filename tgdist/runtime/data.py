@@ -48,7 +48,8 @@ log = logging.getLogger(__name__)
 # 2: node labels (TGL labels.csv), exact int64 columns inside float tables.
 # 3: ``%`` lines are comments (KONECT), not a header or data.
 # 4: edge-list columns are read by their header names when these name src, dst and t.
-CACHE_VERSION = 4
+# 5: header names matched without case, "_" or "-"; a JODIE header needs its time third.
+CACHE_VERSION = 5
 FORMATS = ("auto", "edgelist", "jodie", "tgl", "native", "collegemsg")
 
 
@@ -564,13 +565,15 @@ def _read_edgelist(path: Path, data: bytes, columns: str | None) -> dict:
     return out
 
 
+# Header names by role, compared without case, "_", "-" or spaces (userId = user_id = user-id).
 _HEADER_ROLES = {
-    "src": {"src", "source", "from", "u", "sender", "src_id", "source_id", "from_id", "u_id", "user", "user_id",
-            "node1", "node_1", "head"},
-    "dst": {"dst", "destination", "dest", "target", "to", "v", "recipient", "receiver", "dst_id", "target_id",
-            "to_id", "v_id", "item", "item_id", "node2", "node_2", "tail"},
-    "t": {"t", "time", "ts", "timestamp", "time_stamp", "unix_time", "unixtime", "datetime", "date"},
-    "_": {"", "index", "unnamed: 0", "id", "idx", "event_id", "edge_id", "e_id"},  # row numbers: not features
+    "src": {"src", "source", "from", "u", "sender", "srcid", "sourceid", "fromid", "uid", "user", "userid",
+            "customer", "customerid", "node1", "head"},
+    "dst": {"dst", "destination", "dest", "target", "to", "v", "recipient", "receiver", "dstid", "targetid",
+            "toid", "vid", "item", "itemid", "movie", "movieid", "product", "productid", "page", "pageid", "node2",
+            "tail"},
+    "t": {"t", "time", "ts", "timestamp", "unixtime", "datetime", "date"},
+    "_": {"", "index", "unnamed:0", "id", "idx", "eventid", "edgeid", "eid"},  # row numbers: not features
 }
 
 
@@ -581,7 +584,7 @@ def _columns_from_header(data: bytes) -> str | None:
     Other named columns are edge features, as without a header."""
     head = data[:1 << 16].decode("utf-8", errors="replace").splitlines()
     first = next((ln for ln in head if ln.strip() and not _is_comment(ln)), "")
-    fields = [f.strip().strip("\"'").lower() for f in _fields(first, "auto")]
+    fields = [re.sub(r"[\s_-]", "", f.strip().strip("\"'").lower()) for f in _fields(first, "auto")]
     if not fields or any(_NUMERIC.match(f) for f in fields):
         return None
     roles = [next((r for r, names in _HEADER_ROLES.items() if f in names), "feat") for f in fields]
@@ -1003,7 +1006,8 @@ def detect_format(path: Path) -> str:
     head = _read_bytes(path, limit=4096).decode("utf-8", errors="replace").lower()
     first = head.strip().splitlines()[0] if head.strip() else ""
     # JODIE's own header is "user_id,item_id,timestamp,state_label,..."; its variant "u,i,ts,label".
-    if re.match(r"^\s*(user|u)(_id)?\s*,\s*(item|i)(_id)?\s*,", first):
+    # The time must come third: "user,item,rating,timestamp" is an edge list read by its names.
+    if re.match(r"^\s*(user|u)(_id)?\s*,\s*(item|i)(_id)?\s*,\s*(timestamp|ts|time|t)\s*,", first):
         return "jodie"
     return "edgelist"
 
