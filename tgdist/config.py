@@ -347,6 +347,21 @@ def claim_directory(path: Path) -> Path:
     raise ConfigError(f"{path}: 10,000 directories of this name exist; name one yourself")
 
 
+def remove_empty_dirs(folders: list[Path]) -> None:
+    """Remove ``folders`` (deepest first) that a command made and left empty; stops at the first
+    that holds something (another run may have started in it meanwhile)."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            break
+
+
+def override_value(overrides: list[str], key: str) -> str | None:
+    """The value ``overrides`` give ``key`` (``key=V``, ``+key=V``, ``++key=V``, ``~key``), or None."""
+    return next((a.partition("=")[2] for a in overrides if a.partition("=")[0].lstrip("+~") == key), None)
+
+
 def jobs_not_run(num: int, total: int) -> str:
     """``; the 2 jobs after it did not run`` for a sweep stopped by job ``num`` of ``total``
     (empty when it was the last)."""

@@ -15,7 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 import tgdist.config  # noqa: F401  (registers the typed schema before Hydra composes)
-from tgdist.config import config_dir, precheck_command
+from tgdist.config import config_dir, precheck_command, remove_empty_dirs
 from tgdist.errors import TgdistError
 
 # Files a run directory holds before any training happened; such a directory is removed when the
@@ -55,15 +55,7 @@ def _remove_if_empty_run(run_dir: Path) -> None:
         sweep_file = run_dir.parent / "multirun.yaml"  # a sweep whose first job failed: nothing ran
         if _sweep_dir is not None and run_dir.parent == _sweep_dir and [*_sweep_dir.iterdir()] == [sweep_file]:
             sweep_file.unlink()
-        _remove_new_parents()
-
-
-def _remove_new_parents() -> None:
-    for parent in _new_parents:  # deepest first
-        try:
-            parent.rmdir()  # only if empty (another run may have started in it meanwhile)
-        except OSError:
-            break
+        remove_empty_dirs(_new_parents)
 
 
 @hydra.main(version_base=None, config_path=config_dir(), config_name="train")
@@ -120,7 +112,7 @@ def _check_run_parent(run_dir: Path) -> None:
 def main() -> None:
     """Check the overrides (and the run directory) before Hydra starts, then hand over to it."""
     global _sweep_dir, _sweep_size, _swept
-    from tgdist.config import claim_directory, sweep_jobs
+    from tgdist.config import claim_directory, override_value, sweep_jobs
     from tgdist.launcher.world import detect
     from tgdist.runtime.build import precheck
 
@@ -139,7 +131,7 @@ def main() -> None:
         jobs, _swept = sweep_jobs("tgdist train", "train", args.overrides, None)
         _sweep_size = len(jobs)
         _new_parents[:] = [p for p in (_sweep_dir, *_sweep_dir.parents) if not p.exists()]
-        if not any(a.partition("=")[0].lstrip("+~") == "hydra.sweep.dir" for a in args.overrides):
+        if override_value(args.overrides, "hydra.sweep.dir") is None:
             _sweep_dir = claim_directory(_sweep_dir)  # a sweep started in the same second has its own
             _new_parents[:] = [_sweep_dir, *(p for p in _new_parents if p in _sweep_dir.parents)]
             sys.argv.append(f"hydra.sweep.dir={_quoted(str(_sweep_dir))}")
@@ -147,8 +139,7 @@ def main() -> None:
         run_dir = Path(cfg.run_dir).absolute()
         _new_parents[:] = [p for p in run_dir.parents if not p.exists()]
         _check_run_parent(run_dir)
-        given = any(a.partition("=")[0].lstrip("+~") == "run_dir" for a in args.overrides)
-        if not given and detect().world_size == 1:  # the default name: this run's own directory
+        if override_value(args.overrides, "run_dir") is None and detect().world_size == 1:  # the default name
             sys.argv.append(f"run_dir={_quoted(str(claim_directory(run_dir)))}")
     _hydra_main()
 

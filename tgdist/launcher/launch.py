@@ -181,7 +181,14 @@ def _sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     in ``RUN_DIR/N`` when ``run_dir`` is given. Stops at the first job that fails."""
     import time
 
-    from tgdist.config import claim_directory, jobs_not_run, sweep_jobs, swept_values
+    from tgdist.config import (
+        claim_directory,
+        jobs_not_run,
+        override_value,
+        remove_empty_dirs,
+        sweep_jobs,
+        swept_values,
+    )
     from tgdist.runtime.build import precheck
 
     def check(cfg) -> None:
@@ -195,7 +202,7 @@ def _sweep(args: argparse.Namespace, overrides: list[str]) -> int:
             _nproc(args, parallel_overrides(job))
         except ConfigError as e:
             raise ConfigError(f"{e} (sweep job #{num}: {swept_values(job, swept)})") from None
-    base = next((a.partition("=")[2] for a in overrides if a.partition("=")[0].lstrip("+") == "run_dir"), None)
+    base = override_value(overrides, "run_dir")
     made: list[Path] = []  # folders this sweep made, removed again if no job left anything in them
     if base is None:
         base = Path(f"multirun/{time.strftime('%Y%m%d-%H%M%S')}")
@@ -212,11 +219,7 @@ def _sweep(args: argparse.Namespace, overrides: list[str]) -> int:
         if rc:
             print(f"tgdist launch: sweep stopped: job #{num} exited with {rc}{jobs_not_run(num, len(jobs))}",
                   file=sys.stderr, flush=True)
-            for folder in made:  # deepest first
-                try:
-                    folder.rmdir()
-                except OSError:
-                    break
+            remove_empty_dirs(made)
             return rc
     return 0
 
