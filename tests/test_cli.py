@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 from tgdist import cli
+from tgdist.runtime import data as tdata
 from tgdist.runtime.data import load_graph
 from tgdist.runtime.synthetic import generate
 
@@ -157,6 +159,34 @@ def test_data_synth_quiet_and_errors(tmp_path, capsys):
     assert cli.main(["data", "synth", "--num-events", "10", "--num-nodes", "10", "--out", str(tmp_path)]) == 2
     assert "is a directory" in capsys.readouterr().err
     assert not (tmp_path / "x.npz").exists()
+
+
+def test_data_synth_refuses_what_it_cannot_generate(tmp_path, capsys):
+    args = ["data", "synth", "--out", str(tmp_path / "x.npz")]
+    assert cli.main([*args, "--num-events", "100", "--num-nodes", "10", "--seed", "-1"]) == 2
+    assert capsys.readouterr().err == "tgdist data: error: synthetic seed must be >= 0, got -1\n"
+    assert cli.main([*args, "--num-events", str(10**12), "--num-nodes", "10"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tgdist data: error: a synthetic graph of 1,000,000,000,000 events and 10 nodes needs about ")
+    assert err.endswith(" GiB of memory\n") and "more than this machine's" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_data_synth_output_names(tmp_path, capsys, cache_dir, monkeypatch):
+    """Suffixes in any case; ``~`` expanded (``--out=~/x`` reaches the command unexpanded); a
+    name that is only a suffix refused; small files in bytes."""
+    args = ["data", "synth", "--num-events", "50", "--num-nodes", "10"]
+    assert cli.main([*args, "--out", str(tmp_path / "U.CSV.GZ")]) == 0
+    assert "(" in capsys.readouterr().err and load_graph(tmp_path / "U.CSV.GZ").num_events == 50
+    assert tdata.file_stem(tmp_path / "U.CSV.GZ") == "U"
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cli.main([*args, "--out=~/h.npz", "--quiet"]) == 0
+    assert (tmp_path / "home" / "h.npz").exists()
+    assert cli.main([*args, "--out", str(tmp_path / ".csv")]) == 2
+    assert "name a .npz file" in capsys.readouterr().err
+    assert cli.main([*args, "--out", str(tmp_path / "one.npz")]) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"wrote .*one.npz \([\d,]+ bytes\)", err), err
 
 
 def test_data_synth_checks_the_output_before_generating(tmp_path, capsys):

@@ -216,9 +216,15 @@ def check_data_source(cfg: DataConfig) -> None:
 
 def load_data(cfg: DataConfig):
     """Build the ``TemporalGraph`` a ``DataConfig`` describes."""
+    from tgdist.errors import ConfigError
     from tgdist.runtime import data as tdata
 
     check_data_source(cfg)
+    if cfg.format not in (*tdata.FORMATS, "synthetic"):
+        raise ConfigError(f"data.format={cfg.format!r} is not a format; choose one of {', '.join(tdata.FORMATS)}, synthetic")
+    if cfg.format == "synthetic" and cfg.columns is not None:
+        raise ConfigError(f"data.columns={cfg.columns!r} names the fields of an edge list; data.format=synthetic reads "
+                          f"no file: leave data.columns unset")
     if cfg.format == "synthetic":
         from tgdist.runtime.synthetic import generate
         graph = generate(**vars(cfg.synthetic)) if not hasattr(cfg.synthetic, "_metadata") else generate(**dict(cfg.synthetic))

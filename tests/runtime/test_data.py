@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import bz2
 import dataclasses
+import gc
 import gzip
 import lzma
+import os
 import re
 import warnings
 import zipfile
@@ -132,6 +134,138 @@ def test_edgelist_header_in_the_usual_order_or_without_every_name_reads_as_befor
         warnings.simplefilter("error")
         g = load_graph(write(tmp_path / "u.csv", text))
     assert g.node_map[g.src].tolist() == [1] and g.node_map[g.dst].tolist() == [2] and g.t.tolist() == [100]
+
+
+@pytest.mark.parametrize("text, spec, guessed", [
+    ("time,a,b\n100,1,2\n101,2,3\n", "t,src,dst", "source and destination"),
+    ("x,y,weight,time\n1,2,0.5,100\n2,3,0.5,101\n", "src,dst,feat,t", "source and destination"),
+    ("ts,source,b\n100,1,2\n101,2,3\n", "t,src,dst", "destination"),
+])
+def test_edgelist_header_naming_only_the_time_takes_the_first_other_columns_for_the_ids(tmp_path, cache_dir, text,
+                                                                                           spec, guessed):
+    """Read by position, ``time,a,b`` would take the times for source ids, silently."""
+    path = write(tmp_path / "h.csv", text)
+    with pytest.warns(UserWarning, match=f"the first other columns as the {guessed}, as data.columns='{spec}'"):
+        g = load_graph(path)
+    assert g.node_map[g.src].tolist() == [1, 2] and g.node_map[g.dst].tolist() == [2, 3]
+    assert g.t.tolist() == [100, 101]
+
+
+@pytest.mark.parametrize("text", ["time,from_node,to_node\n100,1,2\n101,2,3\n", "ts,u,i\n100,1,2\n101,2,3\n"])
+def test_edgelist_header_names_of_node_columns(tmp_path, cache_dir, text):
+    with pytest.warns(UserWarning, match="columns read by their header names, as data.columns='t,src,dst'"):
+        g = load_graph(write(tmp_path / "h.csv", text))
+    assert g.node_map[g.src].tolist() == [1, 2] and g.t.tolist() == [100, 101]
+
+
+@pytest.mark.parametrize("name, kind", [("b.csv", "plain"), ("b.csv.gz", "gz"), ("b.zip", "zip")])
+def test_utf8_byte_order_mark_is_not_part_of_the_first_field(tmp_path, cache_dir, name, kind):
+    """Excel and pandas' utf-8-sig put a BOM before the header (or the first id)."""
+    path = write(tmp_path / name, "\ufefftimestamp,source,target\n100,1,2\n101,2,3\n", kind=kind)
+    with pytest.warns(UserWarning, match="data.columns='t,src,dst'"):
+        g = load_graph(path)
+    assert g.node_map[g.src].tolist() == [1, 2] and g.t.tolist() == [100, 101]
+    g = load_graph(write(tmp_path / "ids.txt", "\ufeff1 2 3\n2 1 4\n"))
+    assert g.node_map.tolist() == [1, 2] and g.node_map.dtype.kind == "i"
+    jodie = write(tmp_path / "j.csv", "\ufeffuser_id,item_id,timestamp,state_label,f\n1,2,100,0,0.5\n")
+    assert load_graph(jodie).bipartite
+    d = tmp_path / "tgl"
+    d.mkdir()
+    write(d / "edges.csv", "\ufeff,src,dst,time,ext_roll\n0,1,2,100,0\n1,2,1,101,1\n")
+    assert load_graph(d).t.tolist() == [100, 101]
+    (tmp_path / "w.csv").write_bytes("src,dst,t\n1,2,3\n".encode("utf-16"))
+    with pytest.raises(DataError, match="UTF-16 text .* save it as UTF-8"):
+        load_graph(tmp_path / "w.csv")
+
+
+def test_a_comment_line_before_the_header(tmp_path, cache_dir):
+    for text in ("# exported 2024-01-01\nsrc,dst,t\n1,2,3\n2,3,4\n", "# note\nt,src,dst\n3,1,2\n4,2,3\n"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            g = load_graph(write(tmp_path / "c.csv", text), cache=False)
+        assert g.node_map[g.src].tolist() == [1, 2] and g.t.tolist() == [3, 4]
+
+
+def test_data_columns_mistakes_are_refused(tmp_path, cache_dir):
+    four = write(tmp_path / "four.txt", "1 2 0.5 3\n2 3 0.5 4\n")
+    for spec, twice in (("src,dst,t,src", "src"), ("src,dst,t,t", "t"), ("src,dst,label,t,label", "label")):
+        with pytest.raises(DataError, match=f"names {twice} more than once"):
+            load_graph(four, columns=spec)
+    jodie = write(tmp_path / "j.csv", "user_id,item_id,timestamp,state_label\n1,2,100,0\n")
+    with pytest.raises(DataError, match="names the fields of a plain edge list, but .*j.csv is read as a JODIE CSV"):
+        load_graph(jodie, columns="t,src,dst,_")
+    assert load_graph(jodie, format="edgelist", columns="src,dst,t,label").label.tolist() == [0]
+    with pytest.raises(DataError, match="is read as the embedded CollegeMsg stream; leave data.columns unset"):
+        load_graph(None, columns="src,dst,t")
+
+
+def test_ids_beyond_int64_are_named(tmp_path, cache_dir):
+    with pytest.raises(DataError, match=r"big.txt:1: source id 1.8446744073709552e\+19 does not fit in a 64-bit"):
+        load_graph(write(tmp_path / "big.txt", "18446744073709551615 1 3\n1 2 4\n"))
+
+
+def test_unreadable_sources_are_one_line_errors(tmp_path, cache_dir, monkeypatch):
+    four = write(tmp_path / "four.txt", "1 2 3\n2 3 4\n")
+    with pytest.raises(DataError, match="cannot expand ~no-such-user-here"):
+        load_graph("~no-such-user-here/x.txt")
+    pipe = tmp_path / "fifo"
+    os.mkfifo(pipe)
+    with pytest.raises(DataError, match="fifo: not a regular file"):
+        load_graph(pipe)
+    monkeypatch.setattr(os, "access", lambda *a, **k: False)  # root reads anything: pretend otherwise
+    with pytest.raises(DataError, match="four.txt: cannot read \\(permission denied\\)"):
+        load_graph(four)
+    monkeypatch.undo()
+
+    def refuse(*a, **k):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "tgl" / "edge_features.pt"))
+
+    d = write_tgl(tmp_path / "tgl")
+    monkeypatch.setattr(tdata, "_tensor_rows", refuse)
+    with pytest.raises(DataError, match="edge_features.pt: cannot read \\(Permission denied\\)"):
+        load_graph(d, cache=False)
+    enc = tmp_path / "enc.zip"
+    with zipfile.ZipFile(enc, "w") as zf:
+        zf.writestr("data.txt", b"1 2 3\n")
+
+    def encrypted(*a, **k):  # what zipfile raises for a member written with a password
+        raise RuntimeError("File 'data.txt' is encrypted, password required for extraction")
+
+    monkeypatch.setattr(zipfile.ZipFile, "read", encrypted)
+    monkeypatch.setattr(zipfile.ZipFile, "open", encrypted)
+    with pytest.raises(DataError, match="enc.zip: cannot read the zip archive's member .*encrypted.*unzip it first"):
+        load_graph(enc, cache=False)
+
+
+def test_tensor_files_saved_from_parameters_or_sparse(tmp_path, cache_dir):
+    import torch
+    d = write_tgl(tmp_path / "tgl")
+    weight = torch.nn.Embedding(5, 3).weight  # requires grad
+    torch.save(weight, d / "edge_features.pt")
+    dense = torch.randn(5, 2)
+    torch.save(dense.to_sparse(), d / "node_features.pt")
+    g = load_graph(d, cache=False)
+    assert np.array_equal(g.edge_feat, weight.detach().numpy())
+    assert g.node_feat is not None and g.node_feat.shape[1] == 2
+
+
+def test_empty_cache_variable_means_the_default(monkeypatch):
+    monkeypatch.setenv("TGDIST_CACHE", "")
+    assert tdata.default_cache_dir() == Path.home() / ".cache" / "tgdist"
+
+
+def test_a_truncated_cache_entry_is_ignored_without_leaking_its_file(tmp_path, cache_dir):
+    path = write(tmp_path / "e.txt", "1 2 3\n2 3 4\n")
+    load_graph(path)
+    entry = next(cache_dir.glob("e-*.npz"))
+    entry.write_bytes(entry.read_bytes()[:200])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        g = load_graph(path)
+        gc.collect()
+    assert g.num_events == 2
+    with pytest.raises(DataError, match="not a readable tgdist .npz graph \\(not a zip archive\\)"):
+        load_graph(path, format="native")
 
 
 def test_edgelist_forced_bipartite(tmp_path):

@@ -454,6 +454,40 @@ def test_node_task_on_node_labels_at_times(tmp_path):
     assert g.node_labels.t[t1 - 1] < g.t[split.train_end] <= g.node_labels.t[t1]
 
 
+def test_downstream_metrics_of_a_part_without_labels_or_with_one_class_are_null(tmp_path, caplog):
+    """Not 0.0 as if measured, and not NaN, which is not JSON: null, with a warning naming why."""
+    from tgdist.runtime.build import build_trainer
+    from tgdist.runtime.data import NodeLabels, chronological_split, label_ranges
+
+    g = _node_labelled_graph()
+    split = chronological_split(g)
+    keep = g.node_labels.t < g.t[split.val_end]  # no test labels
+    lab = NodeLabels(g.node_labels.node[keep], g.node_labels.t[keep], g.node_labels.label[keep].copy())
+    (v0, v1) = label_ranges(lab, g, split)["val"]
+    lab.label[v0:v1] = 1  # val labels all of one class: ROC-AUC is undefined
+    g = dataclasses.replace(g, node_labels=lab)
+    cfg = compose(SMALL + ["train.epochs=1", "train.task=node", "train.node_class_epochs=1", f"run_dir={tmp_path / 'n'}"])
+    with caplog.at_level("WARNING", logger="tgdist"):
+        summary = Run(cfg, tmp_path / "n", trainer=build_trainer(cfg, graph=g)).train()
+    assert summary["val_node_auc"] is None and summary["test_node_auc"] is None
+    assert "the val labels are all 1, so ROC-AUC is undefined (null)" in caplog.text
+    assert "no test labels, so test_node_auc is null" in caplog.text
+
+    def no_nan(name):
+        raise AssertionError(f"{name} in summary.json")
+
+    assert json.loads((tmp_path / "n" / "summary.json").read_text(), parse_constant=no_nan)["test_node_auc"] is None
+
+    edge = _labelled_graph("classes")
+    cfg = compose(SMALL + ["train.epochs=1", "train.task=edge", "train.node_class_epochs=1", "data.test_frac=0",
+                           f"run_dir={tmp_path / 'e'}"])
+    with caplog.at_level("WARNING", logger="tgdist"):
+        summary = Run(cfg, tmp_path / "e", trainer=build_trainer(cfg, graph=edge)).train()
+    assert summary["test_f1_micro"] is None and summary["test_f1_macro"] is None
+    assert summary["val_f1_micro"] is not None
+    assert "no test labels, so test_f1_micro and test_f1_macro are null" in caplog.text
+
+
 def test_node_labels_at_times_are_checked_before_training():
     from tgdist.runtime.build import build_trainer
 

@@ -154,7 +154,9 @@ class TemporalGraph:
         span = f"{self.t[0]} .. {self.t[-1]}" if self.num_events else "empty"
         kind = f"bipartite {self.num_src_nodes}+{self.num_nodes - self.num_src_nodes}" if self.bipartite else "general"
         labels = f", {len(self.node_labels):,} node labels" if self.node_labels is not None else ""
-        return (f"{self.name}: {self.num_events:,} events, {self.num_nodes:,} nodes ({kind}), "
+        events, nodes = (f"{n:,} {what}{'' if n == 1 else 's'}" for n, what in ((self.num_events, "event"),
+                                                                                 (self.num_nodes, "node")))
+        return (f"{self.name}: {events}, {nodes} ({kind}), "
                 f"t {span} ({self.t.dtype}), edge_dim {self.edge_dim}, node_dim {self.node_dim}{labels}")
 
 
@@ -262,11 +264,25 @@ def chronological_split(graph: TemporalGraph, val_frac: float = 0.15, test_frac:
 _COMPRESSED = {".gz": ("gzip", gzip), ".bz2": ("bzip2", bz2), ".xz": ("xz", lzma)}
 
 
+_UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+
+
 def _read_bytes(path: Path, limit: int | None = None) -> bytes:
-    """File contents, decompressed for .gz, .bz2, .xz and single-member .zip files.
+    """File contents, decompressed for .gz, .bz2, .xz and single-member .zip files, without a
+    leading UTF-8 byte-order mark (Excel and pandas' ``utf-8-sig`` write one; left in place it
+    would glue itself to the first header name or node id).
 
     ``limit``: read only about that many leading (decompressed) bytes, for format detection.
     """
+    data = _read_raw(path, limit)
+    if data.startswith(b"\xef\xbb\xbf"):
+        return data[3:]
+    if data.startswith(_UTF16_BOMS):
+        raise DataError(f"{path}: UTF-16 text (it starts with a UTF-16 byte-order mark); save it as UTF-8")
+    return data
+
+
+def _read_raw(path: Path, limit: int | None) -> bytes:
     name = path.name.lower()
     kind, codec = next((v for k, v in _COMPRESSED.items() if name.endswith(k)), (None, None))
     try:
@@ -277,6 +293,9 @@ def _read_bytes(path: Path, limit: int | None = None) -> bytes:
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
     except IsADirectoryError:
+        if (path / "edges.csv").exists():
+            raise DataError(f"{path}: a TGL dataset directory, which format tgl (or auto) reads; this format reads "
+                            f"a file") from None
         raise DataError(f"{path}: is a directory, expected a file (a TGL dataset directory needs edges.csv)") from None
     except (EOFError, OSError, zlib.error, lzma.LZMAError) as e:
         if kind is None or isinstance(e, (PermissionError, FileNotFoundError)):
@@ -299,6 +318,8 @@ def _read_bytes(path: Path, limit: int | None = None) -> bytes:
                 return zf.read(members[0])
         except (zipfile.BadZipFile, EOFError, zlib.error) as e:
             raise DataError(f"{path}: truncated or corrupt zip file ({e})") from None
+        except (RuntimeError, NotImplementedError) as e:  # encrypted, or a compression zipfile lacks
+            raise DataError(f"{path}: cannot read the zip archive's member ({e}); unzip it first") from None
     return raw
 
 
@@ -331,8 +352,8 @@ def _parse_table(path: Path, data: bytes, delimiter: str | None = "auto", usecol
     Blank lines and comment lines (``#``, and KONECT's ``%``) are skipped; every row keeps its file
     line number so that errors can name it. ``text_cols`` (indices among the columns read) are kept
     as strings, in ``_Table.text``: node ids such as account names. The first line that is not a
-    ``%`` comment is a header when its first field is not a number (with ``text_cols``: when none
-    of its other fields is); SNAP's ``# FromNodeId ToNodeId`` header lines are comments either way.
+    comment is a header when its first field is not a number (with ``text_cols``: when none of its
+    other fields is); SNAP's ``# FromNodeId ToNodeId`` header lines are comments like any other.
     """
     if b"\0" in data[:1 << 16]:  # parquet, zstd, a model file...: say so instead of a garbled field
         raise DataError(f"{path}: binary data, not a text event list (supported: text edge lists and JODIE CSVs, "
@@ -341,7 +362,7 @@ def _parse_table(path: Path, data: bytes, delimiter: str | None = "auto", usecol
     if not text.strip():
         raise DataError(f"{path}: file is empty")
     all_lines = text.splitlines()
-    first = next((i for i, ln in enumerate(all_lines) if ln.strip() and not ln.lstrip().startswith("%")), None)
+    first = next((i for i, ln in enumerate(all_lines) if ln.strip() and not _is_comment(ln)), None)
     if first is None:
         raise DataError(f"{path}: no data rows (only comment lines)")
     header = None
@@ -480,6 +501,10 @@ def _integral(table: _Table, col: int, what: str) -> np.ndarray:
         if bad.any():
             r = int(np.argmax(bad))
             raise DataError(f"{table.path}:{table.lines[r]}: {what} {v[r].item()} is not an integer")
+        huge = np.abs(v) >= 2.0**63
+        if huge.any():
+            r = int(np.argmax(huge))
+            raise DataError(f"{table.path}:{table.lines[r]}: {what} {v[r].item():.17g} does not fit in a 64-bit integer")
         v = v.astype(np.int64)
     return np.ascontiguousarray(v)
 
@@ -523,13 +548,18 @@ def _read_edgelist(path: Path, data: bytes, columns: str | None) -> dict:
     Without it the layout is ``src dst t`` and any further numeric fields become edge features.
     """
     if columns is None and (named := _columns_from_header(data)):
-        warnings.warn(f"{path}: columns read by their header names, as data.columns='{named}' (naming the columns "
+        columns, guessed = named
+        how = "its time column named in the header, the first other columns as the " + " and ".join(guessed) \
+            if guessed else "their header names"
+        warnings.warn(f"{path}: columns read by {how}, as data.columns='{columns}' (naming the columns "
                       f"overrides this)", stacklevel=2)
-        columns = named
     spec = [c.strip() for c in (columns or "src,dst,t").split(",")]
     unknown = set(spec) - {"src", "dst", "t", "feat", "label", "_"}
     if unknown:
         raise DataError(f"data.columns={columns!r}: unknown field name(s) {sorted(unknown)}; use src, dst, t, feat, label or _")
+    twice = sorted(r for r in ("src", "dst", "t", "label") if spec.count(r) > 1)
+    if twice:
+        raise DataError(f"data.columns={columns!r} names {' and '.join(twice)} more than once; feat and _ may repeat")
     usecols = [i for i, c in enumerate(spec) if c != "_"] if columns else None
     if columns:
         spec = [c for c in spec if c != "_"]
@@ -568,29 +598,40 @@ def _read_edgelist(path: Path, data: bytes, columns: str | None) -> dict:
 # Header names by role, compared without case, "_", "-" or spaces (userId = user_id = user-id).
 _HEADER_ROLES = {
     "src": {"src", "source", "from", "u", "sender", "srcid", "sourceid", "fromid", "uid", "user", "userid",
-            "customer", "customerid", "node1", "head"},
-    "dst": {"dst", "destination", "dest", "target", "to", "v", "recipient", "receiver", "dstid", "targetid",
+            "customer", "customerid", "node1", "head", "srcnode", "sourcenode", "fromnode", "nodefrom"},
+    "dst": {"dst", "destination", "dest", "target", "to", "v", "i", "recipient", "receiver", "dstid", "targetid",
             "toid", "vid", "item", "itemid", "movie", "movieid", "product", "productid", "page", "pageid", "node2",
-            "tail"},
+            "tail", "dstnode", "targetnode", "tonode", "nodeto", "destnode", "destinationnode"},
     "t": {"t", "time", "ts", "timestamp", "unixtime", "datetime", "date"},
     "_": {"", "index", "unnamed:0", "id", "idx", "eventid", "edgeid", "eid"},  # row numbers: not features
 }
 
 
-def _columns_from_header(data: bytes) -> str | None:
+def _columns_from_header(data: bytes) -> tuple[str, list[str]] | None:
     """A ``data.columns`` spec from a header that names its columns in another order than
-    ``src dst t`` (``timestamp,source,target``; a leading index column, as pandas writes), or
-    None: no header, a name for src, dst or t missing or repeated, or the usual order already.
-    Other named columns are edge features, as without a header."""
+    ``src dst t`` (``timestamp,source,target``; a leading index column, as pandas writes), and the
+    roles it guessed; or None: no header, no name or two names for the time, or the usual order.
+
+    A header that names the time but not the source or destination (``time,a,b``) gets them from
+    its first other columns, in order: reading such a file by position would take the times for
+    node ids. Other columns are edge features, as without a header."""
     head = data[:1 << 16].decode("utf-8", errors="replace").splitlines()
     first = next((ln for ln in head if ln.strip() and not _is_comment(ln)), "")
     fields = [re.sub(r"[\s_-]", "", f.strip().strip("\"'").lower()) for f in _fields(first, "auto")]
     if not fields or any(_NUMERIC.match(f) for f in fields):
         return None
     roles = [next((r for r, names in _HEADER_ROLES.items() if f in names), "feat") for f in fields]
-    if any(roles.count(r) != 1 for r in ("src", "dst", "t")) or roles[:3] == ["src", "dst", "t"]:
+    if roles.count("t") != 1 or roles.count("src") > 1 or roles.count("dst") > 1:
         return None
-    return ",".join(roles)
+    free = [i for i, r in enumerate(roles) if r == "feat"]
+    guessed = [need for need in ("src", "dst") if need not in roles]
+    if len(free) < len(guessed):
+        return None
+    for need, i in zip(guessed, free):
+        roles[i] = need
+    if roles[:3] == ["src", "dst", "t"]:
+        return None
+    return ",".join(roles), ["source" if g == "src" else "destination" for g in guessed]
 
 
 def _columns_hint(column: int, columns: str | None) -> str:
@@ -663,7 +704,9 @@ def _tensor_rows(path: Path) -> np.ndarray:
     x = _torch_load(path)
     if not isinstance(x, torch.Tensor):
         raise DataError(f"{path}: expected a single tensor, found {type(x).__name__}")
-    x = x.float().numpy()
+    if x.layout != torch.strided:  # a sparse tensor
+        x = x.to_dense()
+    x = x.detach().float().numpy()  # detach: a saved parameter (an nn.Embedding's weight) requires grad
     if x.ndim == 0:
         raise DataError(f"{path}: expected a tensor with one row per item, found a scalar")
     x = x.reshape(x.shape[0], -1)
@@ -895,13 +938,14 @@ def save_edgelist(graph: TemporalGraph, path: str | Path, chunk: int = 1 << 20) 
                                     ("node labels", graph.node_labels)) if x is not None]
     if dropped:
         raise DataError(f"{path}: an edge list cannot hold {' and '.join(dropped)}; write a .npz")
-    sep = "\t" if path.name.removesuffix(".gz").endswith(".tsv") else ","
+    name = path.name.lower()
+    sep = "\t" if name.removesuffix(".gz").endswith(".tsv") else ","
     cols = ["src", "dst", "t"] + [f"f{i}" for i in range(graph.edge_dim)]
     fmt = sep.join(["%d", "%d", "%d" if graph.t.dtype.kind == "i" else "%r"] + ["%.9g"] * graph.edge_dim)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as raw, (gzip.open(raw, "wb") if path.suffix == ".gz" else raw) as f:
+        with os.fdopen(fd, "wb") as raw, (gzip.open(raw, "wb") if name.endswith(".gz") else raw) as f:
             f.write((sep.join(cols) + "\n").encode())
             for lo in range(0, graph.num_events, chunk):
                 hi = min(lo + chunk, graph.num_events)
@@ -925,14 +969,19 @@ def load_native(path: str | Path) -> TemporalGraph:
 def _read_native(path: str | Path) -> tuple[TemporalGraph, list[str]]:
     """``load_native``, and the notes stored with the graph."""
     path = Path(path)
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            if "meta" not in z.files:
-                raise DataError(f"{path}: a NumPy .npz, but not a tgdist graph (it has no 'meta' array; it holds "
-                                f"{', '.join(z.files[:6]) or 'nothing'}): write the events as a text edge list, or "
-                                f"build a TemporalGraph in Python and save it with tgdist.runtime.data.save_native")
-            meta = json.loads(bytes(z["meta"]).decode())
-            arrays = {k: z[k] for k in (*_ARRAYS, *_LABEL_ARRAYS) if k in z.files}
+    try:  # the file opened here: np.load leaves its own open when the archive is truncated
+        with open(path, "rb") as f:
+            if f.read(4) != b"PK\x03\x04":  # else numpy takes it for a pickle and suggests unpickling it
+                raise DataError(f"{path}: not a readable tgdist .npz graph (not a zip archive)")
+            f.seek(0)
+            with np.load(f, allow_pickle=False) as z:
+                if "meta" not in z.files:
+                    raise DataError(f"{path}: a NumPy .npz, but not a tgdist graph (it has no 'meta' array; it "
+                                    f"holds {', '.join(z.files[:6]) or 'nothing'}): write the events as a text edge "
+                                    f"list, or build a TemporalGraph in Python and save it with "
+                                    f"tgdist.runtime.data.save_native")
+                meta = json.loads(bytes(z["meta"]).decode())
+                arrays = {k: z[k] for k in (*_ARRAYS, *_LABEL_ARRAYS) if k in z.files}
     except DataError:
         raise
     except FileNotFoundError:
@@ -954,7 +1003,7 @@ def _read_native(path: str | Path) -> tuple[TemporalGraph, list[str]]:
 
 
 def default_cache_dir() -> Path:
-    return Path(os.environ.get("TGDIST_CACHE", Path.home() / ".cache" / "tgdist"))
+    return Path(os.environ.get("TGDIST_CACHE") or Path.home() / ".cache" / "tgdist")  # set but empty: the default
 
 
 def _source_hash(path: Path, options: dict) -> str:
@@ -972,14 +1021,21 @@ def _source_hash(path: Path, options: dict) -> str:
 def file_stem(path: str | Path) -> str:
     """A data file's name without its data suffixes: ``events.csv.gz`` -> ``events``."""
     name = Path(path).name
-    return re.sub(r"(\.(txt|csv|tsv|gz|bz2|xz|zip|npz))+$", "", name) or name
+    return re.sub(r"(\.(txt|csv|tsv|gz|bz2|xz|zip|npz))+$", "", name, flags=re.IGNORECASE) or name
 
 
 def existing(path: str | Path) -> Path:
-    """``path`` (with ``~`` expanded), or a DataError when there is nothing there."""
-    p = Path(path).expanduser()
+    """``path`` (with ``~`` expanded), or a DataError when there is nothing readable there."""
+    try:
+        p = Path(path).expanduser()
+    except RuntimeError:  # ~user of an unknown user
+        raise DataError(f"{path}: cannot expand {str(path).split('/')[0]} (no such user)") from None
     if not p.exists():
         raise DataError(f"{p}: no such file or directory")
+    if not (p.is_file() or p.is_dir()):  # read twice (hash, then parse): a pipe would be empty the second time
+        raise DataError(f"{p}: not a regular file (a pipe or a device); save the data to a file first")
+    if not os.access(p, os.R_OK | (os.X_OK if p.is_dir() else 0)):
+        raise DataError(f"{p}: cannot read (permission denied)")
     return p
 
 
@@ -1011,6 +1067,9 @@ def detect_format(path: Path) -> str:
         return "jodie"
     return "edgelist"
 
+
+_FORMAT_NAMES = {"jodie": "a JODIE CSV", "tgl": "a TGL dataset directory", "native": "a tgdist .npz",
+                 "collegemsg": "the embedded CollegeMsg stream"}
 
 TIME_UNITS = {"s": 1.0, "ms": 1e3, "us": 1e6, "ns": 1e9}  # units per second
 
@@ -1049,11 +1108,21 @@ def load_graph(path: str | Path | None = None, *, format: str = "auto", columns:
                         f"(got {path}); use format auto, edgelist, jodie, tgl or native for a file")
     if path is None:
         origin, data = _collegemsg_bytes()
-        fmt = "collegemsg"
     else:
-        origin = existing(path)
-        fmt = detect_format(origin) if format == "auto" else format
-        data = None
+        origin, data = existing(path), None
+    try:
+        return _load(origin, data, format, columns, bipartite, strict_order, cache, cache_dir, name)
+    except OSError as e:  # a TGL directory's file that cannot be read, an I/O error...
+        raise DataError(f"{e.filename or origin}: cannot read ({e.strerror or e})") from None
+
+
+def _load(origin: Path, data: bytes | None, format: str, columns: str | None, bipartite: bool | None,
+          strict_order: bool, cache: bool, cache_dir: str | Path | None, name: str | None) -> TemporalGraph:
+    fmt = "collegemsg" if data is not None else detect_format(origin) if format == "auto" else format
+    if columns is not None and fmt != "edgelist":
+        other = "" if fmt == "collegemsg" else " (data.format=edgelist reads it as an edge list)"
+        raise DataError(f"data.columns={columns!r} names the fields of a plain edge list, but {origin} is read as "
+                        f"{_FORMAT_NAMES[fmt]}{other}; leave data.columns unset")
     if fmt == "native":
         return load_native(origin)
     gname = name or ("collegemsg" if fmt == "collegemsg" else file_stem(origin))

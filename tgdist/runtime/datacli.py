@@ -87,11 +87,12 @@ def info(args: argparse.Namespace) -> int:
 def synth(args: argparse.Namespace) -> int:
     from tgdist.runtime.synthetic import generate
 
-    out = Path(args.out)
+    out = Path(args.out).expanduser()  # --out=~/x.npz reaches us with its ~
     if out.exists() and out.is_dir():
         raise ConfigError(f"--out {out} is a directory; give a file name such as {out / 'synthetic.npz'}")
-    text = out.name.removesuffix(".gz").endswith(tdata.TEXT_SUFFIXES)
-    if not text and out.suffix != ".npz":
+    name = out.name.lower()
+    text = name.removesuffix(".gz").endswith(tdata.TEXT_SUFFIXES)
+    if not (text or name.endswith(".npz")) or not name.split(".")[0]:  # ".csv" alone names no file
         raise ConfigError(f"--out {out}: name a .npz file (tgdist's format) or a text edge list "
                           f"(.csv, .tsv or .txt, optionally .gz)")
     if text and args.node_dim:
@@ -119,7 +120,9 @@ def synth(args: argparse.Namespace) -> int:
         raise tdata.DataError(f"{out}: cannot write ({e.strerror or e})") from None
     done = time.perf_counter()
     if not args.quiet:
-        print(f"tgdist data: wrote {out} ({out.stat().st_size / 2**20:,.0f} MiB): generate {generated - start:.1f} s, "
+        size = out.stat().st_size
+        size = f"{size / 2**20:,.0f} MiB" if size >= 2**20 else f"{size:,} bytes"
+        print(f"tgdist data: wrote {out} ({size}): generate {generated - start:.1f} s, "
               f"write {done - generated:.1f} s, total {done - start:.1f} s", file=sys.stderr, flush=True)
     print(graph.describe())
     return 0

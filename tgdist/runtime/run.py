@@ -28,7 +28,9 @@ log = logging.getLogger(__name__)
 
 
 def _jsonable(d: dict) -> dict:
-    return {k: (float(v) if isinstance(v, (np.floating, float)) else v) for k, v in d.items()}
+    """Plain floats, and None for a metric that is undefined (NaN is not JSON)."""
+    return {k: (float(v) if np.isfinite(v) else None) if isinstance(v, (np.floating, float)) else v
+            for k, v in d.items()}
 
 
 class Run:
@@ -143,7 +145,7 @@ class Run:
         trained = [h for h in self.history if h["epoch"] >= 0]
         if not trained:  # train.epochs=0: an untrained baseline
             return out
-        best = max(trained, key=lambda h: h.get("val_ap", float("-inf")))
+        best = max(trained, key=lambda h: h.get("val_ap") if h.get("val_ap") is not None else float("-inf"))
         out["epochs"] = len(trained)
         out["best_epoch"] = best["epoch"]
         out["best_val_ap"] = best.get("val_ap")
@@ -259,9 +261,19 @@ def downstream(tr: Trainer, task: str, epochs: int) -> dict:
     with torch.no_grad():
         for part in ("val", "test"):
             a, b = ranges[part]
+            keys = [f"{part}_node_auc"] if classes is None and task == "node" else [f"{part}_f1_micro", f"{part}_f1_macro"]
+            if b == a:  # null, as the link metrics of an empty part: not a measured 0
+                log.warning("%s classification: no %s labels, so %s %s null", task, part, " and ".join(keys),
+                            "is" if len(keys) == 1 else "are")
+                res.update(dict.fromkeys(keys))
+                continue
             logits, truth = dec(x[a:b]).cpu().numpy(), y[a:b].cpu().numpy() > 0.5
             if classes is None and task == "node":
-                res[f"{part}_node_auc"] = roc_auc(truth[:, 0], logits[:, 0])
+                res[keys[0]] = roc_auc(truth[:, 0], logits[:, 0])
+                if not np.isfinite(res[keys[0]]):
+                    log.warning("node classification: the %s labels are all %d, so ROC-AUC is undefined (null)",
+                                part, int(truth[0, 0]))
+                    res[keys[0]] = None
                 continue
             pred = logits > 0 if classes is None else np.eye(len(classes), dtype=bool)[logits.argmax(1)]
             res.update({f"{part}_{k}": v for k, v in f1_multilabel(truth, pred).items()})

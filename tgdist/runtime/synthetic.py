@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -82,8 +83,23 @@ def default_num_src_nodes(num_nodes: int) -> int:
     return max(1, num_nodes - max(1, num_nodes // 10))
 
 
+def _bytes_needed(num_events: int, num_nodes: int, edge_dim: int, node_dim: int) -> int:
+    """About the peak memory of ``generate``: src, dst and t (int64) plus the exponential gaps
+    (float64) per event, the feature rows, and the repeat-partner rings per node."""
+    return num_events * (32 + 4 * edge_dim) + num_nodes * (8 * RING + 16 + 4 * node_dim + 64)
+
+
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not on this platform
+        return None
+
+
 def _validate(num_events, num_nodes, num_communities, p_in_community, p_repeat, activity_exponent,
-              edge_dim, node_dim, bipartite, num_src_nodes) -> None:
+              edge_dim, node_dim, bipartite, num_src_nodes, seed) -> None:
+    if seed < 0:
+        raise ConfigError(f"synthetic seed must be >= 0, got {seed}")
     if num_events < 1:
         raise ConfigError(f"synthetic num_events must be >= 1, got {num_events}")
     if num_nodes < 2:
@@ -101,6 +117,10 @@ def _validate(num_events, num_nodes, num_communities, p_in_community, p_repeat, 
         raise ConfigError(f"synthetic num_src_nodes must be in [1, num_nodes - 1] = [1, {num_nodes - 1}], got {num_src_nodes}")
     if not bipartite and num_src_nodes:
         raise ConfigError("synthetic num_src_nodes is only meaningful with bipartite=true")
+    need, have = _bytes_needed(num_events, num_nodes, edge_dim, node_dim), _physical_memory()
+    if have and need > have:
+        raise ConfigError(f"a synthetic graph of {num_events:,} events and {num_nodes:,} nodes needs about "
+                          f"{need / 2**30:,.1f} GiB, more than this machine's {have / 2**30:,.1f} GiB of memory")
 
 
 def generate(num_events: int, num_nodes: int, num_communities: int = 20, p_in_community: float = 0.8,
@@ -118,7 +138,7 @@ def generate(num_events: int, num_nodes: int, num_communities: int = 20, p_in_co
     p_in_community, p_repeat, activity_exponent = float(p_in_community), float(p_repeat), float(activity_exponent)
     bipartite = bool(bipartite)
     _validate(num_events, num_nodes, num_communities, p_in_community, p_repeat, activity_exponent,
-              edge_dim, node_dim, bipartite, num_src_nodes)
+              edge_dim, node_dim, bipartite, num_src_nodes, seed)
     if bipartite and not num_src_nodes:
         num_src_nodes = default_num_src_nodes(num_nodes)
     params = {"num_events": num_events, "num_nodes": num_nodes, "num_communities": num_communities,
