@@ -67,6 +67,17 @@ def test_many_evaluation_negatives_are_scored_in_chunks_with_the_same_results(mo
     assert all(torch.equal(mem[k], mem_chunked[k]) for k in mem)
 
 
+def test_ap_and_auc_do_not_depend_on_the_number_of_mrr_negatives():
+    """AP and ROC-AUC score each positive against the first fixed negative, which is the same
+    whatever ``train.num_neg_eval`` is: runs that differ only in it report the same AP."""
+    def scores(n):
+        tr = build_trainer(compose(SMALL + [f"train.num_neg_eval={n}"]))
+        return {k: v for k, v in tr.evaluate("val").items() if k != "val_mrr"}
+
+    one = scores(1)
+    assert set(one) >= {"val_ap", "val_auc"} and scores(49) == one
+
+
 def test_more_evaluation_negatives_than_nodes_warns(tmp_path, caplog):
     with caplog.at_level("WARNING"):
         build_trainer(compose(SMALL + ["train.num_neg_eval=5000"]))

@@ -199,10 +199,15 @@ def test_fixed_evaluation_negatives_are_a_pure_function():
     parts = np.concatenate([neg.fixed("val", 100, 150, 49), neg.fixed("val", 150, 300, 49)])
     np.testing.assert_array_equal(whole, parts)
     np.testing.assert_array_equal(whole, NegativeSampler(g, seed=5).fixed("val", 100, 300, 49))
-    # the 1-per-positive AP set is its own set, and parts and seeds differ
-    ap = neg.fixed("val", 100, 300, 1)
-    assert ap.shape == (200, 1)
+    # column j does not depend on the number of negatives: AP and ROC-AUC (column 0) are the same
+    # whatever train.num_neg_eval is
+    for n in (1, 2, 100):
+        np.testing.assert_array_equal(neg.fixed("val", 100, 300, n)[:, :min(n, 49)], whole[:, :min(n, 49)])
+    # parts, seeds and keys each have their own stream (seed 1 key 0 is not seed 0 key 3)
     assert not np.array_equal(whole, neg.fixed("test", 100, 300, 49))
     assert not np.array_equal(whole, NegativeSampler(g, seed=6).fixed("val", 100, 300, 49))
+    assert not np.array_equal(NegativeSampler(g, seed=1).keyed(0, 0, 200, 2), NegativeSampler(g, seed=0).keyed(3, 0, 200, 2))
+    # columns are not copies of each other shifted by events
+    assert not np.array_equal(whole[1:, 0], whole[:-1, 1])
     # rows are not constant and values spread over the nodes
     assert (whole.std(axis=1) > 0).all() and np.unique(whole).size > 900

@@ -14,6 +14,7 @@ import torch
 from tgdist.errors import ConfigError
 from tgdist.runtime import kernels
 from tgdist.runtime.data import TemporalGraph
+from tgdist.runtime.reference import splitmix64
 
 
 @dataclass
@@ -158,12 +159,17 @@ class NegativeSampler:
         return self.keyed({"train": 0, "val": 1, "test": 2}[part], start, stop, num_neg)
 
     def keyed(self, key: int, start: int, stop: int, num_neg: int) -> np.ndarray:
-        """int64 ``[stop - start, num_neg]``, a pure function of (seed, key, event index). Keys 0-2
-        are the evaluation sets; parallel training uses ``3 + neg_set`` (one set per memory group,
-        pass and epoch-parallel subgroup, whatever rank draws it)."""
-        idx = np.arange(start, stop, dtype=np.uint64)[:, None] * np.uint64(num_neg) + np.arange(num_neg, dtype=np.uint64)
+        """int64 ``[stop - start, num_neg]``, a pure function of (seed, key, event index, column).
+        Keys 0-2 are the evaluation sets; parallel training uses ``3 + neg_set`` (one set per memory
+        group, pass and epoch-parallel subgroup, whatever rank draws it).
+
+        Column j of an event does not depend on ``num_neg``: AP and ROC-AUC, which use column 0,
+        are the same whatever number of negatives MRR ranks against. Each (seed, key) has its own
+        stream: splitmix64 of the counter ``event + j * 2**40`` from a start hashed from both."""
+        idx = np.arange(start, stop, dtype=np.uint64)[:, None] + (np.arange(num_neg, dtype=np.uint64) << np.uint64(40))
+        stream = splitmix64(((self.seed & 0xFFFFFFFF) << 32) ^ (key & 0xFFFFFFFF) ^ 0x5EED)
         with np.errstate(over="ignore"):
-            x = idx + np.uint64((self.seed * 3 + key + 1) * 0x9E3779B97F4A7C15 % (1 << 64))
+            x = idx * np.uint64(0x9E3779B97F4A7C15) + np.uint64(stream)
             x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
             x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
             x = x ^ (x >> np.uint64(31))
