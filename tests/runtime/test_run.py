@@ -78,6 +78,22 @@ def test_ap_and_auc_do_not_depend_on_the_number_of_mrr_negatives():
     assert set(one) >= {"val_ap", "val_auc"} and scores(49) == one
 
 
+def test_uniform_sampling_in_evaluation_does_not_change_training(tmp_path):
+    """Evaluation draws its uniform samples from streams of its own: testing every epoch (a key a
+    resume may change) trains the same model as testing only at the end."""
+    over = ["sampler.strategy=uniform", "train.epochs=2"]
+    a, da = run(tmp_path, "a", over + ["train.test_every_epoch=false"])
+    b, db = run(tmp_path, "b", over + ["train.test_every_epoch=true"])
+    assert metrics(a) == metrics(b)
+    lines = [[json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()] for d in (da, db)]
+    assert [h["loss"] for h in lines[0]] == [h["loss"] for h in lines[1]] and "test_ap" in lines[1][0]
+    tr = build_trainer(compose(SMALL + over))
+    first = tr.evaluate("val")
+    calls = tr.sampler.calls
+    tr.memory.reset_state()
+    assert tr.evaluate("val") == first and tr.sampler.calls == calls  # the same state, the same samples
+
+
 def test_more_evaluation_negatives_than_nodes_warns(tmp_path, caplog):
     with caplog.at_level("WARNING"):
         build_trainer(compose(SMALL + ["train.num_neg_eval=5000"]))

@@ -22,7 +22,7 @@ from tgdist.runtime.build import build_trainer, check_labels
 from tgdist.runtime.data import NodeLabels, class_targets, label_ranges
 from tgdist.runtime.metrics import f1_multilabel, roc_auc
 from tgdist.runtime.models import MLPClassifier
-from tgdist.runtime.trainer import Progress, Trainer
+from tgdist.runtime.trainer import SIDE_STREAMS, Progress, Trainer
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +190,11 @@ def collect_embeddings(tr: Trainer, labels: NodeLabels | None = None):
     strictly before it."""
     tr.model.eval()
     tr.memory.reset_state()
+    with tr.side_stream(SIDE_STREAMS["replay"]):
+        return _replay(tr, labels)
+
+
+def _replay(tr: Trainer, labels: NodeLabels | None):
     hs, hd, hl = [], [], []
     done = 0
 

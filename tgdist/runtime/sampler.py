@@ -6,6 +6,7 @@ the attention layers then run as batched dense ops in plain torch.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -99,6 +100,7 @@ class TemporalSampler:
         self.strategy = strategy
         self.seed = int(seed)
         self.calls = 0
+        self._side = False  # inside side_stream
         self.num_threads = kernels.set_threads(num_threads)
         self.min_parallel_slots = int(min_parallel_slots)
 
@@ -114,6 +116,23 @@ class TemporalSampler:
                 roots, root_t = hop.nbr.reshape(-1), hop.t.reshape(-1)
         self.calls += 1
         return hops
+
+    @contextmanager
+    def side_stream(self, key: int):
+        """Uniform draws inside the block come from stream ``key`` (evaluation, embedding queries)
+        and leave the training stream where it was: evaluating (or not) between epochs does not
+        change what training samples next. Each block starts its stream afresh, so evaluating
+        the same state twice samples the same neighbours; a block inside another continues the
+        outer one's stream."""
+        if self._side:
+            yield
+            return
+        saved, self._side = self.calls, True
+        self.calls = (int(key) + 1) << 40
+        try:
+            yield
+        finally:
+            self.calls, self._side = saved, False
 
     def _sample_hop(self, roots, root_t, k, level) -> SampledHop:
         n = roots.shape[0]

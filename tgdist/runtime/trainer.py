@@ -6,6 +6,7 @@ Every distributed or pipelined mode is a controlled change of ``Trainer.step``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
@@ -24,6 +25,9 @@ from tgdist.runtime.models import EmbedInput, HopTables, TemporalModel
 from tgdist.runtime.sampler import NegativeSampler, TemporalSampler
 
 log = logging.getLogger(__name__)
+
+# Uniform-sampling streams that evaluation and queries draw from, apart from training's.
+SIDE_STREAMS = {"train": 0, "val": 1, "test": 2, "embed": 3, "replay": 4}
 
 STAGES = ("sample", "features", "memory_read", "compute", "memory_write")
 
@@ -192,7 +196,8 @@ class Trainer:
         if not np.isfinite(times).all():
             raise ValueError("embed: times must be finite numbers")
         model = self.model
-        ids, root_idx, hop_tables, _ = self._sample_and_organize(nodes.astype(np.int64), times)
+        with self.side_stream(SIDE_STREAMS["embed"]):
+            ids, root_idx, hop_tables, _ = self._sample_and_organize(nodes.astype(np.int64), times)
         upd = model.updater(self.memory.read(ids))
         h = model.node_repr(ids, upd, None if self.node_feat is None else self.node_feat[ids])
         t_rel = torch.from_numpy(self._seconds(times - self.g.t[0])).to(self.device)
@@ -338,6 +343,14 @@ class Trainer:
         lo, hi = self.split.range(part)
         if hi <= lo:
             return {}
+        with self.side_stream(SIDE_STREAMS[part]):
+            return self._evaluate(part, lo, hi)
+
+    def side_stream(self, key: int):
+        """``TemporalSampler.side_stream`` (a no-op for models that sample no neighbours)."""
+        return self.sampler.side_stream(key) if self.sampler is not None else contextlib.nullcontext()
+
+    def _evaluate(self, part: str, lo: int, hi: int) -> dict:
         num_neg = max(1, self.num_neg_eval)
         pos_all, neg_all, rr_all = [], [], []
         prog = Progress(hi - lo, f"  {part}", self.progress)
