@@ -56,6 +56,10 @@ def test_copies_from_memory():
     assert planner.copies_from_memory(300, 100) == 3
     with pytest.raises(ConfigError):
         planner.copies_from_memory(0, 10)
+    for mem, per in ((float("inf"), 10), (10, float("nan")), (float("inf"), float("inf"))):
+        with pytest.raises(ConfigError, match="must be positive finite numbers"):
+            planner.copies_from_memory(mem, per)
+    assert planner.copies_from_memory(1e300, 1e-300) == 10**6  # no OverflowError
 
 
 def test_cli_plan(capsys):

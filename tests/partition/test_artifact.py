@@ -56,6 +56,36 @@ def test_existing_directory_needs_overwrite(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["p"]
 
 
+def test_overwrite_replaces_only_an_artifact(tmp_path):
+    """``overwrite`` renamed and deleted whatever was there: a data file, a folder of results."""
+    data = tmp_path / "events.npz"
+    data.write_bytes(b"precious")
+    folder = tmp_path / "results"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "important.txt").write_text("hi")
+    for victim in (data, folder):
+        with pytest.raises(ConfigError, match=f"^{victim} is not a partition artifact .* choose another partition.out_dir"):
+            _save(victim, overwrite=True)
+    assert data.read_bytes() == b"precious" and (folder / "important.txt").read_text() == "hi"
+    assert (folder / "sub").is_dir()
+    with pytest.raises(ConfigError, match=r"cannot write \(.*events.npz is not a directory\)"):
+        _save(data / "p")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["events.npz", "results"]
+
+
+def test_corrupt_measures_or_maps_are_one_line_errors(tmp_path):
+    out = _save(tmp_path / "p")
+    (out / "measures.json").write_text("{broken")
+    with pytest.raises(DataError, match="measures.json: unreadable"):
+        artifact.load(out)
+    out = _save(tmp_path / "q")
+    (out / "maps.npz").write_bytes((out / "maps.npz").read_bytes()[:100])
+    with pytest.raises(DataError, match="maps.npz: unreadable partition maps"):
+        artifact.load(out)
+    with pytest.raises(DataError, match="a file, not a partition directory"):
+        artifact.load(out / "maps.npz")
+
+
 def test_failure_leaves_nothing(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("disk full")

@@ -83,9 +83,11 @@ def _need_positive(name: str, value) -> int:
 
 def copies_from_memory(host_mem_gb: float, memory_gb_per_copy: float) -> int:
     """How many copies of node memory and mails fit in one machine's host memory."""
-    if not (host_mem_gb > 0 and memory_gb_per_copy > 0):
-        raise ConfigError(f"--host-mem-gb and --memory-gb-per-copy must be positive, got {host_mem_gb} and {memory_gb_per_copy}")
-    return int(math.floor(host_mem_gb / memory_gb_per_copy + 1e-9))
+    if not (0 < host_mem_gb < math.inf and 0 < memory_gb_per_copy < math.inf):
+        raise ConfigError(f"--host-mem-gb and --memory-gb-per-copy must be positive finite numbers, got {host_mem_gb} "
+                          f"and {memory_gb_per_copy}")
+    copies = host_mem_gb / memory_gb_per_copy + 1e-9
+    return int(math.floor(copies)) if copies < 1e6 else 10**6  # more copies than any machine has GPUs
 
 
 def plan(machines: int, gpus_per_machine: int, largest_batch: int, saturation_batch: int,

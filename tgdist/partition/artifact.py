@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping, Optional
@@ -47,6 +48,27 @@ class Partition:
         return self.maps.num_parts
 
 
+def check_out_dir(out: Path, overwrite: bool) -> None:
+    """One line when ``out`` cannot take an artifact: something is there (``overwrite`` replaces
+    only an earlier artifact, never a data file or a folder of other things) or its folder cannot
+    be written. ``tgdist partition`` checks before the long work, ``save`` again before writing."""
+    from tgdist.runtime.data import unwritable
+
+    if out.exists() or out.is_symlink():
+        if not overwrite:
+            raise ConfigError(f"{out} already exists; pass partition.overwrite=true to replace it")
+        try:
+            is_artifact = json.loads((out / "metadata.json").read_text()).get("format") == FORMAT
+        except (OSError, ValueError, AttributeError):
+            is_artifact = False
+        if out.is_symlink() or not is_artifact:
+            raise ConfigError(f"{out} is not a partition artifact (no {FORMAT} metadata.json): partition.overwrite=true "
+                              f"replaces only an earlier artifact; choose another partition.out_dir")
+    why = unwritable(out.parent)
+    if why:
+        raise ConfigError(f"partition.out_dir={out}: cannot write ({why})")
+
+
 def save(out_dir: str | Path, *, maps: DualHashMap, metadata: dict, measures: dict,
          arrays: Mapping[str, np.ndarray], residuals: Optional[Mapping[str, np.ndarray]] = None,
          overwrite: bool = False, warn: Optional[Callable[[str], None]] = None) -> Path:
@@ -56,8 +78,7 @@ def save(out_dir: str | Path, *, maps: DualHashMap, metadata: dict, measures: di
     and matplotlib is importable (otherwise ``warn`` is told and the PNG is skipped).
     """
     out = Path(out_dir)
-    if out.exists() and not overwrite:
-        raise ConfigError(f"{out} already exists; pass partition.overwrite=true to replace it")
+    check_out_dir(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
@@ -102,7 +123,8 @@ def load(path: str | Path, *, source_hash: Optional[str] = None, num_nodes: Opti
         source_hash, num_nodes = graph.source_hash, graph.num_nodes
     meta_file = p / "metadata.json"
     if not p.is_dir():
-        raise DataError(f"{p}: no such partition directory (make one with `tgdist partition`)")
+        what = "a file, not a partition directory" if p.exists() else "no such partition directory"
+        raise DataError(f"{p}: {what} (make one with `tgdist partition`)")
     if not meta_file.exists():
         raise DataError(f"{p}: not a partition artifact (no metadata.json)")
     try:
@@ -116,7 +138,7 @@ def load(path: str | Path, *, source_hash: Optional[str] = None, num_nodes: Opti
     try:
         with np.load(p / "maps.npz") as z:
             maps = DualHashMap(*(np.asarray(z[k], dtype=np.int64) for k in MAP_KEYS))
-    except (OSError, KeyError, ValueError) as e:
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile, EOFError) as e:
         raise DataError(f"{p / 'maps.npz'}: unreadable partition maps ({e})") from None
     if maps.num_parts != meta["num_parts"] or maps.num_nodes != meta["data"]["num_nodes"]:
         raise DataError(f"{p / 'maps.npz'}: maps for {maps.num_nodes} nodes / M={maps.num_parts} disagree with "
@@ -127,7 +149,10 @@ def load(path: str | Path, *, source_hash: Optional[str] = None, num_nodes: Opti
         raise DataError(f"{p / 'maps.npz'}: {e}") from None
     measures = {}
     if (p / "measures.json").exists():
-        measures = json.loads((p / "measures.json").read_text())
+        try:
+            measures = json.loads((p / "measures.json").read_text())
+        except (OSError, ValueError) as e:
+            raise DataError(f"{p / 'measures.json'}: unreadable ({e})") from None
     return Partition(path=p, metadata=meta, maps=maps, measures=measures)
 
 

@@ -71,8 +71,7 @@ def run(job: PartitionJob) -> Path:
     validate(p)
     say = _say(p.progress)
     out = out_dir_of(job)
-    if out.exists() and not p.overwrite:
-        raise ConfigError(f"{out} already exists; pass partition.overwrite=true to replace it")
+    artifact.check_out_dir(out, p.overwrite)  # before the data is read and pre-sampled
     start = time.perf_counter()
     graph = load_data(job.data)
     split = chronological_split(graph, job.data.val_frac, job.data.test_frac)
