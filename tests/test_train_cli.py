@@ -149,6 +149,58 @@ def test_ctrl_c_says_what_is_kept_in_one_line(tmp_path):
     assert "Traceback" not in err and not list(run.glob("checkpoints/.*.tmp"))
 
 
+def test_ctrl_c_before_the_run_starts_is_one_line_and_leaves_no_directory(tmp_path, monkeypatch, capsys):
+    """While torch is imported or Hydra sets up (the first seconds of every launch): exit 130 and
+    one line, and the default run directory already claimed is removed again."""
+    import tgdist.train as train
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(train, "_hydra_main", interrupted)
+    monkeypatch.setattr(sys, "argv", ["tgdist train", *QUICK])
+    with pytest.raises(SystemExit) as exit_:
+        train.main()
+    assert exit_.value.code == 130
+    assert capsys.readouterr().err == "tgdist train: interrupted before the run started\n"
+    assert list(tmp_path.iterdir()) == []  # neither runs/NAME nor runs/
+
+
+def test_a_refused_resume_leaves_the_run_as_it_was(tmp_path):
+    """Checked before Hydra writes .hydra/ into the run directory, which is often the checkpoint's."""
+    run = tmp_path / "r"
+    assert tgdist("train", *QUICK, f"run_dir={run}", cwd=tmp_path).returncode == 0
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    r = tgdist("train", *QUICK, "train.lr=0.01", "train.epochs=2", f"train.resume={run}", f"run_dir={run}", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"tgdist train: error: {run / 'checkpoints' / 'last.pt'}: checkpoint was written under another config "
+        f"(train.lr: checkpoint 0.0001 vs now 0.01)"]
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+def test_removing_a_run_that_holds_no_result():
+    """A resumed run stopped before its first checkpoint holds the metrics lines it copied from
+    the checkpoint it resumed, and nothing else: it is removed like a fresh run's directory."""
+    import tempfile
+
+    import tgdist.train as train
+
+    with tempfile.TemporaryDirectory() as d:
+        run = Path(d) / "run"
+        (run / ".hydra").mkdir(parents=True)
+        for name, text in (("config.yaml", "x"), ("train.log", "x"), ("metrics.jsonl", '{"epoch": 0}\n')):
+            (run / name).write_text(text)
+        (run / "checkpoints").mkdir()
+        (run / "checkpoints" / "last.pt").write_bytes(b"x")
+        train._remove_if_empty_run(run)
+        assert run.exists()  # a checkpoint: kept
+        (run / "checkpoints" / "last.pt").unlink()
+        (run / "checkpoints").rmdir()
+        train._remove_if_empty_run(run)
+        assert not run.exists()
+
+
 def test_help_lists_this_commands_groups(tmp_path):
     """Hydra's own listing would show the typed schemas (``data_schema``) and the partition
     command's group; the help shows the options a user can pick."""

@@ -6,6 +6,7 @@ The final JSON summary is the last line of stdout; progress and logs go to stder
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -44,13 +45,13 @@ def _sweep_job_note() -> str:
 
 
 def _remove_if_empty_run(run_dir: Path) -> None:
-    """Remove ``run_dir`` when it holds no result: start-up files only, or an empty metrics file
-    (stopped during the first epoch, before any checkpoint)."""
+    """Remove ``run_dir`` when it holds no result: start-up files and a metrics file only, with
+    no checkpoint (stopped before the first one: every finished epoch writes one; a resumed
+    run's metrics start with the lines copied from the checkpoint it resumed)."""
     if not run_dir.is_dir():
         return
     names = {p.name for p in run_dir.iterdir()}
-    metrics = run_dir / "metrics.jsonl"
-    if names <= _STARTUP_ONLY or (names <= _STARTUP_ONLY | {"metrics.jsonl"} and metrics.stat().st_size == 0):
+    if names <= _STARTUP_ONLY | {"metrics.jsonl"}:
         shutil.rmtree(run_dir, ignore_errors=True)
         sweep_file = run_dir.parent / "multirun.yaml"  # a sweep whose first job failed: nothing ran
         if _sweep_dir is not None and run_dir.parent == _sweep_dir and [*_sweep_dir.iterdir()] == [sweep_file]:
@@ -110,8 +111,31 @@ def _check_run_parent(run_dir: Path) -> None:
 
 
 def main() -> None:
+    """``_main``, with Ctrl-C before the run starts (while torch is imported, say, or Hydra sets
+    up) as one line and exit 130, leaving no run directory, like Ctrl-C during the run."""
+    try:
+        _main()
+    except KeyboardInterrupt:
+        if _run_dir is not None:
+            _remove_if_empty_run(_run_dir)
+            remove_empty_dirs(([_run_dir] if _claimed else []) + _new_parents)  # claimed, Hydra not started in it
+        elif _sweep_dir is not None:
+            remove_empty_dirs([_sweep_dir, *_new_parents])
+        rank = os.environ.get("RANK", "0") if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
+        print(f"tgdist train{f' [rank {rank}]' if rank is not None else ''}: interrupted before the run started",
+              file=sys.stderr)
+        sys.exit(130)
+
+
+# The run directory of a run checked before Hydra starts (None for sweeps and other flags), and
+# whether this process made it (a default name, claimed before Hydra starts).
+_run_dir: Path | None = None
+_claimed = False
+
+
+def _main() -> None:
     """Check the overrides (and the run directory) before Hydra starts, then hand over to it."""
-    global _sweep_dir, _sweep_size, _swept
+    global _sweep_dir, _sweep_size, _swept, _run_dir, _claimed
     from tgdist.config import claim_directory, override_value, sweep_jobs
     from tgdist.launcher.world import detect
     from tgdist.runtime.build import precheck
@@ -139,9 +163,27 @@ def main() -> None:
         run_dir = Path(cfg.run_dir).absolute()
         _new_parents[:] = [p for p in run_dir.parents if not p.exists()]
         _check_run_parent(run_dir)
+        _check_resume(cfg)
+        _run_dir = run_dir
         if override_value(args.overrides, "run_dir") is None and detect().world_size == 1:  # the default name
-            sys.argv.append(f"run_dir={_quoted(str(claim_directory(run_dir)))}")
+            _run_dir, _claimed = claim_directory(run_dir), True
+            sys.argv.append(f"run_dir={_quoted(str(_run_dir))}")
     _hydra_main()
+
+
+def _check_resume(cfg) -> None:
+    """Exit 2 with one line when ``train.resume`` names a checkpoint of another config, before
+    Hydra writes its ``.hydra/`` into the run directory (often the checkpoint's own)."""
+    if not cfg.train.resume:
+        return
+    from tgdist.runtime import checkpoint
+    from tgdist.runtime.run import is_parallel
+
+    try:
+        checkpoint.check_resume(cfg, parallel=is_parallel(cfg))
+    except TgdistError as e:
+        print(f"tgdist train: error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 def _quoted(value: str) -> str:

@@ -94,6 +94,34 @@ def test_uniform_sampling_in_evaluation_does_not_change_training(tmp_path):
     assert tr.evaluate("val") == first and tr.sampler.calls == calls  # the same state, the same samples
 
 
+def test_resume_checks_the_data_by_content(tmp_path):
+    """The same path holding other data is refused in one line (it crashed on a size mismatch,
+    or resumed silently with as many nodes); the same data elsewhere resumes."""
+    from tgdist.runtime.data import save_native
+    from tgdist.runtime.synthetic import generate
+
+    data = tmp_path / "d.npz"
+    save_native(generate(1500, 60, seed=1), data)
+    over = [f"data.path={data}", "train.epochs=1"]
+    first, _ = run(tmp_path, "a", over)
+    save_native(generate(1500, 60, seed=2), data)
+    with pytest.raises(ConfigError, match=r"a/checkpoints/last.pt: checkpoint was trained on other data \(source_hash "):
+        run(tmp_path, "b", over + ["train.epochs=2", f"train.resume={tmp_path / 'a'}"])
+    assert not (tmp_path / "b").exists()
+    moved = tmp_path / "elsewhere.npz"
+    save_native(generate(1500, 60, seed=1), moved)
+    resumed, _ = run(tmp_path, "c", [f"data.path={moved}", "train.epochs=2", f"train.resume={tmp_path / 'a'}"])
+    assert resumed["epochs"] == 2
+
+
+def test_a_reused_run_directory_drops_the_old_runs_checkpoint_and_summary(tmp_path):
+    """Else a Ctrl-C in the new run's first epoch named the old checkpoint as this run's."""
+    run(tmp_path, "a", ["train.epochs=1"])
+    cfg = compose(SMALL + ["train.epochs=1", "train.seed=3", f"run_dir={tmp_path / 'a'}"])
+    Run(cfg, tmp_path / "a")
+    assert not (tmp_path / "a" / "checkpoints" / "last.pt").exists() and not (tmp_path / "a" / "summary.json").exists()
+
+
 def test_more_evaluation_negatives_than_nodes_warns(tmp_path, caplog):
     with caplog.at_level("WARNING"):
         build_trainer(compose(SMALL + ["train.num_neg_eval=5000"]))

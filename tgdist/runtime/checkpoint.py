@@ -68,18 +68,53 @@ def atomic_save(obj, path: str | Path) -> Path:
     return path
 
 
-def check_config(path, saved: dict, cfg: DictConfig) -> None:
+# Where the data was read from: checked through its content (``data_identity``) when the
+# checkpoint records it, so the same file under another spelling or place resumes.
+_DATA_PLACE = {"data.path", "data.name"}
+
+
+def check_config(path, saved: dict, cfg: DictConfig, content_checked: bool = False) -> None:
+    """One line naming every key that differs between the checkpoint's config and ``cfg``.
+    ``content_checked``: the data's identity is compared by content, not by its path."""
     mine = identity(cfg)
     saved = {**_ADDED, **saved}
-    diff = sorted(k for k in set(mine) | set(saved) if mine.get(k) != saved.get(k))
+    diff = sorted(k for k in set(mine) | set(saved) if mine.get(k) != saved.get(k)
+                  and not (content_checked and k in _DATA_PLACE))
     if diff:
-        shown = ", ".join(f"{k}: checkpoint {saved.get(k, '<unset>')} vs now {mine.get(k, '<unset>')}" for k in diff[:4])
-        raise ConfigError(f"{path}: checkpoint was written under another config ({shown}{', ...' if len(diff) > 4 else ''})")
+        shown = ", ".join(f"{k}: checkpoint {saved.get(k, '<unset>')} vs now {mine.get(k, '<unset>')}" for k in diff)
+        raise ConfigError(f"{path}: checkpoint was written under another config ({shown})")
+
+
+def data_identity(graph) -> dict:
+    """What a checkpoint records of its data: the source's content hash and the sizes."""
+    return {"source_hash": str(graph.source_hash), "events": int(graph.num_events), "nodes": int(graph.num_nodes)}
+
+
+def check_data(path, state: dict, graph) -> None:
+    """One line when the checkpoint was trained on other data (the same path holding another
+    file, say); checkpoints from before this check record no data and are not refused."""
+    saved = state.get("data")
+    if saved is None:
+        return
+    now = data_identity(graph)
+    if saved != now:
+        diff = ", ".join(f"{k} {saved.get(k)} vs now {now[k]}" for k in now if saved.get(k) != now[k])
+        raise ConfigError(f"{path}: checkpoint was trained on other data ({diff}); resume with the data it was "
+                          f"trained on")
+
+
+def restore(path, module, state_dict: dict, what: str) -> None:
+    """``module.load_state_dict`` with its shape mismatches as one line."""
+    try:
+        module.load_state_dict(state_dict)
+    except (RuntimeError, ValueError, KeyError) as e:
+        raise ConfigError(f"{path}: the checkpoint's {what} does not fit this run's "
+                          f"({' '.join(str(e).split())[:200]})") from None
 
 
 def save(path: str | Path, trainer, cfg: DictConfig, position: dict, history: list) -> Path:
     """Write atomically: a crash while saving never leaves a truncated checkpoint in place."""
-    state = {"format": 1, "config": identity(cfg), "model": trainer.model.state_dict(),
+    state = {"format": 1, "config": identity(cfg), "data": data_identity(trainer.g), "model": trainer.model.state_dict(),
              "optimizer": trainer.optimizer.state_dict(), "memory": trainer.memory.state_dict(),
              "rng": _rng_state(trainer), "position": dict(position), "history": [dict(h) for h in history]}
     return atomic_save(state, path)
@@ -128,14 +163,16 @@ def check_epochs(path, state: dict, epochs: int) -> None:
                           f"resumes only with it (train.epochs={epochs} changes every rank's schedule)")
 
 
-def check_resume(cfg: DictConfig, parallel: bool) -> None:
-    """What resuming from ``train.resume`` checks, without building anything: ``tgdist launch``
-    runs it before starting any process, so a mismatch is one line, not one per rank."""
+def check_resume(cfg: DictConfig, parallel: bool) -> tuple[Path, dict]:
+    """What resuming from ``train.resume`` checks, without building anything (the data is
+    checked by ``check_data`` once it is read): ``tgdist launch`` runs it before starting any
+    process, so a mismatch is one line, not one per rank. Returns the path and the state."""
     path = find(cfg.train.resume)
     state = read(path, parallel, map_location="cpu", mmap=True)
-    check_config(path, state.get("config", {}), cfg)
+    check_config(path, state.get("config", {}), cfg, content_checked="data" in state)
     if parallel:
         check_epochs(path, state, cfg.train.epochs)
+    return path, state
 
 
 def load(path: str | Path, trainer, cfg: DictConfig) -> tuple[dict, list]:
@@ -143,10 +180,11 @@ def load(path: str | Path, trainer, cfg: DictConfig) -> tuple[dict, list]:
     import ast
 
     state = read(path, parallel=False, map_location=trainer.device)
-    check_config(path, state.get("config", {}), cfg)
-    trainer.model.load_state_dict(state["model"])
-    trainer.optimizer.load_state_dict(state["optimizer"])
-    trainer.memory.load_state_dict(state["memory"])
+    check_config(path, state.get("config", {}), cfg, content_checked="data" in state)
+    check_data(path, state, trainer.g)
+    restore(path, trainer.model, state["model"], "model")
+    restore(path, trainer.optimizer, state["optimizer"], "optimizer state")
+    restore(path, trainer.memory, state["memory"], "node memory")
     rng = state["rng"]
     torch.set_rng_state(rng["torch"])
     g = rng["numpy_global"]

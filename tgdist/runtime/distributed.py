@@ -226,7 +226,8 @@ class ParallelRun:
             checkpoint.atomic_save(tr.memory.state_dict(), d / f"memory-{self.kk}.pt")
         collectives.barrier(self.groups.get("world"), name="checkpoint")
         if self.rank == 0:
-            checkpoint.atomic_save({"format": 1, "config": checkpoint.identity(self.cfg), "iteration": iteration,
+            checkpoint.atomic_save({"format": 1, "config": checkpoint.identity(self.cfg),
+                                    "data": checkpoint.data_identity(tr.g), "iteration": iteration,
                                     "epochs": self.epochs, "dir": d.name, "model": tr.model.state_dict(),
                                     "optimizer": tr.optimizer.state_dict()}, self.ckpt_dir / "last.pt")
             for old in self.ckpt_dir.glob("it*"):
@@ -237,7 +238,8 @@ class ParallelRun:
     def load(self, path: Path) -> None:
         tr = self.tr
         state = checkpoint.read(path, parallel=True)
-        checkpoint.check_config(path, state["config"], self.cfg)
+        checkpoint.check_config(path, state["config"], self.cfg, content_checked="data" in state)
+        checkpoint.check_data(path, state, tr.g)
         checkpoint.check_epochs(path, state, self.epochs)
         d = path.parent / state["dir"]
         tr.model.load_state_dict(state["model"])

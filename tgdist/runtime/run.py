@@ -38,11 +38,16 @@ class Run:
         self.cfg = cfg
         self.dir = Path(run_dir)
         self.trainer = trainer or build_trainer(cfg)  # first: a config or data error leaves no directory
-        if (self.dir / "metrics.jsonl").exists() and not cfg.train.resume:
+        self.ckpt_path = self.dir / "checkpoints" / "last.pt"
+        if cfg.train.resume:  # a refused resume leaves the run directory (maybe the checkpoint's own) as it was
+            path, state = checkpoint.check_resume(cfg, parallel=False)
+            checkpoint.check_data(path, state, self.trainer.g)
+        elif (self.dir / "metrics.jsonl").exists():
             log.warning("run_dir %s already holds a run; its metrics, summary and checkpoint are replaced", self.dir)
+            for old in (self.dir / "summary.json", self.ckpt_path):  # gone now: not taken for this run's
+                old.unlink(missing_ok=True)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.history: list[dict] = []
-        self.ckpt_path = self.dir / "checkpoints" / "last.pt"
         (self.dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
 
     # ------------------------------------------------------------------------------------------
