@@ -201,6 +201,24 @@ def test_removing_a_run_that_holds_no_result():
         assert not run.exists()
 
 
+def test_a_plus_key_that_is_not_in_the_schema_is_a_typo(tmp_path):
+    """Hydra adds ``+train.epoch=1`` silently, and the run trained the default 5 epochs."""
+    r = tgdist("train", "+train.epoch=1", *QUICK, cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "tgdist train: error: +train.epoch: not a key of tgdist's config (a leading + adds a key, and the config has "
+        "every key it reads); did you mean 'train.epochs'?"]
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("bad, message", [("sampler.strategy=recent,random", "sampler.strategy='random': choose recent or uniform"),
+                                          ("data.format=auto,bogus", "data.format='bogus' is not a format"),
+                                          ("train.stop_after_batches=0", "train.stop_after_batches=0: give a positive")])
+def test_settings_checked_before_a_sweep_starts(tmp_path, bad, message):
+    r = tgdist("train", "--multirun", *QUICK, bad, cwd=tmp_path)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and message in r.stderr, r.stderr
+    assert list(tmp_path.iterdir()) == []  # job #0 did not run
+
+
 def test_help_lists_this_commands_groups(tmp_path):
     """Hydra's own listing would show the typed schemas (``data_schema``) and the partition
     command's group; the help shows the options a user can pick."""

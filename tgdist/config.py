@@ -386,6 +386,13 @@ def _compose_or_exit(command: str, config_name: str, overrides: list[str], where
 
     from tgdist.runtime.build import compose
 
+    added = unknown_added_key(overrides, config_name)
+    if added:
+        guesses = closest_keys(added, config_name)
+        hint = f"; did you mean '{guesses[0]}'?" if guesses else ""
+        print(f"{command}: error: +{added}: not a key of tgdist's config (a leading + adds a key, and the config has "
+              f"every key it reads){hint}" + (f" ({where})" if where else ""), file=sys.stderr)
+        sys.exit(2)
     try:
         return compose(overrides, config_name=config_name, return_hydra_config=return_hydra_config)
     except (HydraException, OmegaConfBaseException) as e:
@@ -413,6 +420,25 @@ def _compose_or_exit(command: str, config_name: str, overrides: list[str], where
             msg += f"; its keys are {', '.join(siblings)}"
         print(f"{command}: error: {msg}" + (f" ({where})" if where else ""), file=sys.stderr)
         sys.exit(2)
+
+
+def unknown_added_key(overrides: list[str], config_name: str) -> str | None:
+    """The key of the first ``+key=value`` (or ``++``) override that is not in the schema: Hydra
+    adds it silently, so ``+train.epoch=1`` would train the default epochs without a word. Keys
+    under a free-form (non-group) key and Hydra's own are left alone."""
+    keys = set(schema_keys(_schema_for(config_name)))
+    groups = {k.rpartition(".")[0] for k in keys}
+    for override in overrides:
+        if not override.startswith("+") or "=" not in override:
+            continue
+        key = override.lstrip("+").partition("=")[0].strip()
+        if "." not in key or key.startswith("hydra.") or key in keys:
+            continue  # +group=option selects a config; hydra.* is Hydra's
+        parts = key.split(".")
+        if any(".".join(parts[:i]) in keys and ".".join(parts[:i]) not in groups for i in range(1, len(parts))):
+            continue  # inside a key that holds a free-form value
+        return key
+    return None
 
 
 def schema_keys(root: type, prefix: str = "") -> list[str]:
