@@ -543,6 +543,19 @@ def test_downstream_metrics_of_a_part_without_labels_or_with_one_class_are_null(
     assert "no test labels, so test_f1_micro and test_f1_macro are null" in caplog.text
 
 
+def test_untrained_baseline_of_a_classification_task(tmp_path):
+    """``train.epochs=0`` with ``train.task=edge``: the metrics line of the untrained model (it was
+    left empty) and a summary naming the data and model, then the decoder's metrics."""
+    from tgdist.runtime.build import build_trainer
+
+    cfg = compose(SMALL + ["train.epochs=0", "train.task=edge", "train.node_class_epochs=1", f"run_dir={tmp_path / 'e'}"])
+    summary = Run(cfg, tmp_path / "e", trainer=build_trainer(cfg, graph=_labelled_graph("classes"))).train()
+    lines = [json.loads(x) for x in (tmp_path / "e" / "metrics.jsonl").read_text().splitlines()]
+    assert [h["epoch"] for h in lines] == [-1] and "test_ap" in lines[0]
+    assert summary["model"] == "tgn" and summary["epochs"] == 0 and summary["test_ap"] == lines[0]["test_ap"]
+    assert summary["test_f1_micro"] is not None and summary["classes"] == 3
+
+
 def test_node_labels_at_times_are_checked_before_training():
     from tgdist.runtime.build import build_trainer
 

@@ -112,7 +112,7 @@ class Run:
                          f"{res['events_per_s']:,.0f}", compiled)
                 log.info("training stage times:\n%s", train_stages.table(res["train_events"]))
                 self._checkpoint(epoch + 1, 0)
-        if cfg.train.epochs == 0 and not cfg.train.resume and cfg.train.task == "link":
+        if cfg.train.epochs == 0 and not cfg.train.resume:  # the node and edge tasks too: their link baseline
             self.evaluate_untrained()
         summary = self.summary()
         if cfg.train.task in ("node", "edge"):
