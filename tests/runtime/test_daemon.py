@@ -485,6 +485,32 @@ def test_sweep_removes_only_dead_families():
     other.close()
 
 
+def test_a_new_daemon_removes_the_segments_of_dead_runs(caplog):
+    """A rank and its daemon SIGKILLed together leave their segments; the next daemon removes
+    them (and ``tgdist launch`` does when its ranks end), keeping live runs' segments."""
+    from tgdist.runtime import daemon as d
+    from tgdist.launcher import torchrun
+
+    dead = new_run_id()
+    names = segment_names(dead, 0, 1)
+    seg = shm.Segment.create(names[0], ctl_layout(1, 0))
+    hdr = seg.array("hdr")
+    hdr[d.H_I] = hdr[d.H_J] = 1
+    hdr[d.H_PID] = 2 ** 22 + 12345  # no such process
+    del hdr
+    seg.close()
+    with caplog.at_level("WARNING", logger="tgdist.runtime.daemon"):
+        h = start_daemon(0, 1, num_nodes=4, mem_dim=1, mail_dim=1, timeout=20)
+    try:
+        assert segments(dead) == [] and segments(h.spec.run_id) != []
+        assert "removed 1 shared-memory segment of an earlier run whose processes are all dead" in caplog.text
+        torchrun._sweep_stale_segments()  # the live daemon's are kept
+        assert segments(h.spec.run_id) != []
+    finally:
+        h.stop()
+    assert segments(h.spec.run_id) == []
+
+
 # ------------------------------------------------------------------------------------------------
 # Faults: separate trainer processes, SIGKILL, exceptions, normal shutdown
 

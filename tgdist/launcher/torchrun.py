@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["OMP_NUM_THREADS"] = str(max(1, len(cpu_mask()) // max(1, nproc)))
     try:
         run(args)
+    except KeyboardInterrupt:  # Ctrl-C while the agent starts: the ranks print their own line
+        return 130
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
         code = failure.exitcode
@@ -67,7 +69,20 @@ def main(argv: list[str] | None = None) -> int:
         return 128 - code if code < 0 else code
     except SignalException as e:  # the agent has stopped the workers before raising this
         return 128 + int(e.sigval)
+    finally:
+        _sweep_stale_segments()
     return 0
+
+
+def _sweep_stale_segments() -> None:
+    """Remove the shared memory of daemon runs whose processes are all dead (a rank and its
+    daemon killed together cannot remove their own); segments of live runs are kept."""
+    from tgdist.runtime.daemon import sweep_stale
+
+    stale = sweep_stale()
+    if stale:
+        print(f"tgdist launch: removed {len(stale)} shared-memory segment{'s' * (len(stale) > 1)} left by dead "
+              f"processes ({', '.join(stale[:3])}{', ...' if len(stale) > 3 else ''})", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import secrets
 import signal
@@ -72,6 +73,8 @@ import torch
 from tgdist.errors import ConfigError, TgdistError
 from tgdist.runtime import shm
 from tgdist.runtime.memory import LocalMemory, MemoryRead, MemoryStore
+
+log = logging.getLogger(__name__)
 
 MAGIC, VERSION = 0x7464697374, 1  # "tdist"
 
@@ -763,6 +766,10 @@ def start_daemon(group: int, num_trainers: int | None = None, *, num_nodes: int,
                       timeout=timeout, idle_timeout=idle_timeout, num_threads=num_threads, spin_us=spin_us, trace=trace,
                       owner_pid=os.getpid(), owner_start=shm.start_time(os.getpid()),
                       trainer_pids=list(trainer_pids or []))
+    stale = sweep_stale()  # a run whose daemon and trainers were all SIGKILLed could not remove its own
+    if stale:
+        log.warning("removed %d shared-memory segment%s of an earlier run whose processes are all dead: %s", len(stale),
+                    "s" * (len(stale) > 1), ", ".join(stale[:4]) + (", ..." if len(stale) > 4 else ""))
     names = segment_names(spec.run_id, group, spec.num_trainers)
     taken = [n for n in names if os.path.exists(os.path.join(shm.SHM_DIR, n))]
     if taken:
