@@ -97,6 +97,20 @@ def test_training_settings_checked_before_start(capsys):
                                        "Key 'mem_di' not in 'ModelConfig'; did you mean 'model.mem_dim'?\n")
 
 
+def test_a_master_port_in_use_is_one_line_before_start(capsys):
+    """torchrun waited for the port silently, then failed with a 70-line traceback."""
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        rc = cli_main(["launch", "--nproc", "2", "--master-port", str(port), "--", "parallel.i=2", "train.epochs=1"])
+        err = capsys.readouterr().err
+    assert rc == 2 and err.startswith(f"tgdist launch: error: --master-port {port} is in use on 127.0.0.1 (")
+    assert err.count("\n") == 1 and "leave --master-port out" in err
+
+
 def test_missing_data_file_checked_before_start(capsys, tmp_path):
     """One line from the launcher, not one per rank and torchrun's report; in a sweep, naming the job."""
     missing = tmp_path / "nope.csv"

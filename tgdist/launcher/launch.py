@@ -53,6 +53,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _check_port_free(addr: str, port: int) -> None:
+    """One line when ``port`` is taken on this machine: torchrun's store would wait for it, then
+    fail with a long traceback (and another launch on it would wait for that one to end)."""
+    if addr not in ("127.0.0.1", "localhost", "0.0.0.0", ""):
+        return  # another machine's address (or one this machine has under another name): not probed
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1" if addr == "localhost" else addr, port))
+        except OSError as e:
+            raise ConfigError(f"--master-port {port} is in use on {addr} ({e.strerror or e}); another launch may "
+                              f"hold it: leave --master-port out (a free port is picked) or name another") from None
+
+
 def build_command(nproc: int, overrides: list[str], *, nnodes: int = 1, node_rank: int = 0,
                   master_addr: str = "127.0.0.1", master_port: int = DEFAULT_MULTINODE_PORT,
                   module: str = "tgdist.train", python: str | None = None, rdzv_id: str = "tgdist") -> list[str]:
@@ -258,6 +271,8 @@ def _launch(args: argparse.Namespace, overrides: list[str]) -> int:
     port = args.master_port
     if port is None:
         port = _free_port() if args.nnodes == 1 else DEFAULT_MULTINODE_PORT
+    elif args.nnodes == 1 and not args.dry_run:
+        _check_port_free(args.master_addr, port)
     cmd = build_command(nproc, overrides, nnodes=args.nnodes, node_rank=args.node_rank,
                         master_addr=args.master_addr, master_port=port, module=args.module)
     if args.dry_run:
