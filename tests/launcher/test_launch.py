@@ -97,6 +97,29 @@ def test_training_settings_checked_before_start(capsys):
                                        "Key 'mem_di' not in 'ModelConfig'; did you mean 'model.mem_dim'?\n")
 
 
+@pytest.mark.parametrize("launcher, overrides, message", [
+    ([], ["memory.backend=local", "parallel.j=2", "train.epochs=2"],
+     "memory.backend=local keeps node memory inside one process"),
+    (["--nnodes", "2", "--master-addr", "h0", "--nproc", "1"], ["parallel.i=2", "memory.backend=daemon", "train.epochs=2"],
+     "parallel.k = 1 memory copies for 2 machines"),
+])
+def test_the_layout_against_the_world_is_checked_before_start(capsys, launcher, overrides, message):
+    """Each rank checked it after start-up and printed it, one line per rank."""
+    rc = cli_main(["launch", *launcher, "--dry-run", "--", *overrides])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("tgdist launch: error: ") and message in err and err.count("\n") == 1, err
+    swept = [*overrides, "train.seed=0,1"]
+    with pytest.raises(SystemExit) as e:  # a sweep's jobs too, before the first
+        cli_main(["launch", *launcher, "--dry-run", "--", "-m", *swept])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_bad_flag_after_the_separator_is_one_usage_message(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli_main(["launch", "--dry-run", "--", "parallel.i=2", "--bogus"])
+    assert e.value.code == 2 and capsys.readouterr().err.count("unrecognized arguments: --bogus") == 1
+
+
 def test_a_master_port_in_use_is_one_line_before_start(capsys):
     """torchrun waited for the port silently, then failed with a 70-line traceback."""
     import socket

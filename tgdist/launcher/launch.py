@@ -167,9 +167,36 @@ def _check_args(args: argparse.Namespace) -> None:
               file=sys.stderr, flush=True)
 
 
+def _check_world(args: argparse.Namespace, cfg, nproc: int) -> None:
+    """The layout against the world torchrun will start (the memory backend's needs, epochs a
+    multiple of j x k), as every rank checks it at start-up: one line here instead of one per
+    rank after each has imported torch and read the data."""
+    from tgdist.launcher.schedule import Layout
+    from tgdist.launcher.world import WorldInfo
+    from tgdist.launcher.world import validate as validate_world
+    from tgdist.runtime.distributed import memory_backend
+
+    layout = Layout(cfg.parallel.i, cfg.parallel.j, cfg.parallel.k)
+    if layout.world_size != nproc * args.nnodes:
+        return  # _nproc has said so, or a single-process run
+    world = WorldInfo(world_size=nproc * args.nnodes, local_world_size=nproc, num_nodes=args.nnodes,
+                      launcher="torchrun")
+    validate_world(layout, world, memory_backend(cfg, layout), epochs=cfg.train.epochs)
+
+
+def _check_flags(overrides: list[str]) -> None:
+    """Flags after ``--`` are Hydra's: a bad one is its usage message once, not once per rank."""
+    if any(a.startswith("-") and a not in ("-m", "--multirun") for a in overrides):
+        from hydra._internal.utils import get_args_parser
+
+        get_args_parser().parse_args(overrides)  # argparse: usage and the error on stderr, exit 2
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     _check_args(args)
+    if args.module == "tgdist.train":
+        _check_flags(args.overrides)
     if not {"-m", "--multirun"} & set(args.overrides):
         if args.module == "tgdist.train":  # settings errors once, here, not from every rank after start-up
             from tgdist.config import precheck_overrides
@@ -178,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
             cfg = precheck_overrides("tgdist launch", "train", args.overrides)
             if cfg is not None:
                 precheck(cfg)
-                processes = _nproc(args, _layout(args, cfg, args.overrides)) * args.nnodes
+                nproc = _nproc(args, _layout(args, cfg, args.overrides))
+                _check_world(args, cfg, nproc)
+                processes = nproc * args.nnodes
                 if cfg.train.resume:  # a checkpoint of another config or epochs, before any process starts
                     from tgdist.runtime import checkpoint
                     from tgdist.runtime.run import is_parallel
@@ -207,7 +236,7 @@ def _sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     def check(cfg) -> None:
         precheck(cfg)
         if par := _layout(args, cfg, []):  # else the job's own overrides decide (below)
-            _nproc(args, par)
+            _check_world(args, cfg, _nproc(args, par))
 
     jobs, swept = sweep_jobs("tgdist launch", "train", overrides, check if args.module == "tgdist.train" else None)
     for num, job in enumerate(jobs):  # the process counts, before anything starts
