@@ -19,6 +19,7 @@ gives it. What changes, and why results stay comparable:
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -92,7 +93,8 @@ def rank_logging(rank: int) -> None:
     """Prefix log lines with the rank; ranks other than 0 report warnings and errors only."""
     class _Prefix(logging.Filter):
         def filter(self, record):
-            record.msg = f"[rank {rank}] {record.msg}"
+            if not getattr(record, "tgdist_rank_prefixed", False):  # one record reaches every handler
+                record.msg, record.tgdist_rank_prefixed = f"[rank {rank}] {record.msg}", True
             return True
 
     root = logging.getLogger()
@@ -295,7 +297,7 @@ def run_parallel(cfg: DictConfig, run_dir) -> dict:
     """Train with ``cfg.parallel`` under torchrun / SLURM / MPI; returns the summary (rank 0's)."""
     from tgdist.launcher.world import ProcessGroups, detect, validate
     from tgdist.runtime.build import build_trainer
-    from tgdist.runtime.run import Run, pretrain_static
+    from tgdist.runtime.run import Run, jsonable, pretrain_static
 
     world = detect()
     rank_logging(world.rank)
@@ -355,6 +357,10 @@ def run_parallel(cfg: DictConfig, run_dir) -> dict:
                                                   max(s["rank_seconds"] for s in stats)),
                        "replicas_identical": replicas_identical, "communication": par.counter.as_dict()}
             Run.write_summary(run_dir, run_cfg, summary)
+            # one metrics line, as a single-process run writes per epoch: a parallel run evaluates once, at its end
+            line = {"epoch": cfg.train.epochs - 1, "loss": summary["loss"], "train_events": events,
+                    "events_per_s": summary["train_events_per_s"], **metrics}
+            (Path(run_dir) / "metrics.jsonl").write_text(json.dumps(jsonable(line)) + "\n")
             return summary
 
         # the other ranks wait for rank 0's evaluation however long it takes (not the groups' timeout)

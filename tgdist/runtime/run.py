@@ -27,7 +27,7 @@ from tgdist.runtime.trainer import SIDE_STREAMS, Progress, Trainer
 log = logging.getLogger(__name__)
 
 
-def _jsonable(d: dict) -> dict:
+def jsonable(d: dict) -> dict:
     """Plain floats, and None for a metric that is undefined (NaN is not JSON)."""
     return {k: (float(v) if np.isfinite(v) else None) if isinstance(v, (np.floating, float)) else v
             for k, v in d.items()}
@@ -102,7 +102,7 @@ class Run:
                 if cfg.train.test_every_epoch or last:
                     res.update(tr.evaluate("test"))
                 res["stage_seconds"] = {k: round(v, 4) for k, v in train_stages.seconds.items()}
-                self.history.append(_jsonable(res))
+                self.history.append(jsonable(res))
                 mf.write(json.dumps(self.history[-1]) + "\n")
                 mf.flush()
                 compiled = (f" (leaving out {res['compile_seconds']:.1f} s of one-time kernel compiling)"
@@ -127,7 +127,7 @@ class Run:
         log.info("train.epochs=0: evaluating the model as initialised, without training")
         tr.memory.reset_state()
         res = {"epoch": -1, **tr.evaluate("train"), **tr.evaluate("val"), **tr.evaluate("test")}
-        self.history.append(_jsonable(res))
+        self.history.append(jsonable(res))
         with open(self.dir / "metrics.jsonl", "a") as mf:
             mf.write(json.dumps(self.history[-1]) + "\n")
         log.info("untrained: %s", ", ".join(f"{k} {v:.4f}" for k, v in res.items() if k != "epoch"))
