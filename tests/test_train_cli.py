@@ -25,6 +25,7 @@ def test_train_prints_summary_as_last_stdout_line(tmp_path):
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert summary["data"] == "collegemsg" and 0 <= summary["test_ap"] <= 1
     assert (tmp_path / "run" / "metrics.jsonl").exists() and (tmp_path / "run" / "checkpoints" / "last.pt").exists()
+    assert json.loads((tmp_path / "run" / "summary.json").read_text()) == summary  # wall_seconds included
     assert not (tmp_path / "outputs").exists()
 
 

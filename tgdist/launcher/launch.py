@@ -98,7 +98,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--nproc", type=int, default=None,
                     help="trainer processes on this machine (default: parallel.i*j*k / nnodes from the overrides)")
     ap.add_argument("--nnodes", type=int, default=1, help="machines taking part (run the same command on each)")
-    ap.add_argument("--node-rank", type=int, default=0, help="this machine's index in [0, nnodes)")
+    ap.add_argument("--node-rank", type=int, default=0, help="this machine's index in [0, nnodes); with torchrun's c10d rendezvous ranks are "
+                         "assigned as machines join, so it only has to be valid")
     ap.add_argument("--master-addr", default=_LOOPBACK, help="host of the c10d rendezvous (node 0)")
     ap.add_argument("--master-port", type=int, default=None,
                     help=f"rendezvous port (default: a free port on one node, {DEFAULT_MULTINODE_PORT} on several)")

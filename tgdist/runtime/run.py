@@ -94,7 +94,7 @@ class Run:
                     res = {"epoch": epoch, **tr.train_epoch(epoch, start_batch, on_batch)}
                 except _Stop:
                     log.info("stopping after %d training batches (train.stop_after_batches)", done_batches)
-                    return {"stopped": True, "checkpoint": str(self.ckpt_path)}
+                    return {"stopped": True, "checkpoint": str(self.ckpt_path) if self.ckpt_path.exists() else None}
                 start_batch = 0
                 train_stages = type(tr.timer)(dict(tr.timer.seconds))  # before evaluation adds to it
                 res.update(tr.evaluate("val"))
@@ -313,4 +313,9 @@ def run(cfg: DictConfig, run_dir: str | Path) -> dict:
     else:
         summary = Run(cfg, run_dir).train()
     summary["wall_seconds"] = round(time.perf_counter() - start, 2)
+    from tgdist.launcher.world import detect
+
+    written = Path(summary.get("run_dir", run_dir)) / "summary.json"
+    if detect().rank == 0 and written.exists():  # the same summary as stdout's last line
+        written.write_text(json.dumps(summary, indent=1))
     return summary
