@@ -146,6 +146,8 @@ def read(path: str | Path, parallel: bool, map_location=None, mmap: bool = False
     try:
         state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:  # corrupt or foreign file
+        if mmap:  # mmap's own complaint (not a zip file) would hide what is wrong with it
+            return read(path, parallel, map_location)
         raise ConfigError(f"{path}: not a readable tgdist checkpoint ({type(e).__name__}: {_reason(e)})") from None
     if not isinstance(state, dict) or "model" not in state:
         raise ConfigError(f"{path}: not a tgdist checkpoint (no model state)")
