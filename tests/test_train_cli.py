@@ -153,7 +153,7 @@ def test_ctrl_c_says_what_is_kept_in_one_line(tmp_path):
 def test_ctrl_c_before_the_run_starts_is_one_line_and_leaves_no_directory(tmp_path, monkeypatch, capsys):
     """While torch is imported or Hydra sets up (the first seconds of every launch): exit 130 and
     one line, and the default run directory already claimed is removed again."""
-    import tgdist.train as train
+    from tgdist import train
 
     def interrupted():
         raise KeyboardInterrupt
@@ -175,8 +175,8 @@ def test_a_refused_resume_leaves_the_run_as_it_was(tmp_path):
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
     r = tgdist("train", *QUICK, "train.lr=0.01", "train.epochs=2", f"train.resume={run}", f"run_dir={run}", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
-        f"tgdist train: error: {run / 'checkpoints' / 'last.pt'}: checkpoint was written under another config "
-        f"(train.lr: checkpoint 0.0001 vs now 0.01)"]
+        (f"tgdist train: error: {run / 'checkpoints' / 'last.pt'}: checkpoint was written under another config "
+         f"(train.lr: checkpoint 0.0001 vs now 0.01)")]
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
 
 
@@ -185,7 +185,7 @@ def test_removing_a_run_that_holds_no_result():
     the checkpoint it resumed, and nothing else: it is removed like a fresh run's directory."""
     import tempfile
 
-    import tgdist.train as train
+    from tgdist import train
 
     with tempfile.TemporaryDirectory() as d:
         run = Path(d) / "run"
@@ -206,8 +206,8 @@ def test_a_plus_key_that_is_not_in_the_schema_is_a_typo(tmp_path):
     """Hydra adds ``+train.epoch=1`` silently, and the run trained the default 5 epochs."""
     r = tgdist("train", "+train.epoch=1", *QUICK, cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
-        "tgdist train: error: +train.epoch: not a key of tgdist's config (a leading + adds a key, and the config has "
-        "every key it reads); did you mean 'train.epochs'?"]
+        ("tgdist train: error: +train.epoch: not a key of tgdist's config (a leading + adds a key, and the config has "
+         "every key it reads); did you mean 'train.epochs'?")]
     assert list(tmp_path.iterdir()) == []
 
 

@@ -87,8 +87,8 @@ def test_an_out_dir_it_cannot_use_is_refused_before_the_data_is_read(tmp_path, e
     before = events.read_text()
     r = _run(tmp_path, "data=file", f"data.path={events}", f"partition.out_dir={tmp_path / 'afile' / 'sub'}")
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
-        f"tgdist partition: error: partition.out_dir={tmp_path / 'afile' / 'sub'}: cannot write "
-        f"({tmp_path / 'afile'} is not a directory)"]
+        (f"tgdist partition: error: partition.out_dir={tmp_path / 'afile' / 'sub'}: cannot write "
+         f"({tmp_path / 'afile'} is not a directory)")]
     r = _run(tmp_path, "data=file", f"data.path={events}", f"partition.out_dir={events}", "partition.overwrite=true")
     assert r.returncode == 2 and "is not a partition artifact" in r.stderr and len(r.stderr.splitlines()) == 1
     assert events.is_file() and events.read_text() == before  # overwrite replaced the data file before

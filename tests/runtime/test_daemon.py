@@ -488,8 +488,8 @@ def test_sweep_removes_only_dead_families():
 def test_a_new_daemon_removes_the_segments_of_dead_runs(caplog):
     """A rank and its daemon SIGKILLed together leave their segments; the next daemon removes
     them (and ``tgdist launch`` does when its ranks end), keeping live runs' segments."""
-    from tgdist.runtime import daemon as d
     from tgdist.launcher import torchrun
+    from tgdist.runtime import daemon as d
 
     dead = new_run_id()
     names = segment_names(dead, 0, 1)

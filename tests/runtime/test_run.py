@@ -103,7 +103,7 @@ def test_resume_checks_the_data_by_content(tmp_path):
     data = tmp_path / "d.npz"
     save_native(generate(1500, 60, seed=1), data)
     over = [f"data.path={data}", "train.epochs=1"]
-    first, _ = run(tmp_path, "a", over)
+    run(tmp_path, "a", over)
     save_native(generate(1500, 60, seed=2), data)
     with pytest.raises(ConfigError, match=r"a/checkpoints/last.pt: checkpoint was trained on other data \(source_hash "):
         run(tmp_path, "b", over + ["train.epochs=2", f"train.resume={tmp_path / 'a'}"])
