@@ -524,7 +524,7 @@ class TrainConfig:
     checkpoint_every: int = 0  # also checkpoint every N training batches (0: at epoch ends only)
     resume: Optional[str] = None  # a checkpoint file, or a run directory (its latest checkpoint)
     stop_after_batches: Optional[int] = None  # stop early after this many training batches (tests)
-    progress: bool = True  # progress lines and stage tables on stderr
+    progress: bool = True  # progress lines on stderr (the end-of-epoch stage table is logged either way)
     node_class_epochs: int = 10  # task=node/edge: decoder epochs
 
 

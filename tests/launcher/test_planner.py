@@ -62,6 +62,12 @@ def test_copies_from_memory():
     assert planner.copies_from_memory(1e300, 1e-300) == 10**6  # no OverflowError
 
 
+def test_cli_plan_refuses_an_option_it_would_ignore(capsys):
+    with pytest.raises(ConfigError, match="--memory-gb-per-copy goes with --host-mem-gb"):
+        planner.main(["--machines", "2", "--gpus-per-machine", "4", "--largest-batch", "1200", "--saturation-batch",
+                      "600", "--memory-copies-per-machine", "1", "--memory-gb-per-copy", "5"])
+
+
 def test_cli_plan(capsys):
     rc = cli_main(["plan", "--machines", "4", "--gpus-per-machine", "8", "--largest-batch", "3200",
                    "--saturation-batch", "1600", "--memory-copies-per-machine", "2"])

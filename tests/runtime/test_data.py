@@ -708,7 +708,16 @@ def test_binary_data_is_named_as_such(tmp_path, cache_dir, name):
     """A parquet (or zstd, or mislabelled) file: one line saying it is binary, not a garbled field."""
     path = tmp_path / name
     path.write_bytes(b"PAR1\x15\x04\x15\x00\x00" + bytes(range(256)))
-    bad(cache_dir, loc(path) + r"binary data, not a text event list \(supported: ", path)
+    bad(cache_dir, loc(path) + r"parquet binary data, not a text event list \(supported: ", path)
+
+
+@pytest.mark.parametrize("codec, kind, suffix", [(gzip, "gzip", "gz"), (bz2, "bzip2", "bz2"), (lzma, "xz", "xz")])
+def test_compressed_data_under_a_plain_name_says_which_compression(tmp_path, cache_dir, codec, kind, suffix):
+    path = tmp_path / "events.txt"
+    path.write_bytes(codec.compress(b"1 2 3\n2 3 4\n"))
+    bad(cache_dir, loc(path) + f"{kind}-compressed data under a name without its suffix; name it events.txt.{suffix}",
+        path)
+    assert load_graph(write(tmp_path / "BZh.txt", "BZh 1 2\n"), format="edgelist", cache=False).num_events == 1
 
 
 def test_bad_truncated_zip(tmp_path, cache_dir):

@@ -172,7 +172,8 @@ def test_a_finished_parallel_run_keeps_its_model_and_resumes_to_its_results(tmp_
                        check=False)
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == (
         f"tgdist train: error: {last}: written by a parallel run, and this is a single-process run; a run resumes "
-        "from checkpoints of its own kind")
+        "from checkpoints of its own kind (resume it with the parallel.i/j/k and memory.backend it was written "
+        "under, memory.backend=daemon included)")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
 
 

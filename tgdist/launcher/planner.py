@@ -169,6 +169,9 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     if args.memory_copies_per_machine is not None:
+        if args.memory_gb_per_copy is not None:  # it would be ignored
+            raise ConfigError("--memory-gb-per-copy goes with --host-mem-gb; --memory-copies-per-machine gives the "
+                              "copies directly")
         copies = args.memory_copies_per_machine
     else:
         if args.memory_gb_per_copy is None:

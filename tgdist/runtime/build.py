@@ -89,6 +89,9 @@ def validate(cfg: DictConfig) -> None:
         value = OmegaConf.select(cfg, key)
         if value < bound:
             raise ConfigError(f"{key}={value}: must be at least {bound}")
+    if m.static_pretrain_epochs > 0 and not m.static_memory:
+        raise ConfigError(f"model.static_pretrain_epochs={m.static_pretrain_epochs} pre-trains the static node memory, "
+                          f"which model.static_memory=false leaves out: add model.static_memory=true")
     if not 0 < cfg.memory.timeout < math.inf:
         raise ConfigError(f"memory.timeout={cfg.memory.timeout}: give a positive, finite number of seconds")
     if cfg.memory.max_ids is not None and cfg.memory.max_ids < 1:
@@ -164,9 +167,13 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
     torch.set_num_threads(torch_threads)
     numba_threads = kernels.set_threads(numba_threads)  # the sampler's and the CPU kernels'
     seed_everything(cfg.train.seed, cfg.train.deterministic)
-    graph = graph.check() if graph is not None else load_data(cfg.data)  # a graph made in Python: checked
+    log.info("%s; threads: %d torch, %d numba", version_line(), torch_threads, numba_threads)  # train.log's first line
+    if graph is not None:
+        graph = graph.check()  # a graph made in Python: checked
+    else:  # named as the run names it (a tgdist .npz carries the name it was written under)
+        graph = load_data(cfg.data)
+        graph.name = cfg.data.name or graph.name
     log.info("%s", graph.describe())
-    log.info("%s; threads: %d torch, %d numba", version_line(), torch_threads, numba_threads)
     split = chronological_split(graph, cfg.data.val_frac, cfg.data.test_frac)
     if cfg.train.task in ("node", "edge"):  # found before training, not after
         check_labels(cfg.train.task, graph, split)

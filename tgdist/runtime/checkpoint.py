@@ -153,8 +153,10 @@ def read(path: str | Path, parallel: bool, map_location=None, mmap: bool = False
         raise ConfigError(f"{path}: not a tgdist checkpoint (no model state)")
     if ("iteration" in state) != parallel:
         kind, other = ("parallel", "single-process") if "iteration" in state else ("single-process", "parallel")
+        how = (" (resume it with the parallel.i/j/k and memory.backend it was written under, memory.backend=daemon "
+               "included)") if kind == "parallel" else ""
         raise ConfigError(f"{path}: written by a {kind} run, and this is a {other} run; a run resumes from "
-                          f"checkpoints of its own kind")
+                          f"checkpoints of its own kind{how}")
     return state
 
 

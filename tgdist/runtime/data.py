@@ -323,6 +323,20 @@ def _read_raw(path: Path, limit: int | None) -> bytes:
     return raw
 
 
+# Leading bytes of formats that are not text, named in the error when a file holds one.
+_MAGIC = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"PK\x03\x04": "zip",
+          b"\x28\xb5\x2f\xfd": "zstd", b"PAR1": "parquet", b"\x89HDF": "HDF5"}
+_SUFFIX_OF = {"gzip": "gz", "bzip2": "bz2", "xz": "xz", "zip": "zip"}
+
+def _utf8(head: bytes) -> bool:
+    """``head`` decodes as UTF-8 (a character cut at its end allowed)."""
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return e.start >= len(head) - 3 and e.reason == "unexpected end of data"
+    return True
+
+
 _NUMERIC = re.compile(r"^\s*[-+]?(\d|\.\d|nan|inf)", re.IGNORECASE)
 
 
@@ -355,9 +369,13 @@ def _parse_table(path: Path, data: bytes, delimiter: str | None = "auto", usecol
     comment is a header when its first field is not a number (with ``text_cols``: when none of its
     other fields is); SNAP's ``# FromNodeId ToNodeId`` header lines are comments like any other.
     """
-    if b"\0" in data[:1 << 16]:  # parquet, zstd, a model file...: say so instead of a garbled field
-        raise DataError(f"{path}: binary data, not a text event list (supported: text edge lists and JODIE CSVs, "
-                        f"plain or .gz/.bz2/.xz/.zip; TGL directories; tgdist .npz)")
+    kind = next((k for magic, k in _MAGIC.items() if data.startswith(magic)), None)
+    if b"\0" in data[:1 << 16] or (kind and not _utf8(data[:1 << 16])):  # say so instead of a garbled field
+        if kind in ("gzip", "bzip2", "xz", "zip"):
+            raise DataError(f"{path}: {kind}-compressed data under a name without its suffix; name it "
+                            f"{path.name}.{_SUFFIX_OF[kind]} to have it read")
+        raise DataError(f"{path}: {kind + ' ' if kind else ''}binary data, not a text event list (supported: text edge "
+                        f"lists and JODIE CSVs, plain or .gz/.bz2/.xz/.zip; TGL directories; tgdist .npz)")
     text = data.decode("utf-8", errors="replace")
     if not text.strip():
         raise DataError(f"{path}: file is empty")
