@@ -220,6 +220,14 @@ def test_settings_checked_before_a_sweep_starts(tmp_path, bad, message):
     assert list(tmp_path.iterdir()) == []  # job #0 did not run
 
 
+@pytest.mark.parametrize("value", ["uni/\u00fc.txt", "a=b.txt", "~/x.txt"])
+def test_a_value_hydra_cannot_read_unquoted_gets_the_quoted_form(tmp_path, value):
+    r = tgdist("train", f"data.path={value}", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        (f"tgdist train: error: cannot read the override 'data.path={value}': Hydra reads = ~ spaces, quotes and "
+         f"non-ASCII letters in a value only inside quotes: \"data.path='{value}'\"")]
+
+
 def test_help_lists_this_commands_groups(tmp_path):
     """Hydra's own listing would show the typed schemas (``data_schema``) and the partition
     command's group; the help shows the options a user can pick."""

@@ -408,6 +408,12 @@ def _compose_or_exit(command: str, config_name: str, overrides: list[str], where
                 break
         shown = ", ".join(o for o in options if not o.endswith("_schema"))
         msg = first + (f": {cause}" if cause else "") + (f" (options: {shown})" if shown else "")
+        unparsed = next((o for o in overrides if "=" in o and re.search(r"[=~\s'\"()<>;&|]|[^\x00-\x7f]",
+                                                                          o.split("=", 1)[1])), None)
+        if unparsed and re.match(r"(LexerNoViableAltException|mismatched input|extraneous input|no viable)", first):
+            key, _, value = unparsed.partition("=")
+            msg = (f"cannot read the override {unparsed!r}: Hydra reads = ~ spaces, quotes and non-ASCII letters in "
+                   f"a value only inside quotes: \"{key}='{value}'\"")
         if first.startswith("Ambiguous value for argument"):  # a comma in a value, e.g. data.columns
             key, _, value = first.split("'")[1].partition("=")
             msg += f": quote a value with commas, \"{key}='{value}'\", or add --multirun to sweep over it"
