@@ -122,6 +122,13 @@ def test_a_reused_run_directory_drops_the_old_runs_checkpoint_and_summary(tmp_pa
     assert not (tmp_path / "a" / "checkpoints" / "last.pt").exists() and not (tmp_path / "a" / "summary.json").exists()
 
 
+def test_an_empty_evaluation_part_is_said_before_training(caplog):
+    with caplog.at_level("WARNING"):
+        build_trainer(compose(SMALL + ["data.test_frac=0"]))
+    assert "the test part of the split has no events (data.max_events=1500 keeps the first events only): its " \
+           "metrics are null" in caplog.text
+
+
 def test_more_evaluation_negatives_than_nodes_warns(tmp_path, caplog):
     with caplog.at_level("WARNING"):
         build_trainer(compose(SMALL + ["train.num_neg_eval=5000"]))
