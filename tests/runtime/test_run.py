@@ -563,6 +563,7 @@ def test_untrained_baseline_of_a_classification_task(tmp_path):
     assert [h["epoch"] for h in lines] == [-1] and "test_ap" in lines[0]
     assert summary["model"] == "tgn" and summary["epochs"] == 0 and summary["test_ap"] == lines[0]["test_ap"]
     assert summary["test_f1_micro"] is not None and summary["classes"] == 3
+    assert (tmp_path / "e" / "checkpoints" / "last.pt").exists()  # the untrained model, as every run keeps its own
 
 
 def test_node_labels_at_times_are_checked_before_training():

@@ -114,6 +114,8 @@ class Run:
                 self._checkpoint(epoch + 1, 0)
         if cfg.train.epochs == 0 and not cfg.train.resume:  # the node and edge tasks too: their link baseline
             self.evaluate_untrained()
+        if not self.ckpt_path.exists():  # nothing trained here (epochs=0, a finished run resumed): still the model
+            self._checkpoint(max(start_epoch, cfg.train.epochs), 0)
         summary = self.summary()
         if cfg.train.task in ("node", "edge"):
             summary.update(downstream(tr, cfg.train.task, cfg.train.node_class_epochs))
