@@ -114,6 +114,13 @@ def test_the_layout_against_the_world_is_checked_before_start(capsys, launcher, 
     assert e.value.code == 2 and message in capsys.readouterr().err
 
 
+def test_parallel_sizes_from_an_interpolation_are_resolved(capsys, monkeypatch):
+    """``tgdist train`` resolves ``parallel.i=${oc.env:NI}``; the launcher refused it as no integer."""
+    monkeypatch.setenv("NI", "2")
+    assert cli_main(["launch", "--dry-run", "--", "parallel.i=${oc.env:NI}", "train.epochs=1"]) == 0
+    assert "--nproc-per-node 2 " in capsys.readouterr().out
+
+
 def test_a_bad_flag_after_the_separator_is_one_usage_message(capsys):
     with pytest.raises(SystemExit) as e:
         cli_main(["launch", "--dry-run", "--", "parallel.i=2", "--bogus"])

@@ -39,7 +39,7 @@ def parallel_overrides(overrides: list[str]) -> dict[str, int]:
     out = {}
     for ov in overrides:
         m = re.fullmatch(r"\+{0,2}parallel\.([ijk])=(\S+)", ov.strip())
-        if m:
+        if m and not m.group(2).strip("'\"").startswith("${"):  # an interpolation: the composed config resolves it
             try:
                 out[m.group(1)] = int(m.group(2))
             except ValueError:
@@ -199,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.module == "tgdist.train":
         _check_flags(args.overrides)
     if not {"-m", "--multirun"} & set(args.overrides):
+        nproc = None
         if args.module == "tgdist.train":  # settings errors once, here, not from every rank after start-up
             from tgdist.config import precheck_overrides
             from tgdist.runtime.build import precheck
@@ -214,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
                     from tgdist.runtime.run import is_parallel
 
                     checkpoint.check_resume(cfg, parallel=is_parallel(cfg) or processes > 1)
-        return _launch(args, args.overrides)
+        return _launch(args, args.overrides, nproc)
     return _sweep(args, [a for a in args.overrides if a not in ("-m", "--multirun")])
 
 
@@ -270,7 +271,8 @@ def _sweep(args: argparse.Namespace, overrides: list[str]) -> int:
 def _layout(args: argparse.Namespace, cfg, overrides: list[str]) -> dict[str, int]:
     """parallel.i/j/k to check the process count against: the composed config's (its defaults
     included) when the overrides give one of them or ``--nproc`` is given, else none."""
-    if parallel_overrides(overrides) or args.nproc is not None or any(cfg.parallel[k] != 1 for k in "ijk"):
+    named = any(re.match(r"\+{0,2}parallel\.[ijk]=", o.strip()) for o in overrides)
+    if named or args.nproc is not None or any(cfg.parallel[k] != 1 for k in "ijk"):
         return {k: int(cfg.parallel[k]) for k in "ijk"}
     return {}
 
@@ -295,9 +297,10 @@ def _nproc(args: argparse.Namespace, par: dict[str, int]) -> int:
     return nproc
 
 
-def _launch(args: argparse.Namespace, overrides: list[str]) -> int:
-    """One torchrun (or its command line, with ``--dry-run``)."""
-    nproc = _nproc(args, parallel_overrides(overrides))
+def _launch(args: argparse.Namespace, overrides: list[str], nproc: int | None = None) -> int:
+    """One torchrun (or its command line, with ``--dry-run``); ``nproc`` from the composed config
+    when known (it resolves interpolations such as ``parallel.i=${oc.env:NI}``)."""
+    nproc = nproc or _nproc(args, parallel_overrides(overrides))
     port = args.master_port
     if port is None:
         port = _free_port() if args.nnodes == 1 else DEFAULT_MULTINODE_PORT
