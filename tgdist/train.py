@@ -140,6 +140,8 @@ def _main() -> None:
     from tgdist.launcher.world import detect
     from tgdist.runtime.build import precheck
 
+    if os.environ.get("TORCHELASTIC_RUN_ID") and sys.platform.startswith("linux"):
+        _stop_with_the_agent()
     if sys.argv[1:] in (["--version"], ["-V"]):  # tgdist's, not Hydra's (as ``tgdist train --version``)
         from tgdist import version_line
 
@@ -169,6 +171,18 @@ def _main() -> None:
             _run_dir, _claimed = claim_directory(run_dir), True
             sys.argv.append(f"run_dir={_quoted(str(_run_dir))}")
     _hydra_main()
+
+
+def _stop_with_the_agent() -> None:
+    """A rank started by torchrun runs in a session of its own: were the agent killed (SIGKILL),
+    it would train on alone and end minutes later in a broken-pipe crash of its process group.
+    SIGTERM when the agent dies stops it at once (its daemon follows it, as for any dead trainer)."""
+    from tgdist.launcher.launch import _set_parent_death_signal
+
+    agent = os.getppid()
+    _set_parent_death_signal()
+    if os.getppid() != agent:  # it died before the signal was asked for
+        os.kill(os.getpid(), 15)
 
 
 def _check_resume(cfg) -> None:

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -308,6 +309,54 @@ def test_a_signal_is_forwarded_and_nothing_is_left(tmp_path, sig):
         assert not any(_alive(p) for p in workers), err
     finally:
         kill_group(proc)
+
+
+def _processes_with(text: str) -> list[int]:
+    pids = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and text in (d / "cmdline").read_bytes().decode(errors="replace"):
+                pids.append(int(d.name))
+        except OSError:
+            continue
+    return pids
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_ranks_stop_when_the_torchrun_agent_is_killed(tmp_path):
+    """The ranks run in sessions of their own: with the agent SIGKILLed they trained on alone and
+    ended in a broken-pipe crash. They now stop with it, and the launcher says what happened."""
+    data = tmp_path / "d.npz"
+    from tgdist.runtime.data import save_native
+    from tgdist.runtime.synthetic import generate
+
+    save_native(generate(3000, 200), data)
+    run_dir = tmp_path / "agent-killed"
+    proc = subprocess.Popen([sys.executable, "-m", "tgdist", "launch", "--", f"data.path={data}", "parallel.i=2",
+                             "train.batch_size=50", "train.epochs=200", "train.progress=false", f"run_dir={run_dir}"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (run_dir / "train.log").exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        time.sleep(3)
+        ranks = [p for p in _processes_with(str(run_dir)) if p != proc.pid]
+        agent = [p for p in ranks if "tgdist.launcher.torchrun" in Path(f"/proc/{p}/cmdline").read_text()]
+        assert len(agent) == 1 and len(ranks) == 3, ranks
+        os.kill(agent[0], signal.SIGKILL)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 137 and err.strip().splitlines()[-1] == (
+            "tgdist launch: torchrun was killed by SIGKILL; its ranks stop with it"), err
+        deadline = time.monotonic() + 20
+        while any(_alive(p) for p in ranks) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(_alive(p) for p in ranks)
+    finally:
+        kill_group(proc)
+        for p in _processes_with(str(run_dir)):
+            os.kill(p, signal.SIGKILL)
 
 
 def _alive(pid: int) -> bool:

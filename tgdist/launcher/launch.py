@@ -143,6 +143,9 @@ def run_forwarding_signals(cmd: list[str]) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if rc < 0:
+        if not received:  # killed from outside (the OOM killer, kill -9): its ranks stop with it
+            print(f"tgdist launch: torchrun was killed by {signal.Signals(-rc).name}; its ranks stop with it",
+                  file=sys.stderr, flush=True)
         return 128 - rc
     if rc and received:  # torchrun stops its workers on a forwarded signal and exits 1
         print(f"tgdist launch: stopped by {signal.Signals(received[0]).name}, forwarded to torchrun",
