@@ -338,7 +338,8 @@ def test_sweep_whose_first_job_fails_leaves_nothing_behind(tmp_path):
     (tmp_path / "other.csv").write_text("1,2,3\n")
     r = tgdist("train", "-m", "data.path=bad.csv,other.csv", *QUICK, cwd=tmp_path)
     assert r.returncode == 2
-    assert r.stderr.strip().splitlines()[-1] == ("tgdist train: error: bad.csv:2: expected 3 fields, found 2 "
+    assert r.stderr.strip().splitlines()[-1] == ("tgdist train: error: bad.csv:2: expected 3 fields as on the first data line (1), "
+                                                 "found 2 "
                                                  "(sweep job #0: data.path=bad.csv; the 1 job after it did not run)")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.csv", "other.csv"]  # no multirun/<time>/multirun.yaml
     r = tgdist("train", "-m", "data.path=bad.csv,other.csv", *QUICK, f"hydra.sweep.dir={tmp_path / 'a' / 'b'}",
@@ -362,7 +363,8 @@ def test_a_job_failing_mid_sweep_is_named_and_the_jobs_before_it_are_kept(tmp_pa
     r = tgdist("train", "-m", "data.path=good.csv,bad.csv,good.csv,good.csv", *QUICK, f"hydra.sweep.dir={sweep}",
                cwd=tmp_path)
     assert r.returncode == 2
-    assert r.stderr.strip().splitlines()[-1] == ("tgdist train: error: bad.csv:2: expected 3 fields, found 2 "
+    assert r.stderr.strip().splitlines()[-1] == ("tgdist train: error: bad.csv:2: expected 3 fields as on the first data line (1), "
+                                                 "found 2 "
                                                  "(sweep job #1: data.path=bad.csv; the 2 jobs after it did not run)")
     assert len(r.stdout.splitlines()) == 1 and sorted(p.name for p in sweep.iterdir()) == ["0", "multirun.yaml"]
 

@@ -773,7 +773,9 @@ def test_names_that_start_with_digits_are_names(tmp_path, cache_dir):
 
 def test_bad_field_count(tmp_path, cache_dir):
     path = write(tmp_path / "n.txt", "1 2 1\n2 3\n")
-    bad(cache_dir, loc(path, 2) + "expected 3 fields, found 2", path)
+    bad(cache_dir, loc(path, 2) + r"expected 3 fields as on the first data line \(1\), found 2", path)
+    path = write(tmp_path / "first.txt", "# c\n1 2 1\n2 3 4 5\n")  # the first line is the short one
+    bad(cache_dir, loc(path, 3) + r"expected 3 fields as on the first data line \(2\), found 4", path)
     path = write(tmp_path / "two.txt", "1 2\n2 3\n")
     bad(cache_dir, loc(path, 1) + "expected at least 3 fields", path)
     path = write(tmp_path / "short.txt", "1 2 3 A\n2 3\n")

@@ -502,7 +502,9 @@ def _locate_loadtxt_error(path: Path, msg: str, lines: np.ndarray) -> DataError:
     # "the number of columns changed from 3 to 2 at row 2; ..." (row 1-based)
     m = re.search(r"the number of columns changed from (\d+) to (\d+) at row (\d+)", msg)
     if m:
-        return DataError(f"{path}:{line_of(int(m.group(3)) - 1)}: expected {m.group(1)} fields, found {m.group(2)}")
+        first = f" as on the first data line ({line_of(0)})" if int(m.group(3)) > 1 else ""
+        return DataError(f"{path}:{line_of(int(m.group(3)) - 1)}: expected {m.group(1)} fields{first}, found "
+                         f"{m.group(2)}")
     # "invalid column index 2 at row 2 with 2 columns" (row 1-based)
     m = re.search(r"invalid column index (\d+) at row (\d+) with (\d+) columns", msg)
     if m:
