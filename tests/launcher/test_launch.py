@@ -103,6 +103,8 @@ def test_training_settings_checked_before_start(capsys):
      "memory.backend=local keeps node memory inside one process"),
     (["--nnodes", "2", "--master-addr", "h0", "--nproc", "1"], ["parallel.i=2", "memory.backend=daemon", "train.epochs=2"],
      "parallel.k = 1 memory copies for 2 machines"),
+    ([], ["parallel.k=4", "train.batch_size=20000", "train.epochs=4"],
+     "3 global batches cannot be cut into parallel.k = 4 memory segments"),
 ])
 def test_the_layout_against_the_world_is_checked_before_start(capsys, launcher, overrides, message):
     """Each rank checked it after start-up and printed it, one line per rank."""

@@ -186,6 +186,21 @@ def _check_world(args: argparse.Namespace, cfg, nproc: int) -> None:
     world = WorldInfo(world_size=nproc * args.nnodes, local_world_size=nproc, num_nodes=args.nnodes,
                       launcher="torchrun")
     validate_world(layout, world, memory_backend(cfg, layout), epochs=cfg.train.epochs)
+    if layout.k > 1:  # the stream must cut into k segments of whole global batches: that needs its size
+        import logging
+
+        from tgdist.config import load_data
+        from tgdist.runtime.data import chronological_split
+
+        quiet = logging.getLogger("tgdist")
+        level, quiet.level = quiet.level, logging.ERROR  # the ranks report the reader's warnings themselves
+        try:
+            graph = load_data(cfg.data)  # cached for the ranks, which read it next
+        finally:
+            quiet.setLevel(level)
+        train_end = chronological_split(graph, cfg.data.val_frac, cfg.data.test_frac).train_end
+        validate_world(layout, world, memory_backend(cfg, layout), num_train_events=train_end,
+                       batch_size=cfg.train.batch_size)
 
 
 def _check_flags(overrides: list[str]) -> None:
