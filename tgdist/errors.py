@@ -17,6 +17,13 @@ class ConfigError(TgdistError, ValueError):
     """An invalid combination of settings, detected before any work starts."""
 
 
+class RunFailure(TgdistError):
+    """A process of a running job failed (a memory daemon or trainer died, a peer went away):
+    one line, as every tgdist error, but exit code 1, since the input was not at fault (2)."""
+
+    exit_code = 1
+
+
 class _CommandLines(logging.Formatter):
     def __init__(self, command: str):
         super().__init__()

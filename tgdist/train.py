@@ -78,7 +78,7 @@ def _hydra_main(cfg: DictConfig) -> None:
     except TgdistError as e:
         _remove_if_empty_run(run_dir)
         print(f"{who}: error: {e}{_sweep_job_note()}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(getattr(e, "exit_code", 2))  # 2: bad input; 1: a process of the run failed
     except BaseException as e:  # Ctrl-C: one line saying what is kept, the shell's 128 + SIGINT
         if not caused_by_interrupt(e):
             raise

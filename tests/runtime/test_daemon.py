@@ -419,8 +419,9 @@ def test_protocol_violation_stops_the_group_with_a_message(violation):
                    r"\(pid \d+\) did")
         with pytest.raises(TgdistError, match=rf"memory daemon of group 0 \(pid {h.pid}\) stopped: {msg}"):
             m1.read(torch.tensor([0]))
-        with pytest.raises(TgdistError, match="stopped: trainer rank 1"):
+        with pytest.raises(TgdistError, match="stopped: trainer rank 1") as stopped:
             m0.end()
+        assert stopped.value.exit_code == 1  # a failed process of the run, not bad input (2)
         assert h.process.wait(10) == 1
         assert segments(h.run_id) == []
 

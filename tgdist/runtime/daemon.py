@@ -41,7 +41,7 @@ code over the shared tensors), so a run through it is bit-identical to a run wit
 Waiting never spins without bound: spin ~100 us, then sleep on a doorbell (futex) with growing,
 capped intervals; peers' liveness is checked every ~50-100 ms; trainers time out (``timeout``)
 with a message naming whom the daemon is waiting for. A trainer's death stops the group (the
-daemon unlinks and exits; the others raise ``TgdistError`` naming it); the daemon's death makes
+daemon unlinks and exits; the others raise ``RunFailure`` naming it); the daemon's death makes
 the trainers raise and unlink. ``finish()`` lets a trainer leave the stream on purpose.
 
 Ordering of shared stores: a poster writes the payload, then publishes the status word; the
@@ -70,7 +70,7 @@ from typing import List, Optional
 import numpy as np
 import torch
 
-from tgdist.errors import ConfigError, TgdistError
+from tgdist.errors import ConfigError, RunFailure, TgdistError
 from tgdist.runtime import shm
 from tgdist.runtime.memory import LocalMemory, MemoryRead, MemoryStore
 
@@ -785,7 +785,7 @@ def start_daemon(group: int, num_trainers: int | None = None, *, num_nodes: int,
     while True:
         if proc.poll() is not None:
             handle.stop(0)
-            raise TgdistError(f"memory daemon of group {group} exited with code {proc.returncode} while starting "
+            raise RunFailure(f"memory daemon of group {group} exited with code {proc.returncode} while starting "
                               f"(its message is above)")
         try:
             seg = shm.Segment.attach(names[0], ctl_layout(spec.num_trainers, spec.trace))
@@ -797,7 +797,7 @@ def start_daemon(group: int, num_trainers: int | None = None, *, num_nodes: int,
             pass
         if time.monotonic() > deadline:
             handle.stop(0)
-            raise TgdistError(f"memory daemon of group {group} (pid {proc.pid}) was not ready within "
+            raise RunFailure(f"memory daemon of group {group} (pid {proc.pid}) was not ready within "
                               f"{start_timeout:g} s")
         time.sleep(0.01)
 
@@ -829,16 +829,16 @@ class _Conn:
             except (FileNotFoundError, ValueError):
                 pass
             if handle is not None and handle.poll() is not None:
-                raise TgdistError(f"memory daemon of group {group} exited with code {handle.poll()} before trainer "
+                raise RunFailure(f"memory daemon of group {group} exited with code {handle.poll()} before trainer "
                                   f"rank {rank} attached")
             if time.monotonic() > deadline:
-                raise TgdistError(f"no memory daemon for run {run_id} group {group} appeared within "
+                raise RunFailure(f"no memory daemon for run {run_id} group {group} appeared within "
                                   f"{attach_timeout:g} s ({shm.SHM_DIR}/{prefix}ctl)")
             time.sleep(0.01)
         h = np.frombuffer(seg.mm, dtype=np.int64, count=NUM_H).copy()
         if h[H_MAGIC] != MAGIC or h[H_VERSION] != VERSION:
             seg.close()
-            raise TgdistError(f"{shm.SHM_DIR}/{prefix}ctl is not a tgdist memory daemon segment of this version")
+            raise RunFailure(f"{shm.SHM_DIR}/{prefix}ctl is not a tgdist memory daemon segment of this version")
         self.i, self.j = int(h[H_I]), int(h[H_J])
         self.R = self.i * self.j
         if not 0 <= rank < self.R:
@@ -871,7 +871,7 @@ class _Conn:
         self.dpid, self.dstart = int(h[H_PID]), int(h[H_PID_START])
         if self.row[C_STATE] != 0:
             self.close()
-            raise TgdistError(f"trainer rank {rank} of memory group {group} is already attached "
+            raise RunFailure(f"trainer rank {rank} of memory group {group} is already attached "
                               f"(pid {self.row[C_PID]})")
         self.row[C_PID], self.row[C_PID_START] = os.getpid(), shm.start_time(os.getpid())
         self.row[C_STATE] = ATTACHED
@@ -888,14 +888,14 @@ class _Conn:
     def check(self) -> None:
         """Raise if the daemon stopped (its message) or died (and clean up after it)."""
         if self.broken:
-            raise TgdistError(f"{self.tag} is gone")
+            raise RunFailure(f"{self.tag} is gone")
         if self.hdr[H_FATAL]:
             self.broken = True
             unlink_group(self.run_id, self.group, self.R)
-            raise TgdistError(f"{self.tag} stopped: {_get_msg(self.msg)}")
+            raise RunFailure(f"{self.tag} stopped: {_get_msg(self.msg)}")
         if self.hdr[H_STOPPED] or self.hdr[H_SHUTDOWN]:
             self.broken = True
-            raise TgdistError(f"{self.tag} has shut down")
+            raise RunFailure(f"{self.tag} has shut down")
 
     def check_alive(self) -> None:
         if not shm.alive(self.dpid, self.dstart):
@@ -906,7 +906,7 @@ class _Conn:
             if self.handle is not None and self.handle.poll() is not None:
                 rc = self.handle.poll()
                 how = f" (killed by {signal.Signals(-rc).name})" if rc < 0 else f" (exit code {rc})"
-            raise TgdistError(f"{self.tag} died{how}")
+            raise RunFailure(f"{self.tag} died{how}")
 
     def wait(self, cond, what: str, timeout: float | None = None) -> None:
         """Wait until ``cond()``: spin, then doorbell sleeps; liveness every 50 ms; time out."""
@@ -925,7 +925,7 @@ class _Conn:
             if now >= next_check:
                 self.check_alive()
                 if now - t0 > timeout:
-                    raise TgdistError(f"{self.tag} did not answer {what} within {timeout:g} s ({self.daemon_waits()})")
+                    raise RunFailure(f"{self.tag} did not answer {what} within {timeout:g} s ({self.daemon_waits()})")
                 next_check = now + 0.05
             backoff.pause(seen)
 
@@ -1016,14 +1016,14 @@ class DaemonMemory(MemoryStore):
         """Open ``position``; its read goes to ``slot`` (default ``position % j``)."""
         if self._p is not None:
             if self._explicit:
-                raise TgdistError(f"begin({position}) while position {self._p} is open: call end() first")
+                raise RunFailure(f"begin({position}) while position {self._p} is open: call end() first")
             self.end()
         self._explicit = True
         self._open(position, slot, reset)
 
     def _open(self, position: int, slot: int | None, reset: bool) -> None:
         if self._finished:
-            raise TgdistError(f"trainer rank {self.rank} called finish(): it takes no part in positions any more")
+            raise RunFailure(f"trainer rank {self.rank} called finish(): it takes no part in positions any more")
         slot = position % self.j if slot is None else slot
         if not 0 <= slot < self.j:
             raise ConfigError(f"read slot {slot} outside the {self.j} slots of memory group {self.group}")
@@ -1098,7 +1098,7 @@ class DaemonMemory(MemoryStore):
         if self._p is None or self._read_posted or self._wrote:
             if self._p is not None and self._explicit:
                 done = "read" if self._read_posted else "writes"
-                raise TgdistError(f"a read after the {done} of position {self._p}: "
+                raise RunFailure(f"a read after the {done} of position {self._p}: "
                                   f"one read per position, served before its writes (end() then begin())")
             self._open_auto()  # LocalMemory order: a read sees every earlier write
         c, row, p = self._conn, self._conn.row, self._p
@@ -1124,7 +1124,7 @@ class DaemonMemory(MemoryStore):
 
     def _begin_write(self, what: str) -> None:
         if not self.writes:
-            raise TgdistError(f"trainer rank {self.rank} is in epoch-parallel subgroup {self.jj} and may not "
+            raise RunFailure(f"trainer rank {self.rank} is in epoch-parallel subgroup {self.jj} and may not "
                               f"{what} (DistTGL 3.2.2: only subgroup 0 writes)")
         if self._p is None:
             self._explicit = False
@@ -1168,7 +1168,7 @@ class DaemonMemory(MemoryStore):
         if self._p is not None:
             if self._explicit:
                 if self._read_posted:
-                    raise TgdistError(f"reset_state() after the read of position {self._p}: pass reset=True to begin()")
+                    raise RunFailure(f"reset_state() after the read of position {self._p}: pass reset=True to begin()")
                 self._step_reset = True
                 return
             self.end()
@@ -1177,14 +1177,14 @@ class DaemonMemory(MemoryStore):
     def _quiesce(self, what: str) -> None:
         if self._p is not None:
             if self._explicit:
-                raise TgdistError(f"{what} while position {self._p} is open: call end() first")
+                raise RunFailure(f"{what} while position {self._p} is open: call end() first")
             self.end()
 
     def _hold(self, kind: int, what: str) -> None:
         c = self._conn
         c.check()
         if c.command(kind, what):
-            raise TgdistError(_get_msg(c.msg))
+            raise RunFailure(_get_msg(c.msg))
 
     def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
         """The group's whole memory state (copies), with ``LocalMemory``'s keys."""
