@@ -303,8 +303,8 @@ INVALID = [
     (["sampler.num_threads=-1"], "sampler.num_threads=-1: must be at least 0"),
     (["train.node_class_epochs=0"], "train.node_class_epochs=0: must be at least 1"),
     (["model.static_pretrain_epochs=-1"], "model.static_pretrain_epochs=-1"),
-    (["model.static_pretrain_epochs=2"], "model.static_pretrain_epochs=2 pre-trains the static node memory, which "
-                                         "model.static_memory=false leaves out"),
+    (["model.static_pretrain_epochs=2"], ("model.static_pretrain_epochs=2 pre-trains the static node memory, which "
+                                          "model.static_memory=false leaves out")),
     (["memory.timeout=0"], "memory.timeout=0.0: give a positive, finite number of seconds$"),
     (["memory.max_ids=0"], "memory.max_ids=0: give a positive row count, or null$"),
     (["memory.backend=sven"], "memory.backend='sven': choose auto, local, depcache or daemon"),
