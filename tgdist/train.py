@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -182,7 +183,7 @@ def _stop_with_the_agent() -> None:
     agent = os.getppid()
     _set_parent_death_signal()
     if os.getppid() != agent:  # it died before the signal was asked for
-        os.kill(os.getpid(), 15)
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _check_resume(cfg) -> None:

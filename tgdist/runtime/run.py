@@ -307,6 +307,8 @@ def is_parallel(cfg: DictConfig) -> bool:
 
 
 def run(cfg: DictConfig, run_dir: str | Path) -> dict:
+    from tgdist.launcher.world import detect
+
     start = time.perf_counter()
     if is_parallel(cfg):
         from tgdist.runtime.distributed import run_parallel
@@ -315,9 +317,7 @@ def run(cfg: DictConfig, run_dir: str | Path) -> dict:
     else:
         summary = Run(cfg, run_dir).train()
     summary["wall_seconds"] = round(time.perf_counter() - start, 2)
-    from tgdist.launcher.world import detect
-
     written = Path(summary.get("run_dir", run_dir)) / "summary.json"
-    if detect().rank == 0 and written.exists():  # the same summary as stdout's last line
+    if detect().rank == 0 and "run_dir" in summary and written.exists():  # the same summary as stdout's last line
         written.write_text(json.dumps(summary, indent=1))
     return summary
