@@ -167,13 +167,13 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
     torch.set_num_threads(torch_threads)
     numba_threads = kernels.set_threads(numba_threads)  # the sampler's and the CPU kernels'
     seed_everything(cfg.train.seed, cfg.train.deterministic)
-    log.info("%s; threads: %d torch, %d numba", version_line(), torch_threads, numba_threads)  # train.log's first line
     if graph is not None:
         graph = graph.check()  # a graph made in Python: checked
     else:  # named as the run names it (a tgdist .npz carries the name it was written under)
         graph = load_data(cfg.data)
         graph.name = cfg.data.name or graph.name
-    log.info("%s", graph.describe())
+    log.info("%s", graph.describe())  # after the data is read: an error in it stays the one line on stderr
+    log.info("%s; threads: %d torch, %d numba", version_line(), torch_threads, numba_threads)
     split = chronological_split(graph, cfg.data.val_frac, cfg.data.test_frac)
     if cfg.train.task in ("node", "edge"):  # found before training, not after
         check_labels(cfg.train.task, graph, split)
