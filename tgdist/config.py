@@ -197,11 +197,16 @@ class SamplerConfig:
 
 
 def check_data_source(cfg: DataConfig) -> None:
-    """The data a ``DataConfig`` names is there (``tgdist launch`` checks it before starting the
-    ranks, which would each report it)."""
+    """The data a ``DataConfig`` names is there, in a format tgdist reads (``tgdist launch`` and
+    sweeps check it before starting, ``load_data`` before reading)."""
     from tgdist.errors import ConfigError
-    from tgdist.runtime.data import existing
+    from tgdist.runtime.data import FORMATS, existing
 
+    if cfg.format not in (*FORMATS, "synthetic"):
+        raise ConfigError(f"data.format={cfg.format!r} is not a format; choose one of {', '.join(FORMATS)}, synthetic")
+    if cfg.format == "synthetic" and cfg.columns is not None:
+        raise ConfigError(f"data.columns={cfg.columns!r} names the fields of an edge list; data.format=synthetic reads "
+                          f"no file: leave data.columns unset")
     if cfg.require_path and cfg.path is None:
         raise ConfigError("data=file needs data.path=FILE (any supported file or TGL directory)")
     if cfg.path is not None and cfg.format != "synthetic":
@@ -216,15 +221,9 @@ def check_data_source(cfg: DataConfig) -> None:
 
 def load_data(cfg: DataConfig):
     """Build the ``TemporalGraph`` a ``DataConfig`` describes."""
-    from tgdist.errors import ConfigError
     from tgdist.runtime import data as tdata
 
     check_data_source(cfg)
-    if cfg.format not in (*tdata.FORMATS, "synthetic"):
-        raise ConfigError(f"data.format={cfg.format!r} is not a format; choose one of {', '.join(tdata.FORMATS)}, synthetic")
-    if cfg.format == "synthetic" and cfg.columns is not None:
-        raise ConfigError(f"data.columns={cfg.columns!r} names the fields of an edge list; data.format=synthetic reads "
-                          f"no file: leave data.columns unset")
     if cfg.format == "synthetic":
         from tgdist.runtime.synthetic import generate
         graph = generate(**vars(cfg.synthetic)) if not hasattr(cfg.synthetic, "_metadata") else generate(**dict(cfg.synthetic))

@@ -32,13 +32,14 @@ __all__ = ["build_command", "parallel_overrides", "main"]
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 DEFAULT_MULTINODE_PORT = 29500
 _LOOPBACK = "127.0.0.1"
+_PARALLEL = re.compile(r"\+{0,2}parallel\.([ijk])=(\S+)")  # parallel.i=2, +parallel.k=4
 
 
 def parallel_overrides(overrides: list[str]) -> dict[str, int]:
     """``parallel.i/j/k`` given on the command line (``parallel.i=2``, ``+parallel.k=4``)."""
     out = {}
     for ov in overrides:
-        m = re.fullmatch(r"\+{0,2}parallel\.([ijk])=(\S+)", ov.strip())
+        m = _PARALLEL.fullmatch(ov.strip())
         if m and not m.group(2).strip("'\"").startswith("${"):  # an interpolation: the composed config resolves it
             try:
                 out[m.group(1)] = int(m.group(2))
@@ -56,11 +57,11 @@ def _free_port() -> int:
 def _check_port_free(addr: str, port: int) -> None:
     """One line when ``port`` is taken on this machine: torchrun's store would wait for it, then
     fail with a long traceback (and another launch on it would wait for that one to end)."""
-    if addr not in ("127.0.0.1", "localhost", "0.0.0.0", ""):
+    if addr not in (_LOOPBACK, "localhost", "0.0.0.0", ""):
         return  # another machine's address (or one this machine has under another name): not probed
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
-            s.bind(("127.0.0.1" if addr == "localhost" else addr, port))
+            s.bind((_LOOPBACK if addr == "localhost" else addr, port))
         except OSError as e:
             raise ConfigError(f"--master-port {port} is in use on {addr} ({e.strerror or e}); another launch may "
                               f"hold it: leave --master-port out (a free port is picked) or name another") from None
@@ -98,8 +99,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--nproc", type=int, default=None,
                     help="trainer processes on this machine (default: parallel.i*j*k / nnodes from the overrides)")
     ap.add_argument("--nnodes", type=int, default=1, help="machines taking part (run the same command on each)")
-    ap.add_argument("--node-rank", type=int, default=0, help="this machine's index in [0, nnodes); with torchrun's c10d rendezvous ranks are "
-                         "assigned as machines join, so it only has to be valid")
+    ap.add_argument("--node-rank", type=int, default=0,
+                    help="this machine's index in [0, nnodes); with torchrun's c10d rendezvous ranks are assigned "
+                         "as machines join, so it only has to be valid")
     ap.add_argument("--master-addr", default=_LOOPBACK, help="host of the c10d rendezvous (node 0)")
     ap.add_argument("--master-port", type=int, default=None,
                     help=f"rendezvous port (default: a free port on one node, {DEFAULT_MULTINODE_PORT} on several)")
@@ -185,7 +187,8 @@ def _check_world(args: argparse.Namespace, cfg, nproc: int) -> None:
         return  # _nproc has said so, or a single-process run
     world = WorldInfo(world_size=nproc * args.nnodes, local_world_size=nproc, num_nodes=args.nnodes,
                       launcher="torchrun")
-    validate_world(layout, world, memory_backend(cfg, layout), epochs=cfg.train.epochs)
+    backend = memory_backend(cfg, layout)
+    validate_world(layout, world, backend, epochs=cfg.train.epochs)
     if layout.k > 1:  # the stream must cut into k segments of whole global batches: that needs its size
         import logging
 
@@ -199,8 +202,7 @@ def _check_world(args: argparse.Namespace, cfg, nproc: int) -> None:
         finally:
             quiet.setLevel(level)
         train_end = chronological_split(graph, cfg.data.val_frac, cfg.data.test_frac).train_end
-        validate_world(layout, world, memory_backend(cfg, layout), num_train_events=train_end,
-                       batch_size=cfg.train.batch_size)
+        validate_world(layout, world, backend, num_train_events=train_end, batch_size=cfg.train.batch_size)
 
 
 def _check_flags(overrides: list[str]) -> None:
@@ -289,7 +291,7 @@ def _sweep(args: argparse.Namespace, overrides: list[str]) -> int:
 def _layout(args: argparse.Namespace, cfg, overrides: list[str]) -> dict[str, int]:
     """parallel.i/j/k to check the process count against: the composed config's (its defaults
     included) when the overrides give one of them or ``--nproc`` is given, else none."""
-    named = any(re.match(r"\+{0,2}parallel\.[ijk]=", o.strip()) for o in overrides)
+    named = any(_PARALLEL.fullmatch(o.strip()) for o in overrides)
     if named or args.nproc is not None or any(cfg.parallel[k] != 1 for k in "ijk"):
         return {k: int(cfg.parallel[k]) for k in "ijk"}
     return {}

@@ -17,7 +17,6 @@ from tgdist.errors import ConfigError
 from tgdist.launcher.schedule import LR_SCALING_MODES, Layout, passes_per_group
 from tgdist.runtime import checkpoint, kernels
 from tgdist.runtime.data import (
-    FORMATS,
     TIME_UNITS,
     TemporalGraph,
     chronological_split,
@@ -68,9 +67,6 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"sampler.fanouts={fanouts}: give one positive neighbour count per hop, e.g. [10]")
     if cfg.sampler.strategy not in ("recent", "uniform"):
         raise ConfigError(f"sampler.strategy={cfg.sampler.strategy!r}: choose recent or uniform")
-    formats = (*FORMATS, "synthetic")
-    if cfg.data.format not in formats:
-        raise ConfigError(f"data.format={cfg.data.format!r} is not a format; choose one of {', '.join(formats)}")
     if t.stop_after_batches is not None and t.stop_after_batches <= 0:
         raise ConfigError(f"train.stop_after_batches={t.stop_after_batches}: give a positive number of batches or null")
     if cfg.data.max_events is not None and cfg.data.max_events <= 0:

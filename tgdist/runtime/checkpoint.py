@@ -179,11 +179,13 @@ def check_resume(cfg: DictConfig, parallel: bool) -> tuple[Path, dict]:
     return path, state
 
 
-def load(path: str | Path, trainer, cfg: DictConfig) -> tuple[dict, list]:
-    """Restore ``trainer`` in place; returns (position, history)."""
+def load(path: str | Path, trainer, cfg: DictConfig, state: dict | None = None) -> tuple[dict, list]:
+    """Restore ``trainer`` in place; returns (position, history). ``state``: the checkpoint as
+    ``check_resume`` read it, so that it is not read again."""
     import ast
 
-    state = read(path, parallel=False, map_location=trainer.device)
+    if state is None:
+        state = read(path, parallel=False, map_location=trainer.device)
     check_config(path, state.get("config", {}), cfg, content_checked="data" in state)
     check_data(path, state, trainer.g)
     restore(path, trainer.model, state["model"], "model")

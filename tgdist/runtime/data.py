@@ -323,10 +323,13 @@ def _read_raw(path: Path, limit: int | None) -> bytes:
     return raw
 
 
-# Leading bytes of formats that are not text, named in the error when a file holds one.
-_MAGIC = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"PK\x03\x04": "zip",
+# Leading bytes of formats that are not text, named in the error when a file holds one; the
+# compressions tgdist reads, by the suffix that has them read.
+_ZIP_MAGIC = b"PK\x03\x04"
+_MAGIC = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", _ZIP_MAGIC: "zip",
           b"\x28\xb5\x2f\xfd": "zstd", b"PAR1": "parquet", b"\x89HDF": "HDF5"}
-_SUFFIX_OF = {"gzip": "gz", "bzip2": "bz2", "xz": "xz", "zip": "zip"}
+_SUFFIX_OF = {kind: suffix[1:] for suffix, (kind, _) in _COMPRESSED.items()} | {"zip": "zip"}
+
 
 def _utf8(head: bytes) -> bool:
     """``head`` decodes as UTF-8 (a character cut at its end allowed)."""
@@ -371,7 +374,7 @@ def _parse_table(path: Path, data: bytes, delimiter: str | None = "auto", usecol
     """
     kind = next((k for magic, k in _MAGIC.items() if data.startswith(magic)), None)
     if b"\0" in data[:1 << 16] or (kind and not _utf8(data[:1 << 16])):  # say so instead of a garbled field
-        if kind in ("gzip", "bzip2", "xz", "zip"):
+        if kind in _SUFFIX_OF:
             raise DataError(f"{path}: {kind}-compressed data under a name without its suffix; name it "
                             f"{path.name}.{_SUFFIX_OF[kind]} to have it read")
         raise DataError(f"{path}: {kind + ' ' if kind else ''}binary data, not a text event list (supported: text edge "
@@ -991,7 +994,7 @@ def _read_native(path: str | Path) -> tuple[TemporalGraph, list[str]]:
     path = Path(path)
     try:  # the file opened here: np.load leaves its own open when the archive is truncated
         with open(path, "rb") as f:
-            if f.read(4) != b"PK\x03\x04":  # else numpy takes it for a pickle and suggests unpickling it
+            if f.read(4) != _ZIP_MAGIC:  # else numpy takes it for a pickle and suggests unpickling it
                 raise DataError(f"{path}: not a readable tgdist .npz graph (not a zip archive)")
             f.seek(0)
             with np.load(f, allow_pickle=False) as z:
@@ -1063,7 +1066,7 @@ def _is_native(path: Path) -> bool:
     """A tgdist .npz under another name: a zip archive holding ``meta.npy`` (a ``.zip`` of a text
     edge list holds one text file)."""
     with open(path, "rb") as f:
-        if f.read(4) != b"PK\x03\x04":
+        if f.read(4) != _ZIP_MAGIC:
             return False
     try:
         with zipfile.ZipFile(path) as z:

@@ -39,9 +39,10 @@ class Run:
         self.dir = Path(run_dir)
         self.trainer = trainer or build_trainer(cfg)  # first: a config or data error leaves no directory
         self.ckpt_path = self.dir / "checkpoints" / "last.pt"
+        self._resume = None  # (path, state) of train.resume, checked here and loaded by train()
         if cfg.train.resume:  # a refused resume leaves the run directory (maybe the checkpoint's own) as it was
-            path, state = checkpoint.check_resume(cfg, parallel=False)
-            checkpoint.check_data(path, state, self.trainer.g)
+            self._resume = checkpoint.check_resume(cfg, parallel=False)
+            checkpoint.check_data(*self._resume, self.trainer.g)
         elif (self.dir / "metrics.jsonl").exists():
             log.warning("run_dir %s already holds a run; its metrics, summary and checkpoint are replaced", self.dir)
             for old in (self.dir / "summary.json", self.ckpt_path):  # gone now: not taken for this run's
@@ -60,8 +61,10 @@ class Run:
     def train(self) -> dict:
         cfg, tr = self.cfg, self.trainer
         start_epoch, start_batch = 0, 0
-        if cfg.train.resume:
-            pos, self.history = checkpoint.load(checkpoint.find(cfg.train.resume), tr, cfg)
+        if self._resume is not None:
+            (path, state), self._resume = self._resume, None
+            pos, self.history = checkpoint.load(path, tr, cfg, state)
+            del state  # its tensors are copied in: the checkpoint's mmap goes
             start_epoch, start_batch = int(pos["epoch"]), int(pos["batch"])
             tr.epoch_loss_sum, tr.epoch_events = float(pos.get("loss_sum", 0.0)), int(pos.get("events", 0))
             log.info("resumed from %s at epoch %d batch %d", cfg.train.resume, start_epoch, start_batch)
