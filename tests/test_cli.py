@@ -285,16 +285,17 @@ def test_data_synth_through_the_real_command(tmp_path):
     assert proc.returncode == 0 and proc.stdout.startswith("synthetic: 500 events, 50 nodes")
 
 
-def test_ctrl_c_during_synth_is_one_line_and_writes_nothing(tmp_path):
+@pytest.mark.parametrize("sig, code, words", [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "stopped by SIGTERM")])
+def test_ctrl_c_during_synth_is_one_line_and_writes_nothing(tmp_path, sig, code, words):
     import signal
 
     out = tmp_path / "big.npz"
     p = subprocess.Popen([sys.executable, "-m", "tgdist", "data", "synth", "--num-events", "50000000",
                           "--num-nodes", "1000000", "--out", str(out)], stderr=subprocess.PIPE, text=True)
     first = p.stderr.readline()  # the first progress line: generation has started
-    p.send_signal(signal.SIGINT)
+    p.send_signal(getattr(signal, sig))
     rest = p.stderr.read()
     p.wait(timeout=60)
-    assert first.startswith("tgdist data: generated") and p.returncode == 130
-    assert rest.strip().splitlines()[-1] == "tgdist data: interrupted" and "Traceback" not in rest
+    assert first.startswith("tgdist data: generated") and p.returncode == code
+    assert rest.strip().splitlines()[-1] == f"tgdist data: {words}" and "Traceback" not in rest
     assert list(tmp_path.iterdir()) == []

@@ -120,14 +120,14 @@ def test_partition_config_typo_fails_with_one_line(tmp_path):
                                 "Key 'num_prts' not in 'PartitionConfig'; did you mean 'partition.num_parts'?")
 
 
-def _interrupt_when(path, args, cwd) -> tuple[int, str]:
-    """Start ``tgdist train ARGS``, send SIGINT once ``path`` exists; (exit code, stderr)."""
+def _interrupt_when(path, args, cwd, sig=signal.SIGINT) -> tuple[int, str]:
+    """Start ``tgdist train ARGS``, send ``sig`` once ``path`` exists; (exit code, stderr)."""
     p = subprocess.Popen([sys.executable, "-m", "tgdist", "train", *args], cwd=cwd, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not path.exists() and p.poll() is None and time.monotonic() < deadline:
         time.sleep(0.02)
-    p.send_signal(signal.SIGINT)
+    p.send_signal(sig)
     _, err = p.communicate(timeout=60)
     return p.returncode, err
 
@@ -146,6 +146,19 @@ def test_ctrl_c_says_what_is_kept_in_one_line(tmp_path):
     assert rc == 130, err
     assert err.strip().splitlines()[-1] == (
         f"tgdist train: interrupted; {run / 'checkpoints' / 'last.pt'} holds the last checkpoint, "
+        f"continue with train.resume={run}")
+    assert "Traceback" not in err and not list(run.glob("checkpoints/.*.tmp"))
+
+
+def test_sigterm_stops_like_ctrl_c(tmp_path):
+    """``kill``, SLURM's time limit, ``docker stop``: exit 143 (128 + SIGTERM) and the same line
+    as Ctrl-C, instead of dying with no word while a checkpoint may be half written."""
+    run = tmp_path / "run"
+    args = ["train.progress=false", "train.epochs=3", "train.checkpoint_every=20", f"run_dir={run}"]
+    rc, err = _interrupt_when(run / "checkpoints" / "last.pt", args, tmp_path, signal.SIGTERM)
+    assert rc == 143, err
+    assert err.strip().splitlines()[-1] == (
+        f"tgdist train: stopped by SIGTERM; {run / 'checkpoints' / 'last.pt'} holds the last checkpoint, "
         f"continue with train.resume={run}")
     assert "Traceback" not in err and not list(run.glob("checkpoints/.*.tmp"))
 

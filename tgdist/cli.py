@@ -49,20 +49,25 @@ def main(argv: list[str] | None = None) -> int:
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         print(f"tgdist: error: unknown command {name!r}{hint}\n\n{usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(COMMANDS[name][0])
+    if name in ("data", "partition"):  # train installs it itself (not in ranks); launch forwards signals
+        from tgdist.runtime.interrupts import terminate_as_interrupt
+
+        terminate_as_interrupt()
     sys.argv = [f"tgdist {name}", *argv[1:]]
     try:
+        module = importlib.import_module(COMMANDS[name][0])
         rc = module.main()
     except TgdistError as e:
         print(f"tgdist {name}: error: {e}", file=sys.stderr)
         return 2
-    except (KeyboardInterrupt, Exception) as e:  # Ctrl-C: one line and the shell's 128 + SIGINT
-        from tgdist.runtime.interrupts import caused_by_interrupt
+    except (KeyboardInterrupt, Exception) as e:  # Ctrl-C, SIGTERM: one line and the shell's 128 + N
+        from tgdist.runtime import interrupts
 
-        if not caused_by_interrupt(e):
+        if not interrupts.caused_by_interrupt(e):
             raise
-        print(f"tgdist {name}: interrupted", file=sys.stderr)  # outputs are written atomically
-        return 130
+        words, code = interrupts.stopped(e)
+        print(f"tgdist {name}: {words}", file=sys.stderr)  # outputs are written atomically
+        return code
     return int(rc or 0)
 
 

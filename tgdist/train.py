@@ -63,7 +63,7 @@ def _remove_if_empty_run(run_dir: Path) -> None:
 @hydra.main(version_base=None, config_path=config_dir(), config_name="train")
 def _hydra_main(cfg: DictConfig) -> None:
     from tgdist.launcher.world import detect
-    from tgdist.runtime.interrupts import caused_by_interrupt, hold_interrupts_during_compiles
+    from tgdist.runtime.interrupts import caused_by_interrupt, hold_interrupts_during_compiles, stopped
     from tgdist.runtime.jit import announce_compiles
     from tgdist.runtime.run import run
 
@@ -80,15 +80,16 @@ def _hydra_main(cfg: DictConfig) -> None:
         _remove_if_empty_run(run_dir)
         print(f"{who}: error: {e}{_sweep_job_note()}", file=sys.stderr)
         sys.exit(getattr(e, "exit_code", 2))  # 2: bad input; 1: a process of the run failed
-    except BaseException as e:  # Ctrl-C: one line saying what is kept, the shell's 128 + SIGINT
+    except BaseException as e:  # Ctrl-C or SIGTERM: one line saying what is kept, the shell's 128 + N
         if not caused_by_interrupt(e):
             raise
         _remove_if_empty_run(run_dir)
         ckpt = run_dir / "checkpoints" / "last.pt"
         kept = (f"; {ckpt} holds the last checkpoint, continue with train.resume={run_dir}" if ckpt.exists()
                 else "; no checkpoint had been written")
-        print(f"{who}: interrupted{kept}{_sweep_job_note()}", file=sys.stderr)
-        sys.exit(130)
+        words, code = stopped(e)
+        print(f"{who}: {words}{kept}{_sweep_job_note()}", file=sys.stderr)
+        sys.exit(code)
     if rank == 0:
         print(json.dumps(summary), flush=True)
     elif Path(summary["run_dir"]).resolve() != run_dir.resolve():
@@ -112,20 +113,28 @@ def _check_run_parent(run_dir: Path) -> None:
 
 
 def main() -> None:
-    """``_main``, with Ctrl-C before the run starts (while torch is imported, say, or Hydra sets
-    up) as one line and exit 130, leaving no run directory, like Ctrl-C during the run."""
+    """``_main``, with Ctrl-C (or SIGTERM) before the run starts (while torch is imported, say, or
+    Hydra sets up) as one line and exit 130 (143), leaving no run directory, like Ctrl-C during
+    the run."""
+    from tgdist.runtime.interrupts import stopped, terminate_as_interrupt
+
     try:
+        from tgdist.launcher.world import detect
+
+        if detect().world_size == 1:  # ranks keep SIGTERM's default (terminate_as_interrupt)
+            terminate_as_interrupt()
         _main()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         if _run_dir is not None:
             _remove_if_empty_run(_run_dir)
             remove_empty_dirs(([_run_dir] if _claimed else []) + _new_parents)  # claimed, Hydra not started in it
         elif _sweep_dir is not None:
             remove_empty_dirs([_sweep_dir, *_new_parents])
         rank = os.environ.get("RANK", "0") if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
-        print(f"tgdist train{f' [rank {rank}]' if rank is not None else ''}: interrupted before the run started",
+        words, code = stopped(e)
+        print(f"tgdist train{f' [rank {rank}]' if rank is not None else ''}: {words} before the run started",
               file=sys.stderr)
-        sys.exit(130)
+        sys.exit(code)
 
 
 # The run directory of a run checked before Hydra starts (None for sweeps and other flags), and

@@ -178,6 +178,18 @@ def test_resume_mid_epoch_reaches_the_same_final_metrics(tmp_path):
     assert [json.loads(x)["epoch"] for x in lines] == [0, 1]
 
 
+def test_a_killed_writers_temp_file_is_removed_by_the_next_save(tmp_path):
+    """SIGKILL (or the OOM killer) while a checkpoint is written leaves its temp file; the next
+    save of that checkpoint removes it, and leaves other files alone."""
+    stale = tmp_path / ".last.pt.k1ll3d.tmp"
+    stale.write_bytes(b"half a checkpoint")
+    other = tmp_path / ".memory-0.pt.x.tmp"
+    other.write_bytes(b"another file's")
+    checkpoint.atomic_save({"a": torch.ones(2)}, tmp_path / "last.pt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".memory-0.pt.x.tmp", "last.pt"]
+    assert torch.equal(torch.load(tmp_path / "last.pt", weights_only=True)["a"], torch.ones(2))
+
+
 def test_checkpoint_from_another_config_is_refused(tmp_path):
     _, d = run(tmp_path, "a", ["train.epochs=1"])
     with pytest.raises(ConfigError, match="model.mem_dim: checkpoint 16 vs now 32"):

@@ -7,6 +7,7 @@ that differ.
 
 from __future__ import annotations
 
+import glob
 import os
 import random
 import tempfile
@@ -54,9 +55,13 @@ def _np_state(st) -> dict:
 
 
 def atomic_save(obj, path: str | Path) -> Path:
-    """``torch.save`` to a temp file renamed into place: a crash never leaves a truncated file."""
+    """``torch.save`` to a temp file renamed into place: a crash never leaves a truncated file.
+    The temp file of a process killed while it wrote ``path`` (SIGKILL, out of memory: no handler
+    runs) is removed here; every checkpoint file has one writer, so it is nobody else's."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        stale.unlink(missing_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
