@@ -163,6 +163,37 @@ def test_sigterm_stops_like_ctrl_c(tmp_path):
     assert "Traceback" not in err and not list(run.glob("checkpoints/.*.tmp"))
 
 
+def test_a_checkpoint_that_cannot_be_written_is_one_line(tmp_path):
+    """A full disk or a quota while the checkpoint is written (here a 2 MB file-size limit, under
+    the 2.7 MB checkpoint): one line naming the file, exit 1, no temp file, and the directory of a
+    run left without any checkpoint is removed."""
+    import resource
+
+    def limit_file_size():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2_000_000, 2_000_000))
+
+    run = tmp_path / "run"
+    args = ["train.checkpoint_every=2", "train.stop_after_batches=3", "train.progress=false", "data.cache=false"]
+    p = subprocess.run([sys.executable, "-m", "tgdist", "train", *args, f"run_dir={run}"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300, preexec_fn=limit_file_size)
+    assert p.returncode == 1, p.stderr
+    last = p.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"tgdist train: error: {run / 'checkpoints' / 'last.pt'}: cannot write (the write failed; "
+                           "torch: "), last
+    assert "Traceback" not in p.stderr and list(tmp_path.iterdir()) == []
+
+
+def test_write_failures_are_one_line():
+    import errno
+
+    from tgdist.errors import write_failure
+
+    assert write_failure(OSError(errno.ENOSPC, "No space left on device", "/r/last.pt")) == (
+        "/r/last.pt: cannot write (No space left on device)")
+    assert write_failure(OSError(errno.EROFS, "Read-only file system")) == "cannot write (Read-only file system)"
+    assert write_failure(OSError(errno.ENOENT, "No such file")) is None and write_failure(ValueError()) is None
+
+
 def test_ctrl_c_before_the_run_starts_is_one_line_and_leaves_no_directory(tmp_path, monkeypatch, capsys):
     """While torch is imported or Hydra sets up (the first seconds of every launch): exit 130 and
     one line, and the default run directory already claimed is removed again."""

@@ -1,6 +1,7 @@
 """Errors that the command line reports as one line and a non-zero exit, and the one-line form of
 the library's logged warnings for commands without a log of their own."""
 
+import errno
 import logging
 import sys
 
@@ -22,6 +23,18 @@ class RunFailure(TgdistError):
     one line, as every tgdist error, but exit code 1, since the input was not at fault (2)."""
 
     exit_code = 1
+
+
+def write_failure(exc: BaseException) -> str | None:
+    """One line for an OSError that stops a command writing its output (a full disk, a quota, a
+    read-only or unwritable folder); None for any other error, which keeps its traceback."""
+    if not isinstance(exc, OSError) or exc.errno not in _WRITE_ERRNOS:
+        return None
+    where = f"{exc.filename}: " if exc.filename else ""
+    return f"{where}cannot write ({exc.strerror or exc})"
+
+
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO, errno.EFBIG}
 
 
 class _CommandLines(logging.Formatter):

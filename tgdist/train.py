@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 
 import tgdist.config  # noqa: F401  (registers the typed schema before Hydra composes)
 from tgdist.config import config_dir, precheck_command, remove_empty_dirs
-from tgdist.errors import TgdistError
+from tgdist.errors import TgdistError, write_failure
 
 # Files a run directory holds before any training happened; such a directory is removed when the
 # run fails at start-up, so bad input leaves nothing behind.
@@ -52,6 +52,8 @@ def _remove_if_empty_run(run_dir: Path) -> None:
     if not run_dir.is_dir():
         return
     names = {p.name for p in run_dir.iterdir()}
+    if (run_dir / "checkpoints").is_dir() and not any((run_dir / "checkpoints").iterdir()):
+        names.discard("checkpoints")  # the first checkpoint failed (a full disk)
     if names <= _STARTUP_ONLY | {"metrics.jsonl"}:
         shutil.rmtree(run_dir, ignore_errors=True)
         sweep_file = run_dir.parent / "multirun.yaml"  # a sweep whose first job failed: nothing ran
@@ -80,6 +82,12 @@ def _hydra_main(cfg: DictConfig) -> None:
         _remove_if_empty_run(run_dir)
         print(f"{who}: error: {e}{_sweep_job_note()}", file=sys.stderr)
         sys.exit(getattr(e, "exit_code", 2))  # 2: bad input; 1: a process of the run failed
+    except OSError as e:  # a full disk, say: one line, exit 1 (the input was not at fault)
+        if write_failure(e) is None:
+            raise
+        _remove_if_empty_run(run_dir)
+        print(f"{who}: error: {write_failure(e)}{_sweep_job_note()}", file=sys.stderr)
+        sys.exit(1)
     except BaseException as e:  # Ctrl-C or SIGTERM: one line saying what is kept, the shell's 128 + N
         if not caused_by_interrupt(e):
             raise

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -188,6 +189,29 @@ def test_a_killed_writers_temp_file_is_removed_by_the_next_save(tmp_path):
     checkpoint.atomic_save({"a": torch.ones(2)}, tmp_path / "last.pt")
     assert sorted(p.name for p in tmp_path.iterdir()) == [".memory-0.pt.x.tmp", "last.pt"]
     assert torch.equal(torch.load(tmp_path / "last.pt", weights_only=True)["a"], torch.ones(2))
+
+
+def test_a_full_disk_while_saving_is_an_os_error_naming_the_file(tmp_path, monkeypatch):
+    """torch's zip writer reports a failed write as a RuntimeError without its errno; with no space
+    left it becomes ENOSPC (which the commands print as one line), and the temp file is removed."""
+    import errno
+    import shutil
+    from collections import namedtuple
+
+    def failing_save(obj, f):
+        Path(f).write_bytes(b"part")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 2694336 vs 2694240")
+
+    monkeypatch.setattr(checkpoint.torch, "save", failing_save)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: namedtuple("u", "total used free")(10, 10, 0))
+    with pytest.raises(OSError) as e:
+        checkpoint.atomic_save({}, tmp_path / "last.pt")
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(tmp_path / "last.pt")
+    assert list(tmp_path.iterdir()) == []
+
+    monkeypatch.setattr(checkpoint.torch, "save", lambda obj, f: (_ for _ in ()).throw(RuntimeError("a bug")))
+    with pytest.raises(RuntimeError, match="a bug"):  # not a write failure: unchanged
+        checkpoint.atomic_save({}, tmp_path / "last.pt")
 
 
 def test_checkpoint_from_another_config_is_refused(tmp_path):

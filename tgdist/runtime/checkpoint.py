@@ -7,9 +7,11 @@ that differ.
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import random
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -67,8 +69,16 @@ def atomic_save(obj, path: str | Path) -> Path:
     try:
         torch.save(obj, tmp)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, RuntimeError) and ("PytorchStreamWriter" in str(e) or "inline_container" in str(e)):
+            # torch's zip writer reports a failed write (a full disk, a quota) without its errno
+            free = shutil.disk_usage(path.parent).free
+            if free < 2**24:
+                raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: {free / 2**20:.1f} MiB free",
+                              str(path)) from None
+            raise OSError(errno.EIO, f"the write failed; torch: {' '.join(str(e).split())[:120]}",
+                          str(path)) from None
         raise
     return path
 
