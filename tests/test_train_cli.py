@@ -184,6 +184,17 @@ def test_a_checkpoint_that_cannot_be_written_is_one_line(tmp_path):
     assert "Traceback" not in p.stderr and list(tmp_path.iterdir()) == []
 
 
+def test_hydra_run_dir_is_the_run_directory(tmp_path):
+    """``hydra.run.dir=DIR`` alone is ``run_dir=DIR``: the config records DIR and no default
+    directory is claimed next to it; with run_dir too it is refused."""
+    r = tgdist("train", *QUICK, "hydra.run.dir=out/r", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    assert "\nrun_dir: out/r\n" in (tmp_path / "out" / "r" / "config.yaml").read_text()  # as run_dir=out/r records it
+    r = tgdist("train", *QUICK, "hydra.run.dir=a", "run_dir=b", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.startswith("tgdist train: error: give run_dir=DIR or hydra.run.dir=DIR")
+
+
 def test_write_failures_are_one_line():
     import errno
 

@@ -165,6 +165,7 @@ def _main() -> None:
 
         print(version_line())
         return
+    sys.argv[1:] = _hydra_run_dir_as_run_dir(sys.argv[1:])
     if {"-m", "--multirun"} & set(sys.argv[1:]) and detect().world_size > 1:  # each rank would sweep alone
         print("tgdist train: error: --multirun inside a parallel job runs the sweep in every rank; sweep with "
               "tgdist launch -- --multirun ... (one launch per job)", file=sys.stderr)
@@ -189,6 +190,23 @@ def _main() -> None:
             _run_dir, _claimed = claim_directory(run_dir), True
             sys.argv.append(f"run_dir={_quoted(str(_run_dir))}")
     _hydra_main()
+
+
+def _hydra_run_dir_as_run_dir(argv: list[str]) -> list[str]:
+    """``hydra.run.dir=X`` as ``run_dir=X``: Hydra's run directory is ``${run_dir}``, and given
+    alone it would leave the config recording another directory (and a default one claimed, empty)."""
+    if {"-m", "--multirun"} & set(argv):  # a sweep's jobs go to hydra.sweep.dir
+        return argv
+    def key(arg: str) -> str:
+        return arg.partition("=")[0].lstrip("+")
+
+    if not any(key(a) == "hydra.run.dir" for a in argv):
+        return argv
+    if any(key(a) == "run_dir" for a in argv):
+        print("tgdist train: error: give run_dir=DIR or hydra.run.dir=DIR, not both (the run directory is "
+              "run_dir, which hydra.run.dir follows)", file=sys.stderr)
+        sys.exit(2)
+    return [f"run_dir={a.partition('=')[2]}" if key(a) == "hydra.run.dir" else a for a in argv]
 
 
 def _stop_with_the_agent() -> None:
