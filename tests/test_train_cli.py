@@ -195,6 +195,17 @@ def test_hydra_run_dir_is_the_run_directory(tmp_path):
     assert r.returncode == 2 and r.stderr.startswith("tgdist train: error: give run_dir=DIR or hydra.run.dir=DIR")
 
 
+def test_relative_paths_with_hydra_job_chdir(tmp_path):
+    """``hydra.job.chdir=true`` runs the job inside its run directory; ``data.path=ev.csv`` still
+    names the file where the command was started (it was read from the run directory before)."""
+    rows = [f"{i % 30},{30 + i % 17},{i}" for i in range(400)]
+    (tmp_path / "ev.csv").write_text("\n".join(rows) + "\n")
+    r = tgdist("train", *QUICK, "data.path=ev.csv", "hydra.job.chdir=true", "run_dir=r", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["data"] == "ev"
+    assert f"  path: {tmp_path / 'ev.csv'}\n" in (tmp_path / "r" / "config.yaml").read_text()
+
+
 def test_write_failures_are_one_line():
     import errno
 

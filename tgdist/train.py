@@ -76,6 +76,7 @@ def _hydra_main(cfg: DictConfig) -> None:
     hold_interrupts_during_compiles(who)  # Ctrl-C inside a numba compile crashes at exit
     if rank == 0:
         announce_compiles(who)  # why the first batches of a fresh install are slow
+    _paths_from_the_launch_directory(cfg)
     try:
         summary = run(cfg, run_dir)
     except TgdistError as e:
@@ -102,6 +103,21 @@ def _hydra_main(cfg: DictConfig) -> None:
         print(json.dumps(summary), flush=True)
     elif Path(summary["run_dir"]).resolve() != run_dir.resolve():
         _remove_if_empty_run(run_dir)  # rank 0's run directory holds the results
+
+
+def _paths_from_the_launch_directory(cfg: DictConfig) -> None:
+    """With ``hydra.job.chdir=true`` the job runs inside its run directory: relative file settings
+    still name files from where the command was started (checked there before Hydra started)."""
+    if not HydraConfig.get().job.chdir:
+        return
+    from hydra.utils import to_absolute_path
+    from omegaconf import open_dict
+
+    with open_dict(cfg):
+        for group, key in (("data", "path"), ("data", "cache_dir"), ("train", "resume")):
+            value = cfg[group][key]
+            if value and not str(value).startswith("~"):
+                cfg[group][key] = to_absolute_path(str(value))
 
 
 def _check_run_parent(run_dir: Path) -> None:
