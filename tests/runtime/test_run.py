@@ -518,6 +518,20 @@ def test_embed_is_the_embedding_a_batch_root_gets(model):
     assert not torch.equal(tr.memory.mem, mem)  # the step did write
 
 
+@pytest.mark.parametrize("model", ["tgn", "tgat2"])
+def test_embed_answers_the_same_in_any_model_mode(model):
+    """A trainer fresh from ``build_trainer`` (and ``checkpoint.load``) is in training mode: embed
+    queries ran with dropout, so two identical queries disagreed. They now match the eval-mode
+    answer, carry no gradient graph, and leave the mode as it was."""
+    tr = build_trainer(compose(SMALL + [f"model={model}", "model.dropout=0.5"]))
+    assert tr.model.training
+    nodes, times = tr.g.src[-20:], tr.g.t[-20:] + 1
+    first, second = tr.embed(nodes, times), tr.embed(nodes, times)
+    assert torch.equal(first, second) and not first.requires_grad and tr.model.training
+    tr.model.eval()
+    assert torch.equal(tr.embed(nodes, times), first) and not tr.model.training
+
+
 def test_embed_refuses_queries_it_cannot_answer():
     """Bad ids or times would index the sampler's numba kernels out of bounds: refused up front."""
     tr = build_trainer(compose(SMALL))

@@ -184,7 +184,9 @@ class Trainer:
         """Embeddings ``[len(nodes), dim]`` of ``nodes`` at ``times`` (the graph's time dtype) from
         the current memory, which is not written: what roots of the next batch would get
         (node-classification queries, e.g. TGL ``labels.csv``). ``nodes`` are ids 0..N-1
-        (``g.node_map`` holds the original ones); ``times``, one per node, must be finite."""
+        (``g.node_map`` holds the original ones); ``times``, one per node, must be finite. The
+        model runs in eval mode (no dropout) and without gradients, whatever mode it is in, so a
+        query gives the same answer each time; the mode is left as it was."""
         nodes, times = np.asarray(nodes), np.asarray(times)
         if nodes.ndim != 1 or times.shape != nodes.shape:
             raise ValueError(f"embed: nodes and times must be 1-D arrays of one length, got shapes {nodes.shape} "
@@ -195,13 +197,18 @@ class Trainer:
                              f"to the data's ids), got {nodes.min()}..{nodes.max()} ({nodes.dtype})")
         if not np.isfinite(times).all():
             raise ValueError("embed: times must be finite numbers")
-        model = self.model
+        model, training = self.model, self.model.training
         with self.side_stream(SIDE_STREAMS["embed"]):
             ids, root_idx, hop_tables, _ = self._sample_and_organize(nodes.astype(np.int64), times)
-        upd = model.updater(self.memory.read(ids))
-        h = model.node_repr(ids, upd, None if self.node_feat is None else self.node_feat[ids])
-        t_rel = torch.from_numpy(self._seconds(times - self.g.t[0])).to(self.device)
-        return model.embedding(EmbedInput(h, upd.mem_ts, root_idx, t_rel, hop_tables))
+        model.eval()
+        try:
+            with torch.no_grad():
+                upd = model.updater(self.memory.read(ids))
+                h = model.node_repr(ids, upd, None if self.node_feat is None else self.node_feat[ids])
+                t_rel = torch.from_numpy(self._seconds(times - self.g.t[0])).to(self.device)
+                return model.embedding(EmbedInput(h, upd.mem_ts, root_idx, t_rel, hop_tables))
+        finally:
+            model.train(training)
 
     def compute(self, p: "Prepared", train: bool, keep_emb: bool = False, write: bool | None = None) -> BatchOutput:
         """Phases compute (update memory once per unique node, embed, score, learn) and memory
