@@ -380,51 +380,72 @@ def _compose_or_exit(command: str, config_name: str, overrides: list[str], where
     parentheses) and exit code 2."""
     import sys
 
+    from tgdist.errors import ConfigError
+
+    try:
+        return checked_compose(overrides, config_name, return_hydra_config)
+    except ConfigError as e:
+        print(f"{command}: error: {e}" + (f" ({where})" if where else ""), file=sys.stderr)
+        sys.exit(2)
+
+
+def checked_compose(overrides: list[str], config_name: str = "train", return_hydra_config: bool = False):
+    """Hydra's composed config, refusing what Hydra would accept silently (``+key`` not in the
+    schema) and turning Hydra's errors into one-line ``ConfigError``s that name the likely key."""
+    from hydra import compose as hcompose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from tgdist.runtime.build import compose
+    from tgdist.errors import ConfigError
 
+    overrides = list(overrides or [])
     added = unknown_added_key(overrides, config_name)
     if added:
         guesses = closest_keys(added, config_name)
         hint = f"; did you mean '{guesses[0]}'?" if guesses else ""
-        print(f"{command}: error: +{added}: not a key of tgdist's config (a leading + adds a key, and the config has "
-              f"every key it reads){hint}" + (f" ({where})" if where else ""), file=sys.stderr)
-        sys.exit(2)
+        raise ConfigError(f"+{added}: not a key of tgdist's config (a leading + adds a key, and the config has "
+                          f"every key it reads){hint}")
+    GlobalHydra.instance().clear()
     try:
-        return compose(overrides, config_name=config_name, return_hydra_config=return_hydra_config)
+        with initialize_config_dir(config_dir=config_dir(), version_base=None):
+            return hcompose(config_name=config_name, overrides=overrides, return_hydra_config=return_hydra_config)
     except (HydraException, OmegaConfBaseException) as e:
-        first = str(e).strip().splitlines()[0].rstrip(".")
-        cause = str(e.__cause__).strip().splitlines()[0] if e.__cause__ is not None else ""
-        options, listing = [], False
-        for ln in str(e).splitlines():  # the indented lines right after "Available options"
-            if ln.startswith("Available options"):
-                listing = True
-            elif listing and ln.startswith(("    ", "\t")):
-                options.append(ln.strip())
-            elif listing:
-                break
-        shown = ", ".join(o for o in options if not o.endswith("_schema"))
-        msg = first + (f": {cause}" if cause else "") + (f" (options: {shown})" if shown else "")
-        unparsed = next((o for o in overrides if "=" in o and re.search(r"[=~\s'\"()<>;&|]|[^\x00-\x7f]",
-                                                                          o.split("=", 1)[1])), None)
-        if unparsed and re.match(r"(LexerNoViableAltException|mismatched input|extraneous input|no viable)", first):
-            key, _, value = unparsed.partition("=")
-            msg = (f"cannot read the override {unparsed!r}: Hydra reads = ~ spaces, quotes and non-ASCII letters in "
-                   f"a value only inside quotes: \"{key}='{value}'\"")
-        if first.startswith("Ambiguous value for argument"):  # a comma in a value, e.g. data.columns
-            key, _, value = first.split("'")[1].partition("=")
-            msg += f": quote a value with commas, \"{key}='{value}'\", or add --multirun to sweep over it"
-        typo = re.match(r"Could not override '([^']+)': Key '[^']+' not in '\w+'$", msg)
-        guesses = [f"'{k}'" for k in closest_keys(typo.group(1), config_name)] if typo else []
-        if guesses:
-            said = guesses[0] if len(guesses) == 1 else ", ".join(guesses[:-1]) + " or " + guesses[-1]
-            msg += f"; did you mean {said}?"
-        elif typo and (siblings := keys_under(typo.group(1).lstrip("+~").rpartition(".")[0], config_name)):
-            msg += f"; its keys are {', '.join(siblings)}"
-        print(f"{command}: error: {msg}" + (f" ({where})" if where else ""), file=sys.stderr)
-        sys.exit(2)
+        raise ConfigError(_hydra_error_line(e, overrides, config_name)) from None
+
+
+def _hydra_error_line(e: Exception, overrides: list[str], config_name: str) -> str:
+    """One line for a Hydra composition error: its first line and cause, the options of a group,
+    a quoting hint for a value Hydra could not parse, the key a typo most likely meant."""
+    first = str(e).strip().splitlines()[0].rstrip(".")
+    cause = str(e.__cause__).strip().splitlines()[0] if e.__cause__ is not None else ""
+    options, listing = [], False
+    for ln in str(e).splitlines():  # the indented lines right after "Available options"
+        if ln.startswith("Available options"):
+            listing = True
+        elif listing and ln.startswith(("    ", "\t")):
+            options.append(ln.strip())
+        elif listing:
+            break
+    shown = ", ".join(o for o in options if not o.endswith("_schema"))
+    msg = first + (f": {cause}" if cause else "") + (f" (options: {shown})" if shown else "")
+    unparsed = next((o for o in overrides if "=" in o and re.search(r"[=~\s'\"()<>;&|]|[^\x00-\x7f]",
+                                                                      o.split("=", 1)[1])), None)
+    if unparsed and re.match(r"(LexerNoViableAltException|mismatched input|extraneous input|no viable)", first):
+        key, _, value = unparsed.partition("=")
+        msg = (f"cannot read the override {unparsed!r}: Hydra reads = ~ spaces, quotes and non-ASCII letters in "
+               f"a value only inside quotes: \"{key}='{value}'\"")
+    if first.startswith("Ambiguous value for argument"):  # a comma in a value, e.g. data.columns
+        key, _, value = first.split("'")[1].partition("=")
+        msg += f": quote a value with commas, \"{key}='{value}'\", or add --multirun to sweep over it"
+    typo = re.match(r"Could not override '([^']+)': Key '[^']+' not in '\w+'$", msg)
+    guesses = [f"'{k}'" for k in closest_keys(typo.group(1), config_name)] if typo else []
+    if guesses:
+        said = guesses[0] if len(guesses) == 1 else ", ".join(guesses[:-1]) + " or " + guesses[-1]
+        msg += f"; did you mean {said}?"
+    elif typo and (siblings := keys_under(typo.group(1).lstrip("+~").rpartition(".")[0], config_name)):
+        msg += f"; its keys are {', '.join(siblings)}"
+    return msg
 
 
 def unknown_added_key(overrides: list[str], config_name: str) -> str | None:

@@ -518,6 +518,20 @@ def test_embed_is_the_embedding_a_batch_root_gets(model):
     assert not torch.equal(tr.memory.mem, mem)  # the step did write
 
 
+@pytest.mark.parametrize("override, message", [
+    ("+train.epoch=1", r"^\+train.epoch: not a key of tgdist's config .*did you mean 'train.epochs'\?$"),
+    ("train.epoch=1", r"^Could not override 'train.epoch': .*did you mean 'train.epochs'\?$"),
+    ("train.epochs=abc", r"^Error merging override train.epochs=abc: Value 'abc' .* could not be converted"),
+    ("model=nope", r"Could not find 'model/nope' \(options: apan, jodie, tgat2, tgn\)$"),
+])
+def test_compose_refuses_what_the_command_refuses(override, message):
+    """From Python, ``compose`` refuses a bad override as ``tgdist train`` does, as a one-line
+    ConfigError: ``+train.epoch=1`` used to be added silently (training the default epochs), and
+    the rest raised Hydra's exceptions, whose advice was to add that ``+``."""
+    with pytest.raises(ConfigError, match=message):
+        compose([override])
+
+
 @pytest.mark.parametrize("model", ["tgn", "tgat2"])
 def test_embed_answers_the_same_in_any_model_mode(model):
     """A trainer fresh from ``build_trainer`` (and ``checkpoint.load``) is in training mode: embed

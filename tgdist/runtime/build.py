@@ -224,14 +224,9 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
 def compose(overrides: list[str] | None = None, config_name: str = "train",
             return_hydra_config: bool = False) -> DictConfig:
     """The config ``tgdist train OVERRIDES`` would run with (for scripts, benchmarks and tests);
-    with ``return_hydra_config``, Hydra's own settings too (under ``hydra``)."""
-    from hydra import compose as hcompose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
+    with ``return_hydra_config``, Hydra's own settings too (under ``hydra``). A bad override (a key
+    not in the config, ``+key`` included, a value of the wrong type, an unknown group option)
+    raises ``ConfigError`` with the line the command would print. Hydra's global state is reset."""
+    from tgdist.config import checked_compose
 
-    from tgdist.config import config_dir
-    import tgdist.config  # noqa: F401  (registers the schema)
-
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=config_dir(), version_base=None):
-        return hcompose(config_name=config_name, overrides=list(overrides or []),
-                        return_hydra_config=return_hydra_config)
+    return checked_compose(list(overrides or []), config_name, return_hydra_config)
