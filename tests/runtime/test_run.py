@@ -532,6 +532,18 @@ def test_compose_refuses_what_the_command_refuses(override, message):
         compose([override])
 
 
+def test_deterministic_mode_follows_each_runs_config():
+    """Two runs in one process (a notebook): the second, with train.deterministic=false, ran in
+    deterministic mode because the first had turned it on and nothing turned it off."""
+    try:
+        build_trainer(compose(SMALL + ["train.deterministic=true"]))
+        assert torch.are_deterministic_algorithms_enabled()
+        build_trainer(compose(SMALL + ["train.deterministic=false"]))
+        assert not torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
 @pytest.mark.parametrize("model", ["tgn", "tgat2"])
 def test_embed_answers_the_same_in_any_model_mode(model):
     """A trainer fresh from ``build_trainer`` (and ``checkpoint.load``) is in training mode: embed

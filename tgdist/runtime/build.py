@@ -42,11 +42,13 @@ def resolve_device(name: str) -> str:
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
+    """Seed Python's, numpy's and torch's global generators, and set torch's deterministic mode
+    as configured: on or off, so a run after a deterministic one in the same process is not
+    left in that mode."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    if deterministic:
-        torch.use_deterministic_algorithms(True)
+    torch.use_deterministic_algorithms(bool(deterministic))
 
 
 def validate(cfg: DictConfig) -> None:
