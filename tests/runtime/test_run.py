@@ -532,6 +532,23 @@ def test_compose_refuses_what_the_command_refuses(override, message):
         compose([override])
 
 
+@pytest.mark.parametrize("override", ["parallel.i=2", "memory.backend=daemon"])
+def test_run_refuses_what_it_would_not_do(tmp_path, override):
+    """``Run`` trains one process with local memory: given a parallel layout or daemon memory it
+    trained that way without a word (``run()`` and the launcher handle those)."""
+    with pytest.raises(ConfigError, match=r"^Run trains one process with local memory, not parallel"):
+        Run(compose(SMALL + [override]), tmp_path / "r")
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_run_trains_once(tmp_path):
+    """A second ``train()`` trained on and recorded its epochs from 0 again."""
+    r = Run(compose(SMALL + ["train.epochs=1", "train.stop_after_batches=2"]), tmp_path / "r")
+    r.train()
+    with pytest.raises(RuntimeError, match=r"^Run.train\(\) runs once"):
+        r.train()
+
+
 def test_deterministic_mode_follows_each_runs_config():
     """Two runs in one process (a notebook): the second, with train.deterministic=false, ran in
     deterministic mode because the first had turned it on and nothing turned it off."""

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
 from tgdist.config import model_tag
+from tgdist.errors import ConfigError
 from tgdist.runtime import checkpoint
 from tgdist.runtime.build import build_trainer, check_labels
 from tgdist.runtime.data import NodeLabels, class_targets, label_ranges
@@ -34,9 +35,19 @@ def jsonable(d: dict) -> dict:
 
 
 class Run:
+    """One single-process training run in ``run_dir`` (``train()`` once). Parallel layouts and
+    daemon memory are refused here: ``run(cfg, run_dir)`` starts the daemon, and several
+    processes start with ``tgdist launch`` or torchrun."""
+
     def __init__(self, cfg: DictConfig, run_dir: str | Path, trainer: Trainer | None = None):
+        if is_parallel(cfg):  # it would train one process with local memory, without a word
+            p = cfg.parallel
+            raise ConfigError(f"Run trains one process with local memory, not parallel.i/j/k={p.i}/{p.j}/{p.k} with "
+                              f"memory.backend={cfg.memory.backend}: use tgdist.runtime.run.run(cfg, run_dir) for "
+                              f"daemon memory, tgdist launch or torchrun for several processes")
         self.cfg = cfg
         self.dir = Path(run_dir)
+        self._trained = False
         self.trainer = trainer or build_trainer(cfg)  # first: a config or data error leaves no directory
         self.ckpt_path = self.dir / "checkpoints" / "last.pt"
         self._resume = None  # (path, state) of train.resume, checked here and loaded by train()
@@ -59,6 +70,9 @@ class Run:
         checkpoint.save(self.ckpt_path, tr, self.cfg, position, self.history)
 
     def train(self) -> dict:
+        if self._trained:  # a second call trained on and numbered its epochs from 0 again
+            raise RuntimeError("Run.train() runs once: make a new Run, with train.resume=RUN_DIR to continue this one")
+        self._trained = True
         cfg, tr = self.cfg, self.trainer
         start_epoch, start_batch = 0, 0
         if self._resume is not None:
