@@ -214,6 +214,17 @@ def test_a_full_disk_while_saving_is_an_os_error_naming_the_file(tmp_path, monke
         checkpoint.atomic_save({}, tmp_path / "last.pt")
 
 
+def test_a_state_that_does_not_fit_names_its_first_mismatch_in_full():
+    """torch lists every mismatch; cutting its text at 200 characters ended mid-sentence."""
+    small = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    wide = torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Linear(5, 2))
+    with pytest.raises(ConfigError) as e:
+        checkpoint.restore("c.pt", wide, small.state_dict(), "model")
+    assert str(e.value) == ("c.pt: the checkpoint's model does not fit this run's (size mismatch for 0.weight: "
+                            "copying a param with shape torch.Size([4, 3]) from checkpoint, the shape in current "
+                            "model is torch.Size([5, 3]); and 2 more)")
+
+
 def test_checkpoint_from_another_config_is_refused(tmp_path):
     _, d = run(tmp_path, "a", ["train.epochs=1"])
     with pytest.raises(ConfigError, match="model.mem_dim: checkpoint 16 vs now 32"):

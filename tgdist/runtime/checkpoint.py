@@ -123,8 +123,11 @@ def restore(path, module, state_dict: dict, what: str) -> None:
     try:
         module.load_state_dict(state_dict)
     except (RuntimeError, ValueError, KeyError) as e:
-        raise ConfigError(f"{path}: the checkpoint's {what} does not fit this run's "
-                          f"({' '.join(str(e).split())[:200]})") from None
+        # torch lists one problem per tab-indented line: the first in full, and how many more
+        problems = [" ".join(ln.split()).rstrip(".") for ln in str(e).splitlines()[1:] if ln.strip()]
+        first = problems[0] if problems else " ".join(str(e).split())
+        more = f"; and {len(problems) - 1} more" if len(problems) > 1 else ""
+        raise ConfigError(f"{path}: the checkpoint's {what} does not fit this run's ({first}{more})") from None
 
 
 def save(path: str | Path, trainer, cfg: DictConfig, position: dict, history: list) -> Path:
