@@ -303,12 +303,43 @@ def test_a_signal_is_forwarded_and_nothing_is_left(tmp_path, sig):
         proc.send_signal(sig)  # only the launcher (Ctrl-C reaches only its group): it must pass it on
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 128 + sig, err
-        assert err.strip().splitlines()[-1] == f"tgdist launch: stopped by {sig.name}, forwarded to torchrun"
+        how = " as SIGINT" if sig == signal.SIGTERM else ""
+        assert err.strip().splitlines()[-1] == f"tgdist launch: stopped by {sig.name}, forwarded to torchrun{how}"
         assert "SignalException" not in err and "death signal" not in err, err  # torchrun's traceback, warning
         deadline = time.monotonic() + 30
         while any(_alive(p) for p in workers) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not any(_alive(p) for p in workers), err
+    finally:
+        kill_group(proc)
+
+
+@pytest.mark.distributed
+def test_sigterm_to_the_launcher_stops_the_ranks_as_ctrl_c_does(tmp_path):
+    """``kill LAUNCHER``: the ranks got torchrun's SIGTERM and died without a word, leaving their
+    run directory; as SIGINT they print their lines and remove a directory with no checkpoint."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "tgdist", "launch", "--nproc", "2", "--master-port", str(free_port()),
+                             "--", "parallel.i=2", "train.epochs=50", "train.progress=false", f"run_dir={run_dir}"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        log, deadline = run_dir / "train.log", time.monotonic() + 120
+
+        def started() -> bool:  # the log's versions-and-threads line: the run has begun
+            return log.exists() and "threads:" in log.read_text()
+
+        while not started() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert started(), proc.communicate(timeout=30)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=90)
+        lines = err.strip().splitlines()
+        assert proc.returncode == 143, err
+        assert lines[-1] == "tgdist launch: stopped by SIGTERM, forwarded to torchrun as SIGINT"
+        assert sorted(ln for ln in lines if ": interrupted" in ln) == [
+            f"tgdist train [rank {r}]: interrupted; no checkpoint had been written" for r in (0, 1)], err
+        assert not run_dir.exists() and "Traceback" not in err
     finally:
         kill_group(proc)
 

@@ -9,7 +9,8 @@ builds and runs
         --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id ID --max-restarts 0 -m tgdist.train ...
 
 ``--dry-run`` prints that command instead. SIGINT, SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 received by
-the launcher are forwarded to torchrun (which stops its workers). The launcher returns torchrun's
+the launcher are forwarded to torchrun (which stops its workers; SIGTERM and SIGHUP as SIGINT, on
+which a rank stops as on Ctrl-C). The launcher returns torchrun's
 exit code, or 128 + the signal number when it died of a signal or failed after one was forwarded
 (torchrun itself exits 1 then), with a last line naming the signal.
 """
@@ -30,6 +31,10 @@ from tgdist.errors import ConfigError
 __all__ = ["build_command", "parallel_overrides", "main"]
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+# Forwarded as SIGINT: a rank stops on it as on Ctrl-C (its line naming the checkpoint, an empty run
+# directory removed), where SIGTERM's default kills it without a word. Ranks keep that default for
+# a SIGTERM sent to them directly (terminate_as_interrupt says why).
+_AS_CTRL_C = (signal.SIGTERM, signal.SIGHUP)
 DEFAULT_MULTINODE_PORT = 29500
 _LOOPBACK = "127.0.0.1"
 _PARALLEL = re.compile(r"\+{0,2}parallel\.([ijk])=(\S+)")  # parallel.i=2, +parallel.k=4
@@ -129,8 +134,8 @@ def run_forwarding_signals(cmd: list[str]) -> int:
 
     def forward(signum, _frame):
         received.append(signum)
-        if child.poll() is None:
-            child.send_signal(signum)
+        if child.poll() is None:  # torchrun passes the signal on to the ranks; they stop cleanly on SIGINT
+            child.send_signal(signal.SIGINT if signum in _AS_CTRL_C else signum)
 
     for sig in FORWARDED_SIGNALS:
         previous[sig] = signal.signal(sig, forward)
@@ -150,7 +155,8 @@ def run_forwarding_signals(cmd: list[str]) -> int:
                   file=sys.stderr, flush=True)
         return 128 - rc
     if rc and received:  # torchrun stops its workers on a forwarded signal and exits 1
-        print(f"tgdist launch: stopped by {signal.Signals(received[0]).name}, forwarded to torchrun",
+        how = " as SIGINT" if received[0] in _AS_CTRL_C else ""
+        print(f"tgdist launch: stopped by {signal.Signals(received[0]).name}, forwarded to torchrun{how}",
               file=sys.stderr, flush=True)
         return 128 + received[0]
     return rc
