@@ -59,3 +59,15 @@ def test_against_scikit_learn_with_ties():
     out = f1_multilabel(yl, pl)
     assert out["f1_micro"] == pytest.approx(metrics.f1_score(yl, pl, average="micro"))
     assert out["f1_macro"] == pytest.approx(metrics.f1_score(yl, pl, average="macro"))
+
+
+def test_nan_scores_give_nan_metrics_not_perfect_ones():
+    """A diverged model scores NaN: sorted anywhere and never greater than anything, all-NaN
+    scores gave AP 1.0, ROC-AUC 0.0 and MRR 1.0 (a sweep would pick the diverged run)."""
+    y = np.r_[np.ones(4), np.zeros(4)]
+    nan = np.full(8, np.nan)
+    assert np.isnan(average_precision(y, nan)) and np.isnan(roc_auc(y, nan))
+    one = np.r_[0.9, 0.8, np.nan, 0.7, 0.1, 0.2, 0.3, 0.4]
+    assert np.isnan(average_precision(y, one)) and np.isnan(roc_auc(y, one))
+    rr = reciprocal_ranks(np.array([0.5, np.nan, 0.5]), np.array([[0.1, 0.9], [0.1, 0.2], [np.nan, 0.1]]))
+    assert rr[0] == 0.5 and np.isnan(rr[1]) and np.isnan(rr[2])

@@ -18,20 +18,22 @@ def _ranks(x: np.ndarray) -> np.ndarray:
 
 
 def roc_auc(y_true: np.ndarray, score: np.ndarray) -> float:
-    """Area under the ROC curve (Mann-Whitney U with tie correction)."""
+    """Area under the ROC curve (Mann-Whitney U with tie correction). NaN when a class is
+    missing or a score is NaN (a diverged model: sorted anywhere, it gave AUC 0 or 1)."""
     y = np.asarray(y_true).astype(bool)
     npos, nneg = int(y.sum()), int((~y).sum())
-    if npos == 0 or nneg == 0:
+    if npos == 0 or nneg == 0 or np.isnan(score).any():
         return float("nan")
     r = _ranks(np.asarray(score, dtype=np.float64))
     return float((r[y].sum() - npos * (npos + 1) / 2) / (npos * nneg))
 
 
 def average_precision(y_true: np.ndarray, score: np.ndarray) -> float:
-    """AP = sum_k (R_k - R_{k-1}) P_k over distinct score thresholds (scikit-learn's definition)."""
+    """AP = sum_k (R_k - R_{k-1}) P_k over distinct score thresholds (scikit-learn's definition).
+    NaN when there is no positive or a score is NaN (all-NaN scores gave AP 1)."""
     y = np.asarray(y_true).astype(bool)
     npos = int(y.sum())
-    if npos == 0:
+    if npos == 0 or np.isnan(score).any():
         return float("nan")
     order = np.argsort(-np.asarray(score, dtype=np.float64), kind="mergesort")
     s, yy = np.asarray(score, dtype=np.float64)[order], y[order]
@@ -45,10 +47,12 @@ def average_precision(y_true: np.ndarray, score: np.ndarray) -> float:
 
 
 def reciprocal_ranks(pos_score: np.ndarray, neg_score: np.ndarray) -> np.ndarray:
-    """``1 / rank`` of each positive among its negatives ``[n, num_neg]``; ties count half."""
+    """``1 / rank`` of each positive among its negatives ``[n, num_neg]``; ties count half. NaN
+    where a score of the row is NaN (every comparison with NaN is false: rank 1)."""
     pos = np.asarray(pos_score)[:, None]
     neg = np.asarray(neg_score)
-    return 1.0 / (1 + (neg > pos).sum(1) + 0.5 * (neg == pos).sum(1))
+    rr = 1.0 / (1 + (neg > pos).sum(1) + 0.5 * (neg == pos).sum(1))
+    return np.where(np.isnan(pos[:, 0]) | np.isnan(neg).any(1), np.nan, rr)
 
 
 def mrr(pos_score: np.ndarray, neg_score: np.ndarray) -> float:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import sys
 import time
 from collections import defaultdict
@@ -339,6 +340,9 @@ class Trainer:
             if on_batch is not None:
                 on_batch(epoch, i + 1)
         el, compiled = time.perf_counter() - t0, jit.compile_seconds() - c0
+        if not math.isfinite(self.epoch_loss_sum):
+            log.warning("epoch %d: the training loss is %s: training diverged (lower train.lr?)", epoch,
+                        self.epoch_loss_sum)
         return {"loss": self.epoch_loss_sum / max(self.epoch_events, 1), "train_events": self.epoch_events,
                 "train_seconds": el, "compile_seconds": compiled, "events_per_s": ran / max(el - compiled, 1e-9)}
 
@@ -370,6 +374,9 @@ class Trainer:
         pos, neg = np.concatenate(pos_all), np.concatenate(neg_all)
         y = np.r_[np.ones(len(pos)), np.zeros(len(pos))]
         sc = np.r_[pos, neg]
+        if np.isnan(sc).any():
+            log.warning("%s: %d of %d scores are NaN: the model diverged (lower train.lr?); its %s metrics are null",
+                        part, int(np.isnan(sc).sum()), len(sc), part)
         res = {f"{part}_ap": average_precision(y, sc), f"{part}_auc": roc_auc(y, sc)}
         if self.num_neg_eval > 1:
             res[f"{part}_mrr"] = float(np.mean(np.concatenate(rr_all)))
