@@ -338,6 +338,12 @@ INVALID = [
                                    r"1: use model=tgat2 \(or model.num_layers=2\) for two hops$")),
     (["model=tgat2", "sampler.fanouts=[10,10,10]"], (r"gives 3 hops, but model.num_layers=2 attends over 2: give one "
                                                      r"neighbour count per layer$")),
+    (["model.mailbox_size=5"], r"model.mailbox_size=5: only APAN keeps a mailbox \(model=apan\); TGN keeps each"),
+    (["model=jodie", "model.mailbox_size=3"], "model.mailbox_size=3: only APAN keeps a mailbox"),
+    (["model=apan", "model.num_layers=2"], r"model.num_layers=2: APAN has no attention layers to stack"),
+    (["model=jodie", "model.num_layers=2"], r"model.num_layers=2: JODIE has no attention layers to stack"),
+    (["model=apan", "sampler.fanouts=[5,5]"], r"gives 2 hops, but APAN delivers mails to one hop of sampled"),
+    (["model=jodie", "sampler.fanouts=[5,5]"], r"gives 2 hops, but JODIE samples no neighbours$"),
     (["data.max_events=0"], "data.max_events=0 keeps no events"),
     (["data.max_events=1"], "no training events: the chronological split of 1 event "),
     (["model.mem_dim=0"], "model.mem_dim=0: must be at least 1"),
@@ -364,6 +370,11 @@ INVALID = [
     (["train.epochs=0", "parallel.k=2"], r"train.epochs=0 \(evaluate the untrained model\) runs in one process"),
     (["train.resume=/nonexistent/run"], "train.resume=/nonexistent/run: no checkpoint at /nonexistent/run$"),
 ]
+
+
+def test_jodie_takes_any_memory_size():
+    """JODIE has no attention: its memory size need not divide by a head count it does not use."""
+    assert build_trainer(compose(SMALL + ["model=jodie", "model.mem_dim=5"])).model.mem_dim == 5
 
 
 def test_a_missing_shared_data_set_says_where_it_was_looked_for(tmp_path, monkeypatch):

@@ -78,8 +78,11 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(f"model.{key}={m[key]}: must be at least {least}")
     if not 0 <= m.dropout <= 1:
         raise ConfigError(f"model.dropout={m.dropout}: give a probability in [0, 1]")
-    if m.mem_dim % m.num_heads:
+    if m.mem_dim % m.num_heads and m.name != "jodie":  # JODIE has no attention
         raise ConfigError(f"model.mem_dim={m.mem_dim} must be divisible by model.num_heads={m.num_heads}")
+    if m.mailbox_size != 1 and m.name != "apan":  # settings a model does not read are refused, not ignored
+        raise ConfigError(f"model.mailbox_size={m.mailbox_size}: only APAN keeps a mailbox (model=apan); "
+                          f"{m.name.upper()} keeps each node's latest mail")
     least = {"train.seed": 0, "train.num_threads": 0, "train.checkpoint_every": 0, "train.num_neg_eval": 0,
              "train.node_class_epochs": 1, "model.static_pretrain_epochs": 0, "sampler.num_threads": 0,
              "memory.num_threads": 1}
@@ -100,6 +103,12 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"train.lr_scaling={t.lr_scaling!r}: choose {', '.join(LR_SCALING_MODES)}")
     if m.num_layers not in (1, 2):
         raise ConfigError(f"model.num_layers={m.num_layers}: 1 or 2 attention layers are supported")
+    if m.name != "tgn" and m.num_layers != 1:
+        raise ConfigError(f"model.num_layers={m.num_layers}: {m.name.upper()} has no attention layers to stack; "
+                          f"a second layer is TGN's (model=tgat2)")
+    if m.name != "tgn" and len(fanouts) > 1:
+        what = "samples no neighbours" if m.name == "jodie" else "delivers mails to one hop of sampled neighbours"
+        raise ConfigError(f"sampler.fanouts={fanouts} gives {len(fanouts)} hops, but {m.name.upper()} {what}")
     if m.name == "tgn" and len(fanouts) > m.num_layers:  # the extra hops would be dropped unsaid
         fix = ("use model=tgat2 (or model.num_layers=2) for two hops" if len(fanouts) == 2
                else "give one neighbour count per layer")

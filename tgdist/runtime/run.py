@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from tgdist.config import model_tag
 from tgdist.errors import ConfigError
 from tgdist.runtime import checkpoint
-from tgdist.runtime.build import build_trainer, check_labels
+from tgdist.runtime.build import build_trainer, check_labels, validate
 from tgdist.runtime.data import NodeLabels, class_targets, label_ranges
 from tgdist.runtime.metrics import f1_multilabel, roc_auc
 from tgdist.runtime.models import MLPClassifier
@@ -40,6 +40,7 @@ class Run:
     processes start with ``tgdist launch`` or torchrun."""
 
     def __init__(self, cfg: DictConfig, run_dir: str | Path, trainer: Trainer | None = None):
+        validate(cfg)  # (build_trainer validates too) a bad setting is named before the layout is refused
         if is_parallel(cfg):  # it would train one process with local memory, without a word
             p = cfg.parallel
             raise ConfigError(f"Run trains one process with local memory, not parallel.i/j/k={p.i}/{p.j}/{p.k} with "
