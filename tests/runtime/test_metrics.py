@@ -61,6 +61,22 @@ def test_against_scikit_learn_with_ties():
     assert out["f1_macro"] == pytest.approx(metrics.f1_score(yl, pl, average="macro"))
 
 
+def test_macro_f1_of_classes_scores_the_classes_that_occur():
+    """One class per event (multi-class): a class absent from both truth and predictions of a part
+    is not averaged in as 0 (scikit-learn's multi-class macro F1); multi-label columns all are."""
+    eye = np.eye(3, dtype=bool)
+    y, p = eye[[0, 1, 0, 1]], eye[[0, 1, 1, 1]]
+    assert f1_multilabel(y, p, present_only=True)["f1_macro"] == pytest.approx((2 / 3 + 4 / 5) / 2)
+    assert f1_multilabel(y, p)["f1_macro"] == pytest.approx((2 / 3 + 4 / 5) / 3)
+    metrics = pytest.importorskip("sklearn.metrics")
+    rng = np.random.default_rng(1)
+    yc, pc = rng.integers(0, 6, 300), rng.integers(0, 4, 300)  # classes 4 and 5 never predicted
+    yc[yc == 3] = 0  # class 3 only ever predicted
+    out = f1_multilabel(np.eye(8, dtype=bool)[yc], np.eye(8, dtype=bool)[pc], present_only=True)
+    assert out["f1_macro"] == pytest.approx(metrics.f1_score(yc, pc, average="macro"))
+    assert out["f1_micro"] == pytest.approx(metrics.f1_score(yc, pc, average="micro"))
+
+
 def test_nan_scores_give_nan_metrics_not_perfect_ones():
     """A diverged model scores NaN: sorted anywhere and never greater than anything, all-NaN
     scores gave AP 1.0, ROC-AUC 0.0 and MRR 1.0 (a sweep would pick the diverged run)."""

@@ -667,6 +667,22 @@ def test_downstream_metrics_of_a_part_without_labels_or_with_one_class_are_null(
     assert "no test labels, so test_f1_micro and test_f1_macro are null" in caplog.text
 
 
+def test_a_one_class_part_of_a_binary_edge_label_reports_null_f1(tmp_path, caplog):
+    """As the node task: a 0/1 edge label that is 0 throughout the val part has no F1 (it was 0.0,
+    as if the model had been scored and failed)."""
+    from tgdist.runtime.data import chronological_split
+
+    g = _labelled_graph("node")
+    split = chronological_split(g)
+    g.label[split.train_end:split.val_end] = 0
+    cfg = compose(SMALL + ["train.epochs=1", "train.task=edge", "train.node_class_epochs=1", f"run_dir={tmp_path / 'e'}"])
+    with caplog.at_level("WARNING", logger="tgdist"):
+        summary = Run(cfg, tmp_path / "e", trainer=build_trainer(cfg, graph=g)).train()
+    assert summary["val_f1_micro"] is None and summary["val_f1_macro"] is None
+    assert "edge classification: the val labels are all 0, so F1 is undefined (null)" in caplog.text
+    assert summary["test_f1_micro"] is not None
+
+
 def test_untrained_baseline_of_a_classification_task(tmp_path):
     """``train.epochs=0`` with ``train.task=edge``: the metrics line of the untrained model (it was
     left empty) and a summary naming the data and model, then the decoder's metrics."""

@@ -60,12 +60,17 @@ def mrr(pos_score: np.ndarray, neg_score: np.ndarray) -> float:
     return float(np.mean(reciprocal_ranks(pos_score, neg_score)))
 
 
-def f1_multilabel(y_true: np.ndarray, y_pred: np.ndarray) -> dict:
-    """Micro and macro F1 for multi-label 0/1 arrays ``[n, num_classes]``."""
+def f1_multilabel(y_true: np.ndarray, y_pred: np.ndarray, present_only: bool = False) -> dict:
+    """Micro and macro F1 for multi-label 0/1 arrays ``[n, num_classes]``. Macro F1 averages every
+    column (scikit-learn's multi-label convention, a column with neither truth nor prediction
+    counting 0); with ``present_only``, the columns that occur in the truth or the predictions
+    (its multi-class convention: a class absent from an evaluated part is not scored 0)."""
     y, p = np.asarray(y_true).astype(bool), np.asarray(y_pred).astype(bool)
     tp = (y & p).sum(0).astype(np.float64)
     fp = (~y & p).sum(0).astype(np.float64)
     fn = (y & ~p).sum(0).astype(np.float64)
     micro = 2 * tp.sum() / max(2 * tp.sum() + fp.sum() + fn.sum(), 1e-12)
     per = np.where(2 * tp + fp + fn > 0, 2 * tp / np.maximum(2 * tp + fp + fn, 1e-12), 0.0)
-    return {"f1_micro": float(micro), "f1_macro": float(per.mean())}
+    if present_only:
+        per = per[(y | p).any(0)]
+    return {"f1_micro": float(micro), "f1_macro": float(per.mean()) if per.size else float("nan")}

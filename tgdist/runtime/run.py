@@ -305,8 +305,13 @@ def downstream(tr: Trainer, task: str, epochs: int) -> dict:
                                 part, int(truth[0, 0]))
                     res[keys[0]] = None
                 continue
+            if classes is None and truth.shape[1] == 1 and truth.all() == truth.any():  # a 0/1 label of one value
+                log.warning("edge classification: the %s labels are all %d, so F1 is undefined (null)",
+                            part, int(truth[0, 0]))
+                res.update(dict.fromkeys(keys))
+                continue
             pred = logits > 0 if classes is None else np.eye(len(classes), dtype=bool)[logits.argmax(1)]
-            res.update({f"{part}_{k}": v for k, v in f1_multilabel(truth, pred).items()})
+            res.update({f"{part}_{k}": v for k, v in f1_multilabel(truth, pred, classes is not None).items()})
     log.info("%s classification: %s", task, res)
     return res
 
