@@ -193,9 +193,11 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
                           + (f"; every event has the time {graph.t[0]}: if the time is another column, name the "
                              f"columns with data.columns, e.g. 'src,dst,_,t'" if n > 1 and graph.t[0] == graph.t[-1]
                              else ""))
-    empty = [part for part in ("val", "test") if split.range(part)[0] == split.range(part)[1]]
+    empty = [part for part in ("val", "test") if split.range(part)[0] == split.range(part)[1]
+             and cfg.data[f"{part}_frac"] > 0]  # one asked for with a fraction of 0 is no surprise
     if empty and graph.num_events > 1:  # e.g. data.max_events cutting a TGL directory's ext_roll split short
-        cut = f" (data.max_events={cfg.data.max_events} keeps the first events only)" if cfg.data.max_events else ""
+        cut = (f" (data.max_events={cfg.data.max_events} keeps the first events only)"
+               if cfg.data.max_events and graph.num_events >= cfg.data.max_events else "")  # if it cut the stream
         log.warning("the %s part%s of the split %s no events%s: %s metrics are null", " and ".join(empty),
                     "s" * (len(empty) > 1), "have" if len(empty) > 1 else "has", cut, "their" if len(empty) > 1 else "its")
     unit = cfg.data.time_unit
