@@ -526,7 +526,7 @@ class ModelConfig:
     dropout: float = 0.1  # in TGN's attention layers, while training
     mailbox_size: int = 1  # APAN: mails kept per node
     static_memory: bool = False  # DistTGL section 3.1: learnable per-node embedding
-    static_pretrain_epochs: int = 0  # pre-train the static memory on the same task first
+    static_pretrain_epochs: int = 0  # pre-train the static memory on the same task first (lr max(train.lr, 1e-3))
     # CPU kernels for the attention, time encoding, dropout and the GRU/RNN cell; false: plain torch
     # ops (the same function up to float32 rounding, other dropout masks, about 2x slower)
     cpu_kernels: bool = True

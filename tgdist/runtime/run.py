@@ -144,7 +144,8 @@ class Run:
         """``train.epochs=0``: the link metrics of the model as initialised (a baseline). The
         training events only advance the memory, as evaluation does; no parameter changes."""
         tr = self.trainer
-        log.info("train.epochs=0: evaluating the model as initialised, without training")
+        pretrained = " (its static memory pre-trained)" if self.cfg.model.static_pretrain_epochs else ""
+        log.info("train.epochs=0: evaluating the model as initialised%s, without training", pretrained)
         tr.memory.reset_state()
         res = {"epoch": -1, **tr.evaluate("train"), **tr.evaluate("val"), **tr.evaluate("test")}
         self.history.append(jsonable(res))
@@ -184,8 +185,10 @@ def pretrain_static(tr: Trainer, epochs: int) -> None:
     """DistTGL 3.1: pre-train the static node memory on the same link task, without dynamic
     memory (every event supervises it, whatever the batch size)."""
     static, pred = tr.model.static, tr.model.predictor
-    lr = max(tr.optimizer.param_groups[0]["lr"], 1e-3)
+    lr = max(tr.optimizer.param_groups[0]["lr"], 1e-3)  # a per-node table learns slowly at TGN's 1e-4
     opt = torch.optim.Adam(list(static.parameters()) + list(pred.parameters()), lr=lr)
+    log.info("static memory pre-training: %d epoch%s, Adam lr %g (train.lr, at least 1e-3), batches of %d events",
+             epochs, "s" * (epochs != 1), lr, 4 * tr.batch_size)
     lo, hi = tr.split.range("train")
     src = torch.from_numpy(tr.g.src[lo:hi])
     dst = torch.from_numpy(tr.g.dst[lo:hi])
