@@ -206,6 +206,18 @@ def test_relative_paths_with_hydra_job_chdir(tmp_path):
     assert f"  path: {tmp_path / 'ev.csv'}\n" in (tmp_path / "r" / "config.yaml").read_text()
 
 
+def test_a_task_the_data_has_no_labels_for_is_the_only_line(tmp_path):
+    """Found after the data is read: the data's description and the versions line were logged
+    before it, so the error was the third line on stderr."""
+    tgdist("train", *QUICK, "train.epochs=0", f"run_dir={tmp_path / 'warm'}", cwd=tmp_path)  # the data is cached
+    for bad, message in (("train.task=node", "train.task=node needs labels, and data 'collegemsg' has none"),
+                         ("data.max_events=1", "no training events: the chronological split of 1 event ")):
+        r = tgdist("train", *QUICK, bad, f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert r.stderr.startswith(f"tgdist train: error: {message}")
+        assert not (tmp_path / "run").exists()
+
+
 def test_write_failures_are_one_line():
     import errno
 

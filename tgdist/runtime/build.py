@@ -179,8 +179,6 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
     else:  # named as the run names it (a tgdist .npz carries the name it was written under)
         graph = load_data(cfg.data)
         graph.name = cfg.data.name or graph.name
-    log.info("%s", graph.describe())  # after the data is read: an error in it stays the one line on stderr
-    log.info("%s; threads: %d torch, %d numba", version_line(), torch_threads, numba_threads)
     split = chronological_split(graph, cfg.data.val_frac, cfg.data.test_frac)
     if cfg.train.task in ("node", "edge"):  # found before training, not after
         check_labels(cfg.train.task, graph, split)
@@ -193,6 +191,9 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
                           + (f"; every event has the time {graph.t[0]}: if the time is another column, name the "
                              f"columns with data.columns, e.g. 'src,dst,_,t'" if n > 1 and graph.t[0] == graph.t[-1]
                              else ""))
+    # after the checks of the data: an error in it, or in the task it is read for, stays the one line on stderr
+    log.info("%s", graph.describe())
+    log.info("%s; threads: %d torch, %d numba", version_line(), torch_threads, numba_threads)
     empty = [part for part in ("val", "test") if split.range(part)[0] == split.range(part)[1]
              and cfg.data[f"{part}_frac"] > 0]  # one asked for with a fraction of 0 is no surprise
     if empty and graph.num_events > 1:  # e.g. data.max_events cutting a TGL directory's ext_roll split short
