@@ -898,3 +898,17 @@ def test_warnings_are_not_errors_by_default(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         load_graph(write(tmp_path / "ok.txt", "1 2 1\n2 3 1\n"))  # ties are fine, no warning
+
+
+def test_describe_names_the_labels_a_classification_task_would_learn():
+    """``tgdist data info`` (and a run's data line) says whether train.task=node|edge has labels."""
+    from tgdist.runtime.data import TemporalGraph
+
+    def graph(label):
+        return TemporalGraph(src=np.array([0, 1]), dst=np.array([1, 2]), t=np.array([0, 1]), num_nodes=3,
+                             node_map=np.arange(3), label=label)
+
+    assert graph(None).describe().endswith("node_dim 0")
+    assert graph(np.array([0, 1])).describe().endswith(", 0/1 event labels")
+    assert graph(np.array([3, 7])).describe().endswith(", event labels of 2 values")
+    assert graph(np.zeros((2, 4), np.int64)).describe().endswith(", event labels in 4 columns")

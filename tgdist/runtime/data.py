@@ -154,6 +154,13 @@ class TemporalGraph:
         span = f"{self.t[0]} .. {self.t[-1]}" if self.num_events else "empty"
         kind = f"bipartite {self.num_src_nodes}+{self.num_nodes - self.num_src_nodes}" if self.bipartite else "general"
         labels = f", {len(self.node_labels):,} node labels" if self.node_labels is not None else ""
+        if self.label is not None:  # what train.task=node|edge would learn
+            if self.label.ndim > 1 and self.label.shape[1] > 1:
+                labels += f", event labels in {self.label.shape[1]} columns"
+            else:
+                values = np.unique(self.label)
+                labels += (", 0/1 event labels" if set(values.tolist()) <= {0, 1}
+                           else f", event labels of {len(values):,} values")
         events, nodes = (f"{n:,} {what}{'' if n == 1 else 's'}" for n, what in ((self.num_events, "event"),
                                                                                  (self.num_nodes, "node")))
         return (f"{self.name}: {events}, {nodes} ({kind}), "
