@@ -140,15 +140,16 @@ def main() -> None:
     """``_main``, with Ctrl-C (or SIGTERM) before the run starts (while torch is imported, say, or
     Hydra sets up) as one line and exit 130 (143), leaving no run directory, like Ctrl-C during
     the run."""
-    from tgdist.runtime.interrupts import stopped, terminate_as_interrupt
-
     try:
         from tgdist.launcher.world import detect
+        from tgdist.runtime.interrupts import terminate_as_interrupt
 
         if detect().world_size == 1:  # ranks keep SIGTERM's default (terminate_as_interrupt)
             terminate_as_interrupt()
         _main()
     except KeyboardInterrupt as e:
+        from tgdist.runtime.interrupts import stopped
+
         if _run_dir is not None:
             _remove_if_empty_run(_run_dir)
             remove_empty_dirs(([_run_dir] if _claimed else []) + _new_parents)  # claimed, Hydra not started in it

@@ -52,7 +52,7 @@ def _interrupt(signum: int) -> KeyboardInterrupt:
     return KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
 
 
-class _HoldSigint(event.Listener):
+class _HoldInterrupts(event.Listener):
     """Holds SIGINT, and the termination signals ``terminate_as_interrupt`` installed, during compiles."""
 
     def __init__(self, who: str):
@@ -135,6 +135,6 @@ def hold_interrupts_during_compiles(who: str = "tgdist") -> None:
     loads a kernel (idempotent; ``who`` prefixes the notice)."""
     global _installed
     if _installed is None:
-        _installed = _HoldSigint(who)
+        _installed = _HoldInterrupts(who)
         event.register("numba:compiler_lock", _installed)
     _installed.who = who
