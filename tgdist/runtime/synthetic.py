@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass
 from typing import Callable
@@ -104,13 +105,15 @@ def _validate(num_events, num_nodes, num_communities, p_in_community, p_repeat, 
         raise ConfigError(f"synthetic num_events must be >= 1, got {num_events}")
     if num_nodes < 2:
         raise ConfigError(f"synthetic num_nodes must be >= 2, got {num_nodes}")
-    if num_communities < 1:
-        raise ConfigError(f"synthetic num_communities must be >= 1, got {num_communities}")
+    most = max(num_nodes, 20)  # the default 20 stays valid for small graphs (some communities empty)
+    if not 1 <= num_communities <= most:  # each is a table row: a billion of them took 16 GB
+        raise ConfigError(f"synthetic num_communities must be in [1, max(num_nodes, 20)] = [1, {most:,}], "
+                          f"got {num_communities:,}")
     for name, p in (("p_in_community", p_in_community), ("p_repeat", p_repeat)):
         if not 0.0 <= p <= 1.0:
             raise ConfigError(f"synthetic {name} must be in [0, 1], got {p}")
-    if not activity_exponent > 0:
-        raise ConfigError(f"synthetic activity_exponent must be > 0, got {activity_exponent}")
+    if not 0 < activity_exponent < math.inf:
+        raise ConfigError(f"synthetic activity_exponent must be a finite number > 0, got {activity_exponent}")
     if edge_dim < 0 or node_dim < 0:
         raise ConfigError(f"synthetic edge_dim and node_dim must be >= 0, got {edge_dim}, {node_dim}")
     if bipartite and num_src_nodes and not 0 < num_src_nodes < num_nodes:
