@@ -37,19 +37,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def parse() -> argparse.Namespace:
+    # common imports numpy only: tgdist.runtime.shm must be imported after --no-futex is read
+    from common import at_least
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--nodes", type=int, default=9227)
-    ap.add_argument("--mem-dim", type=int, default=100)
-    ap.add_argument("--mail-dim", type=int, default=372, help="2 * mem_dim + edge_dim (Wikipedia: 172)")
-    ap.add_argument("--read-ids", type=int, default=3000)
-    ap.add_argument("--write-ids", type=int, default=1200)
-    ap.add_argument("--batches", type=int, default=400, help="timed batches per variant (one more block warms up)")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads of the client and of the daemon")
-    ap.add_argument("--gap-ms", type=float, default=5.0)
-    ap.add_argument("--block", type=int, default=25, help="batches per interleaved block")
+    ap.add_argument("--nodes", type=at_least(1), default=9227, help="rows of the node memory")
+    ap.add_argument("--mem-dim", type=at_least(1), default=100, help="memory columns")
+    ap.add_argument("--mail-dim", type=at_least(1), default=372, help="2 * mem_dim + edge_dim (Wikipedia: 172)")
+    ap.add_argument("--read-ids", type=at_least(1), default=3000, help="rows read per batch (at most --nodes)")
+    ap.add_argument("--write-ids", type=at_least(1), default=1200, help="rows written per batch (at most --read-ids)")
+    ap.add_argument("--batches", type=at_least(1), default=400,
+                    help="timed batches per variant (one more block warms up)")
+    ap.add_argument("--threads", type=at_least(1), default=1, help="torch threads of the client and of the daemon")
+    ap.add_argument("--gap-ms", type=at_least(0.0, float), default=5.0, help="sleep after each batch (the next "
+                    "batch's compute)")
+    ap.add_argument("--block", type=at_least(1), default=25, help="batches per interleaved block")
     ap.add_argument("--no-futex", action="store_true", help="set TGDIST_NO_FUTEX=1 (client and daemon)")
-    ap.add_argument("--seed", type=int, default=0)
-    return ap.parse_args()
+    ap.add_argument("--seed", type=at_least(0), default=0)
+    args = ap.parse_args()
+    if args.read_ids > args.nodes or args.write_ids > args.read_ids:
+        ap.error(f"--write-ids {args.write_ids} <= --read-ids {args.read_ids} <= --nodes {args.nodes} must hold")
+    return args
 
 
 def main() -> None:
@@ -57,8 +65,8 @@ def main() -> None:
     if a.no_futex:
         os.environ["TGDIST_NO_FUTEX"] = "1"  # before tgdist.runtime.shm is imported; the daemon inherits it
     import torch
-
     from common import emit, machine, note
+
     from tgdist.runtime import shm
     from tgdist.runtime.daemon import start_daemon
     from tgdist.runtime.memory import LocalMemory
@@ -186,4 +194,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from common import run_main
+
+    run_main(main)

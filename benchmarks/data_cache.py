@@ -1,5 +1,6 @@
-"""Processed-graph cache: first (parsing) load vs cached load of every shared data set, and the
-end-to-end time of ``tgdist data synth`` for a 10M-event synthetic graph.
+"""Processed-graph cache: first (parsing) load vs cached load of every shared data set, and a synth run.
+
+The synthetic part times ``tgdist data synth`` end to end for a 10M-event graph.
 
     python benchmarks/data_cache.py
     python benchmarks/data_cache.py --repeats 5 --synthetic-events 0   # skip the synthetic run
@@ -27,10 +28,8 @@ import numpy as np
 import tgdist  # noqa: F401
 from tgdist.runtime.data import load_graph
 
-from common import machine  # noqa: E402
+from common import DATASETS, at_least, machine, run_main  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-DATASETS = REPO.parent / "shared" / "datasets"
 SOURCES = [
     ("wikipedia", "wikipedia/wikipedia.csv.gz", {}),
     ("enron", "enron/ml_enron.txt.gz", {}),
@@ -96,13 +95,13 @@ def bench_synthetic(num_events: int, num_nodes: int) -> dict:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--repeats", type=int, default=3, help="first loads per data set (each with a fresh cache)")
-    p.add_argument("--cached-reads", type=int, default=5, help="cached loads after each first load")
-    p.add_argument("--synthetic-events", type=int, default=10_000_000, help="0 skips the synthetic run")
-    p.add_argument("--synthetic-nodes", type=int, default=1_000_000)
+    p.add_argument("--repeats", type=at_least(1), default=3, help="first loads per data set (each with a fresh cache)")
+    p.add_argument("--cached-reads", type=at_least(1), default=5, help="cached loads after each first load")
+    p.add_argument("--synthetic-events", type=at_least(0), default=10_000_000, help="0 skips the synthetic run")
+    p.add_argument("--synthetic-nodes", type=at_least(2), default=1_000_000, help="nodes of the synthetic graph")
     args = p.parse_args()
     if not DATASETS.is_dir():
-        raise SystemExit(f"shared data sets not found at {DATASETS}")
+        p.error(f"shared data sets not found at {DATASETS} (set TGDIST_DATASETS)")
     result = {"benchmark": "data_cache", "date": datetime.date.today().isoformat(),
               "command": " ".join([Path(sys.executable).name, *sys.argv]), "machine": machine(), "datasets": []}
     load_graph(DATASETS / SOURCES[0][1], cache=False)  # warm imports and page cache outside the clock
@@ -126,4 +125,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -18,7 +18,10 @@ import sys
 import tempfile
 import time
 
-from common import emit, machine, note
+from common import at_least, emit, machine, note, run_main
+
+from tgdist.errors import RunFailure
+from tgdist.runtime.build import compose, precheck
 
 
 def free_port() -> int:
@@ -35,21 +38,27 @@ def layout_arg(text: str) -> str:
     return ",".join(str(int(x)) for x in parts)
 
 
+def overrides(layout: str, args, run_dir: str) -> list[str]:
+    i, j, k = (int(x) for x in layout.split(","))
+    return [f"data={args.data}", f"parallel.i={i}", f"parallel.j={j}", f"parallel.k={k}", f"train.epochs={args.epochs}",
+            f"train.batch_size={args.batch}", f"train.num_neg_eval={args.num_neg_eval}", "train.num_threads=1",
+            "sampler.num_threads=1", "train.progress=false", f"train.lr_scaling={args.lr_scaling}",
+            f"run_dir={run_dir}", *args.overrides]
+
+
 def launch(layout: str, args) -> dict:
+    """One ``tgdist launch`` (torchrun underneath; a rank's failure ends in one line naming it)."""
     i, j, k = (int(x) for x in layout.split(","))
     n = i * j * k
     with tempfile.TemporaryDirectory() as d:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--rdzv-backend", "c10d",
-               "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "-m", "tgdist.train", f"data={args.data}",
-               f"parallel.i={i}", f"parallel.j={j}", f"parallel.k={k}", f"train.epochs={args.epochs}",
-               f"train.batch_size={args.batch}", f"train.num_neg_eval={args.num_neg_eval}", "train.num_threads=1",
-               "sampler.num_threads=1", "train.progress=false", f"train.lr_scaling={args.lr_scaling}",
-               f"run_dir={d}/run", *args.overrides]
+        cmd = [sys.executable, "-m", "tgdist", "launch", "--nproc", str(n), "--master-port", str(free_port()), "--",
+               *overrides(layout, args, f"{d}/run")]
         start = time.perf_counter()
         r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
         wall = time.perf_counter() - start
         if r.returncode:
-            raise SystemExit(f"{layout} failed:\n{r.stderr[-3000:]}")
+            lines = [ln for ln in r.stderr.strip().splitlines() if ": error:" in ln or ln.startswith("tgdist launch:")]
+            raise RunFailure(f"layout {layout} failed (exit {r.returncode}): " + " | ".join(lines[-3:]))
         s = json.loads(r.stdout.strip().splitlines()[-1])
     return {"layout": layout, "processes": n, "wall_seconds": wall, "train_events_per_s": s["train_events_per_s"],
             "traversed_events": s["traversed_events"], "loss": s["loss"], "test_ap": s["test_ap"],
@@ -58,15 +67,17 @@ def launch(layout: str, args) -> dict:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", default="collegemsg")
+    ap.add_argument("--data", default="collegemsg", help="a data= group (configs/data)")
     ap.add_argument("--layouts", nargs="+", type=layout_arg, default=["1,1,1", "2,1,1", "1,1,2", "1,2,1"],
                     help="I,J,K per run (default: 1,1,1 2,1,1 1,1,2 1,2,1)")
-    ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--batch", type=int, default=200)
-    ap.add_argument("--num-neg-eval", type=int, default=49)
-    ap.add_argument("--lr-scaling", default="linear")
+    ap.add_argument("--epochs", type=at_least(1), default=2, help="train.epochs (a multiple of J x K of each layout)")
+    ap.add_argument("--batch", type=at_least(1), default=200, help="train.batch_size per trainer")
+    ap.add_argument("--num-neg-eval", type=at_least(1), default=49, help="MRR negatives")
+    ap.add_argument("--lr-scaling", default="linear", help="train.lr_scaling: linear, sqrt or none")
     ap.add_argument("overrides", nargs="*", help="extra Hydra overrides for every run")
     args = ap.parse_args()
+    for layout in args.layouts:  # every layout's settings and data, before the first launch
+        precheck(compose(overrides(layout, args, "run")))
     rows = []
     for layout in args.layouts:
         note(f"{args.data} {layout}")
@@ -80,4 +91,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -1,6 +1,6 @@
 """Partitioning quality and cost: range vs interval vs greedy vs Re-FlexBiCut (Sven 5.4, Fig. 13).
 
-    python benchmarks/partition.py                 # everything (about 3 minutes on 2 cores)
+    python benchmarks/partition.py                 # everything (about a minute on 2 cores, BENCHMARKS.md)
     python benchmarks/partition.py --quick         # Wikipedia headline + timings on a 1M-event graph
     python benchmarks/partition.py --synthetic-events 10000000
 
@@ -25,8 +25,10 @@ import sys
 import time
 from pathlib import Path
 
+from common import at_least, run_main
+
 REPO = Path(__file__).resolve().parents[1]
-DATASETS = Path(os.environ.get("TGDIST_DATASETS", REPO.parent / "shared" / "datasets"))
+DATASETS = Path(os.environ.get("TGDIST_DATASETS") or REPO.parent / "shared" / "datasets")  # as tgdist reads it
 FILES = {"wikipedia": "wikipedia/wikipedia.csv.gz", "enron": "enron/ml_enron.txt.gz",
          "sfhh": "sociopatterns-copresence/tij_pres_SFHH.txt.zip"}
 METHODS = ("range", "interval", "greedy", "reflexbicut")
@@ -192,15 +194,16 @@ def run_child(case: str, events: int) -> dict:
     return json.loads(r.stdout)
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="Wikipedia headline and a 1M-event timing only")
-    ap.add_argument("--synthetic-events", type=int, default=10_000_000)
+    ap.add_argument("--synthetic-events", type=at_least(1), default=None,
+                    help="events of the timed synthetic graph (default 10,000,000; 1,000,000 with --quick)")
     ap.add_argument("--child", choices=("wikipedia", "synthetic"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(args.child, args.synthetic_events)), flush=True)
-        return
+        return 0
     from tgdist.runtime import kernels
     kernels.set_threads(0)
     started = time.perf_counter()
@@ -246,12 +249,16 @@ def main() -> None:
                                             "reflexbicut": r["methods"]["reflexbicut"]["balance_cost"],
                                             "sizes_min_max": r["methods"]["reflexbicut"]["sizes_min_max"],
                                             "reduction_vs_interval": r["reduction_vs_interval"]})
-    events = 1_000_000 if args.quick else args.synthetic_events
+    events = args.synthetic_events or (1_000_000 if args.quick else 10_000_000)
     result["timing"] = [run_child("wikipedia", events)] if wiki is not None else []
     result["timing"].append(run_child("synthetic", events))
     result["seconds"] = round(time.perf_counter() - started, 1)
     print(json.dumps(result, indent=1), flush=True)
+    failed = [t for t in result["timing"] if "error" in t]
+    for t in failed:
+        note(f"partition.py: error: timing case {t['case']} failed: {t['error']}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -28,10 +28,8 @@ from pathlib import Path
 import numpy as np
 
 
-from common import machine  # noqa: E402
+from common import DATASETS, at_least, machine, run_main  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-DATASETS = REPO.parent / "shared" / "datasets"
 CONFIGS = [("recent", [10]), ("recent", [10, 10]), ("uniform", [10]), ("uniform", [10, 10])]
 
 
@@ -216,13 +214,14 @@ def run_one(name: str, args) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dataset", default="all", choices=["all", "wikipedia", "sfhh", "synthetic"])
-    p.add_argument("--threads", type=int, nargs="+", default=[2], help="numba thread counts to time")
-    p.add_argument("--batch", type=int, default=600)
-    p.add_argument("--budget-s", type=float, default=10.0, help="stop a pass after this many seconds")
-    p.add_argument("--repeats", type=int, default=3, help="passes per configuration (median reported)")
-    p.add_argument("--synthetic-events", type=int, default=10_000_000)
-    p.add_argument("--synthetic-nodes", type=int, default=1_000_000)
-    p.add_argument("--reference-events", type=int, default=20, help="events timed with the plain reference sampler")
+    p.add_argument("--threads", type=at_least(1), nargs="+", default=[2], help="numba thread counts to time")
+    p.add_argument("--batch", type=at_least(1), default=600, help="events per sampled batch")
+    p.add_argument("--budget-s", type=at_least(0.1, float), default=10.0, help="stop a pass after this many seconds")
+    p.add_argument("--repeats", type=at_least(1), default=3, help="passes per configuration (median reported)")
+    p.add_argument("--synthetic-events", type=at_least(1), default=10_000_000, help="events of the synthetic graph")
+    p.add_argument("--synthetic-nodes", type=at_least(2), default=1_000_000, help="nodes of the synthetic graph")
+    p.add_argument("--reference-events", type=at_least(1), default=20,
+                   help="events timed with the plain reference sampler")
     p.add_argument("--no-omp-compare", action="store_true",
                    help="with --dataset all, skip the extra Wikipedia run with OMP_WAIT_POLICY=PASSIVE")
     args = p.parse_args()
@@ -251,4 +250,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

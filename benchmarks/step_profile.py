@@ -17,7 +17,7 @@ import time
 from collections import defaultdict
 
 import torch
-from common import DATA_FILES, DATASETS, emit, machine, note
+from common import DATA_FILES, DATASETS, at_least, emit, machine, note, run_main
 
 from tgdist.runtime import trainer
 from tgdist.runtime.build import build_trainer, compose
@@ -96,12 +96,12 @@ def profile(graph, threads: int, batch: int, warmup: int, window: int, windows: 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default="wikipedia", choices=sorted(DATA_FILES))
-    ap.add_argument("--batch", type=int, default=600)
-    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--warmup", type=int, default=60)
-    ap.add_argument("--window", type=int, default=10)
-    ap.add_argument("--windows", type=int, default=6)
-    ap.add_argument("--cpu-kernels", choices=["true", "false"], default="true")
+    ap.add_argument("--batch", type=at_least(1), default=600, help="training batch size")
+    ap.add_argument("--threads", type=at_least(1), nargs="+", default=[1, 2], help="thread counts to profile")
+    ap.add_argument("--warmup", type=at_least(0), default=60, help="steps before the first timed window")
+    ap.add_argument("--window", type=at_least(1), default=10, help="steps per timed window")
+    ap.add_argument("--windows", type=at_least(1), default=6, help="timed windows (best and median reported)")
+    ap.add_argument("--cpu-kernels", choices=["true", "false"], default="true", help="model.cpu_kernels")
     args = ap.parse_args()
     graph = load_graph(DATASETS / DATA_FILES[args.data])
     res = {"machine": machine(), "data": args.data, "profiles": []}
@@ -114,4 +114,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

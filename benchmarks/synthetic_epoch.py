@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from common import emit, machine, note, peak_rss_mib
+from common import at_least, emit, machine, note, peak_rss_mib, run_main
 
 from tgdist.runtime.build import build_trainer, compose
 from tgdist.runtime.synthetic import generate
@@ -19,11 +19,11 @@ from tgdist.runtime.synthetic import generate
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--events", type=int, default=10_000_000)
-    ap.add_argument("--nodes", type=int, default=1_000_000)
-    ap.add_argument("--batch", type=int, default=600)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--skip-eval", action="store_true")
+    ap.add_argument("--events", type=at_least(1), default=10_000_000, help="events in the synthetic stream")
+    ap.add_argument("--nodes", type=at_least(2), default=1_000_000, help="nodes in the synthetic stream")
+    ap.add_argument("--batch", type=at_least(1), default=600, help="training batch size")
+    ap.add_argument("--threads", type=at_least(1), default=2, help="torch and numba threads")
+    ap.add_argument("--skip-eval", action="store_true", help="time the training epoch only")
     args = ap.parse_args()
     res = {"machine": machine(), "events": args.events, "nodes": args.nodes, "batch": args.batch}
     t0 = time.perf_counter()
@@ -49,4 +49,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -21,12 +21,13 @@ Needs the bench extra: pip install -e '.[bench]'.
 from __future__ import annotations
 
 import argparse
+import re
 import time
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from common import DATA_FILES, DATASETS, emit, machine, note, peak_rss_mib
+from common import DATA_FILES, DATASETS, at_least, emit, machine, note, peak_rss_mib, require, run_main
 
 from tgdist.runtime.build import build_trainer, compose
 from tgdist.runtime.data import chronological_split, load_graph
@@ -228,18 +229,21 @@ def alternating_epochs(graph, batch, seed, threads, device, rounds):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", default="wikipedia", choices=sorted(DATA_FILES))
-    ap.add_argument("--speed-batch", type=int, default=600)
-    ap.add_argument("--acc-batch", type=int, default=200)
-    ap.add_argument("--epochs", type=int, default=5, help="epochs for the accuracy comparison (0 skips it)")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--max-events", type=int, default=None)
+    ap.add_argument("--speed-batch", type=at_least(1), default=600, help="batch size of the speed comparison")
+    ap.add_argument("--acc-batch", type=at_least(1), default=200, help="batch size of the accuracy comparison")
+    ap.add_argument("--epochs", type=at_least(0), default=5, help="epochs for the accuracy comparison (0 skips it)")
+    ap.add_argument("--threads", type=at_least(1), default=2, help="torch and numba threads of both systems")
+    ap.add_argument("--seed", type=at_least(0), default=0)
+    ap.add_argument("--max-events", type=at_least(1), default=None, help="keep only the first N events")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: both systems run there")
-    ap.add_argument("--alternating-epochs", type=int, default=0,
+    ap.add_argument("--alternating-epochs", type=at_least(0), default=0,
                     help="also time this many whole epochs of each system, taking turns")
     args = ap.parse_args()
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
+        ap.error(f"--device {args.device}: choose cpu, cuda or cuda:N")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit(f"error: --device {args.device} but CUDA is not available on this machine")
+        ap.error(f"--device {args.device} but CUDA is not available on this machine")
+    require("torch_geometric")  # before minutes of tgdist's part
     torch.set_num_threads(args.threads)
     graph = load_graph(DATASETS / DATA_FILES[args.data])
     if args.max_events:
@@ -273,4 +277,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)
