@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import os
+import signal
 import sys
 
 from tgdist.errors import TgdistError
@@ -60,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     except TgdistError as e:
         print(f"tgdist {name}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # ``tgdist plan ... | head``: the reader left; stop quietly, as a SIGPIPE would
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return 128 + signal.SIGPIPE
     except (KeyboardInterrupt, Exception) as e:  # Ctrl-C, SIGTERM: one line and the shell's 128 + N
         from tgdist.runtime import interrupts
 

@@ -101,3 +101,39 @@ def test_plan_help(capsys):
     with pytest.raises(SystemExit) as e:
         cli_main(["plan", "--help"])
     assert e.value.code == 0 and "DistTGL section 3.2.4" in capsys.readouterr().out
+
+
+def test_plan_edge_cases(capsys):
+    """A huge GPU count is planned at once (divisors were listed one by one: 1e9 did not finish);
+    one trainer keeps its memory local; a negative copy count is refused as the other numbers are;
+    counts of one are singular."""
+    p = planner.plan(1, 10**9, 600, 600, 1)
+    assert (p.i, p.j, p.k) == (1, 10**9, 1)
+    assert planner._divisors(36) == [1, 2, 3, 4, 6, 9, 12, 18, 36] and planner._divisors(1) == [1]
+    assert not any(o.startswith("memory.backend") for o in planner.plan(1, 1, 600, 600, 1).overrides())
+    assert "memory.backend=daemon" in planner.plan(1, 2, 600, 600, 2).overrides()
+    rc = cli_main(["plan", "-P", "1", "-Q", "1", "--largest-batch", "600", "--saturation-batch", "600",
+                   "--memory-copies-per-machine", "-3"])
+    assert rc == 2 and capsys.readouterr().err == (
+        "tgdist plan: error: --memory-copies-per-machine must be a positive integer, got -3\n")
+    rc = cli_main(["plan", "-P", "1", "-Q", "1", "--largest-batch", "600", "--saturation-batch", "600",
+                   "--memory-copies-per-machine", "1"])
+    assert rc == 0 and capsys.readouterr().out.startswith("1 machine x 1 GPU -> i x j x k = 1 x 1 x 1\n")
+
+
+def test_a_reader_that_leaves_stops_the_command_quietly():
+    """``tgdist plan ... | head -1``: writing to a pipe whose reader has gone printed a BrokenPipeError
+    traceback; it now ends quietly with the code a SIGPIPE death gives."""
+    import os
+    import subprocess
+    import sys
+
+    read, write = os.pipe()
+    os.close(read)  # every write fails with EPIPE
+    try:
+        r = subprocess.run([sys.executable, "-m", "tgdist", "plan", "-P", "4", "-Q", "8", "--largest-batch", "3200",
+                            "--saturation-batch", "1600", "--memory-copies-per-machine", "2"], stdout=write,
+                           stderr=subprocess.PIPE, text=True, timeout=120, check=False)
+    finally:
+        os.close(write)
+    assert r.returncode == 141 and r.stderr == "", r.stderr

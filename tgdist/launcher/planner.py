@@ -55,7 +55,9 @@ class Plan:
         """The layout, and when j*k > 1 the fewest epochs of at least the default (5) that are a
         multiple of j*k, so that the printed launch line runs as it is."""
         out = [f"parallel.i={self.i}", f"parallel.j={self.j}", f"parallel.k={self.k}",
-               f"train.batch_size={self.local_batch}", "memory.backend=daemon"]
+               f"train.batch_size={self.local_batch}"]
+        if self.world_size > 1:  # DistTGL's memory daemon per group; one trainer keeps its memory local
+            out.append("memory.backend=daemon")
         m = self.epochs_multiple_of
         if m > 1:
             from tgdist.config import TrainConfig
@@ -72,7 +74,13 @@ class Plan:
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of ``n`` in increasing order (pairs up to sqrt(n): a huge GPU count is instant)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
 
 
 def _need_positive(name: str, value) -> int:
@@ -104,7 +112,7 @@ def plan(machines: int, gpus_per_machine: int, largest_batch: int, saturation_ba
     if C < 1:
         raise ConfigError(
             f"host memory holds {C} copies of node memory per machine, but memory parallelism needs "
-            f"k >= {P} machines, i.e. at least one copy per machine (DistTGL 3.2.4); use machines "
+            f"k >= {_plural(P, 'machine')}, i.e. at least one copy per machine (DistTGL 3.2.4); use machines "
             "with more host memory or a smaller memory dimension"
         )
     reasons: list[str] = []
@@ -127,7 +135,7 @@ def plan(machines: int, gpus_per_machine: int, largest_batch: int, saturation_ba
     m = max(d for d in _divisors(Q // i) if d <= C)
     k = P * m
     reasons.append(
-        f"k = {k}: memory parallelism needs k >= {P} machines and host memory holds {C} "
+        f"k = {k}: memory parallelism needs k >= {_plural(P, 'machine')} and host memory holds {C} "
         f"cop{'y' if C == 1 else 'ies'} per machine; the largest k = machines x copies that divides "
         f"P*Q/i = {P * Q // i} uses {m} cop{'y' if m == 1 else 'ies'} per machine"
         + (f" (not {C}: the {Q // i} subgroup slots of a machine cannot be split into {C} equal groups)"
@@ -169,6 +177,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     if args.memory_copies_per_machine is not None:
+        _need_positive("--memory-copies-per-machine", args.memory_copies_per_machine)
         if args.memory_gb_per_copy is not None:  # it would be ignored
             raise ConfigError("--memory-gb-per-copy goes with --host-mem-gb; --memory-copies-per-machine gives the "
                               "copies directly")
@@ -179,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         copies = copies_from_memory(args.host_mem_gb, args.memory_gb_per_copy)
     p = plan(args.machines, args.gpus_per_machine, args.largest_batch, args.saturation_batch, copies)
     if not args.json_only:
-        print(f"{p.machines} machines x {p.gpus_per_machine} GPUs -> i x j x k = {p.i} x {p.j} x {p.k}")
+        print(f"{_plural(p.machines, 'machine')} x {_plural(p.gpus_per_machine, 'GPU')} -> "
+              f"i x j x k = {p.i} x {p.j} x {p.k}")
         for r in p.reasons:
             print(f"  - {r}")
         print(f"  launch: sbatch --nodes {p.machines} --gpus-per-node {p.gpus_per_machine} "
