@@ -155,7 +155,7 @@ def test_data_synth_quiet_and_errors(tmp_path, capsys):
     assert capsys.readouterr().err == "" and out.exists()
     assert cli.main(["data", "synth", "--num-events", "100", "--num-nodes", "1", "--out", str(tmp_path / "x.npz")]) == 2
     err = capsys.readouterr().err
-    assert err == "tgdist data: error: synthetic num_nodes must be >= 2, got 1\n"
+    assert err == "tgdist data: error: --num-nodes must be >= 2, got 1\n"  # in this command's flags
     assert cli.main(["data", "synth", "--num-events", "10", "--num-nodes", "10", "--out", str(tmp_path)]) == 2
     assert "is a directory" in capsys.readouterr().err
     assert not (tmp_path / "x.npz").exists()
@@ -164,7 +164,13 @@ def test_data_synth_quiet_and_errors(tmp_path, capsys):
 def test_data_synth_refuses_what_it_cannot_generate(tmp_path, capsys):
     args = ["data", "synth", "--out", str(tmp_path / "x.npz")]
     assert cli.main([*args, "--num-events", "100", "--num-nodes", "10", "--seed", "-1"]) == 2
-    assert capsys.readouterr().err == "tgdist data: error: synthetic seed must be >= 0, got -1\n"
+    assert capsys.readouterr().err == "tgdist data: error: --seed must be >= 0, got -1\n"
+    assert cli.main([*args, "--num-events", "100", "--num-nodes", "10", "--num-src-nodes", "3"]) == 2
+    assert capsys.readouterr().err == "tgdist data: error: --num-src-nodes is only meaningful with --bipartite\n"
+    assert cli.main([*args, "--num-events", "100", "--num-nodes", "10", "--edge-dim", "-1"]) == 2
+    assert capsys.readouterr().err == "tgdist data: error: --edge-dim and --node-dim must be >= 0, got -1, 0\n"
+    assert cli.main([*args, "--num-events", "100", "--num-nodes", "10", "--out", " "]) == 2
+    assert capsys.readouterr().err == "tgdist data: error: --out is empty; give a file name such as synthetic.npz\n"
     assert cli.main([*args, "--num-events", str(10**12), "--num-nodes", "10"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("tgdist data: error: a synthetic graph of 1,000,000,000,000 events and 10 nodes needs about ")

