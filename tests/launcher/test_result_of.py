@@ -7,6 +7,7 @@ import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from tgdist.errors import DataError
 from tgdist.launcher import collectives
 
 from .helpers import free_port
@@ -24,6 +25,8 @@ def _worker(rank: int, port: int, how: str, out) -> None:
             time.sleep(2 * GROUP_TIMEOUT)
             if how == "fails":
                 raise ValueError("no such file")
+            if how == "bad input":
+                raise DataError("x.csv: no such file")
             return {"test_ap": 0.9}
 
         try:
@@ -33,7 +36,7 @@ def _worker(rank: int, port: int, how: str, out) -> None:
                 got = collectives.result_of(work, dist.group.WORLD, name="summary")
             out.put((rank, "ok", got))
         except Exception as e:  # noqa: BLE001 - reported to the test
-            out.put((rank, type(e).__name__, str(e)))
+            out.put((rank, type(e).__name__, str(e) + (f" (exit {e.exit_code})" if hasattr(e, "exit_code") else "")))
     finally:
         dist.destroy_process_group()
 
@@ -68,6 +71,10 @@ def test_result_of_waits_past_the_group_timeout():
 
 
 def test_result_of_reports_a_failure_on_rank_0_to_the_others():
+    """As a tgdist error (one line, not a traceback), with rank 0's exit code: 2 for bad input."""
     results = _run("fails")
     assert results[0] == ("ValueError", "no such file")
-    assert results[1] == ("RuntimeError", "rank 0 failed while this rank waited for it: ValueError: no such file")
+    assert results[1] == ("RunFailure", "rank 0 failed while this rank waited for it: ValueError: no such file (exit 1)")
+    results = _run("bad input")
+    assert results[1] == ("RunFailure", "rank 0 failed while this rank waited for it: DataError: x.csv: no such file "
+                                        "(exit 2)")

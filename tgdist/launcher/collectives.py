@@ -20,6 +20,8 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from tgdist.errors import RunFailure, TgdistError
+
 __all__ = ["ByteCounter", "Traffic", "all_reduce_mean", "all_gather_object", "broadcast_object", "broadcast_tensors", "result_of", "barrier", "group_size"]
 
 
@@ -144,13 +146,17 @@ def result_of(work: Callable[[], Any], group=None, src: int = 0, timeout: timede
     try:
         if dist.get_rank() != src:
             status, value = broadcast_object(None, src, waiting, name, counter)
-            if status == "failed":
-                raise RuntimeError(f"rank {src} failed while this rank waited for it: {value}")
+            if status == "failed":  # one line, as rank src's own, with its exit code (2: bad input)
+                message, code = value
+                failure = RunFailure(f"rank {src} failed while this rank waited for it: {message}")
+                failure.exit_code = code
+                raise failure
             return value
         try:
             value = work()
         except BaseException as e:
-            broadcast_object(("failed", f"{type(e).__name__}: {e}"), src, waiting, name, counter)
+            code = getattr(e, "exit_code", 2) if isinstance(e, TgdistError) else 1
+            broadcast_object(("failed", (f"{type(e).__name__}: {e}", code)), src, waiting, name, counter)
             raise
         broadcast_object(("ok", value), src, waiting, name, counter)
         return value
