@@ -76,5 +76,5 @@ def test_result_of_reports_a_failure_on_rank_0_to_the_others():
     assert results[0] == ("ValueError", "no such file")
     assert results[1] == ("RunFailure", "rank 0 failed while this rank waited for it: ValueError: no such file (exit 1)")
     results = _run("bad input")
-    assert results[1] == ("RunFailure", "rank 0 failed while this rank waited for it: DataError: x.csv: no such file "
-                                        "(exit 2)")
+    said = "rank 0 failed while this rank waited for it: DataError: x.csv: no such file (exit 2)"
+    assert results[1] == ("RunFailure", said)
