@@ -218,6 +218,20 @@ def test_a_task_the_data_has_no_labels_for_is_the_only_line(tmp_path):
         assert not (tmp_path / "run").exists()
 
 
+def test_a_resumed_run_continues_in_its_own_directory(tmp_path):
+    """``train.resume=RUN_DIR``, as the Ctrl-C line says: the run went on in a new default
+    directory, leaving RUN_DIR with the partial run; it now continues in RUN_DIR."""
+    run = tmp_path / "r"
+    assert tgdist("train", *QUICK, f"run_dir={run}", cwd=tmp_path).returncode == 0
+    r = tgdist("train", *QUICK, "train.epochs=2", f"train.resume={run}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["run_dir"] == str(run)
+    assert [p.name for p in tmp_path.iterdir()] == ["r"]  # no runs/ beside it
+    assert [json.loads(x)["epoch"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [0, 1]
+    r = tgdist("train", *QUICK, "train.epochs=3", f"train.resume={run / 'checkpoints' / 'last.pt'}", cwd=tmp_path)
+    assert r.returncode == 0 and json.loads(r.stdout.strip().splitlines()[-1])["run_dir"] == str(run)
+
+
 def test_write_failures_are_one_line():
     import errno
 

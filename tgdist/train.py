@@ -198,15 +198,32 @@ def _main() -> None:
             _new_parents[:] = [_sweep_dir, *(p for p in _new_parents if p in _sweep_dir.parents)]
             sys.argv.append(f"hydra.sweep.dir={_quoted(str(_sweep_dir))}")
     elif cfg is not None and not (args.cfg or args.help or args.hydra_help or args.info):  # a run
+        given = override_value(args.overrides, "run_dir") is not None
+        resumed = _resumed_run_dir(cfg.train.resume)
+        if resumed is not None and not given:  # continue in place
+            sys.argv.append(f"run_dir={_quoted(str(resumed))}")
+            cfg.run_dir, given = str(resumed), True
         run_dir = Path(cfg.run_dir).absolute()
         _new_parents[:] = [p for p in run_dir.parents if not p.exists()]
         _check_run_parent(run_dir)
         _check_resume(cfg)
         _run_dir = run_dir
-        if override_value(args.overrides, "run_dir") is None and detect().world_size == 1:  # the default name
+        if not given and detect().world_size == 1:  # the default name
             _run_dir, _claimed = claim_directory(run_dir), True
             sys.argv.append(f"run_dir={_quoted(str(_run_dir))}")
     _hydra_main()
+
+
+def _resumed_run_dir(resume: str | None) -> Path | None:
+    """The run directory ``train.resume`` names: RUN_DIR itself, or the run holding
+    ``RUN_DIR/checkpoints/FILE.pt``; a resumed run continues there unless run_dir= is given.
+    None for a checkpoint file elsewhere (or no resume)."""
+    if not resume:
+        return None
+    p = Path(resume).expanduser().absolute()
+    if p.is_dir():
+        return p
+    return p.parent.parent if p.parent.name == "checkpoints" else None
 
 
 def _hydra_run_dir_as_run_dir(argv: list[str]) -> list[str]:
