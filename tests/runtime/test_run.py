@@ -137,6 +137,20 @@ def test_an_empty_evaluation_part_is_said_before_training(caplog):
     assert "part of the split" not in caplog.text
 
 
+def test_an_empty_val_part_reports_null_metrics_and_no_best_epoch(tmp_path):
+    """Its keys were left out, and epoch 0 was named best (every epoch tied at -inf) with its test
+    AP as test_ap_at_best_val."""
+    g = _labelled_graph("node", 1000)
+    g.t[:] = np.r_[np.repeat(np.arange(6), 100), np.full(400, 6)]  # both cuts move back to event 600
+    cfg = compose(SMALL + ["train.epochs=2", f"run_dir={tmp_path / 'r'}"])
+    s = Run(cfg, tmp_path / "r", trainer=build_trainer(cfg, graph=g)).train()
+    assert s["val_ap"] is None and s["val_auc"] is None and s["val_mrr"] is None
+    assert s["best_epoch"] is None and s["best_val_ap"] is None and s["test_ap_at_best_val"] is None
+    assert 0 <= s["test_ap"] <= 1 and "test_ap_inductive" in s
+    lines = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert [h["val_ap"] for h in lines] == [None, None]
+
+
 def test_more_evaluation_negatives_than_nodes_warns(tmp_path, caplog):
     with caplog.at_level("WARNING"):
         build_trainer(compose(SMALL + ["train.num_neg_eval=5000"]))

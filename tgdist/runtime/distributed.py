@@ -348,15 +348,15 @@ def run_parallel(cfg: DictConfig, run_dir) -> dict:
                 metrics.update(_downstream_alone(trainer, cfg))
             loss_sum = sum(l for s in stats for _, l, _ in s["losses"])
             events = sum(e for s in stats for _, _, e in s["losses"])
-            summary = {"run_dir": str(run_dir), "data": cfg.data.name,
+            summary = jsonable({"run_dir": str(run_dir), "data": cfg.data.name,
                        "model": model_tag(cfg.model.name, cfg.model.num_layers), "parallel": str(layout),
                        "memory_backend": backend, "epochs": cfg.train.epochs,
                        "batch_size": cfg.train.batch_size, "lr": lr, "iterations": par.iterations,
                        "loss": loss_sum / max(events, 1), "traversed_events": events, **metrics,
                        "train_events_per_s": rate(sum(s["rank_events"] for s in stats),
                                                   max(s["rank_seconds"] for s in stats)),
-                       "replicas_identical": replicas_identical, "communication": par.counter.as_dict()}
-            Run.write_summary(run_dir, run_cfg, summary)
+                       "replicas_identical": replicas_identical, "communication": par.counter.as_dict()})
+            Run.write_summary(run_dir, run_cfg, summary)  # undefined metrics (an empty part) as null
             # one metrics line, as a single-process run writes per epoch: a parallel run evaluates once, at its end
             line = {"epoch": cfg.train.epochs - 1, "loss": summary["loss"], "train_events": events,
                     "events_per_s": summary["train_events_per_s"], **metrics}

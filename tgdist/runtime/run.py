@@ -125,9 +125,9 @@ class Run:
                 mf.flush()
                 compiled = (f" (leaving out {res['compile_seconds']:.1f} s of one-time kernel compiling)"
                             if res["compile_seconds"] >= 0.5 else "")
-                log.info("epoch %d: loss %.4f, %s, %s train events/s%s", epoch, res["loss"],
-                         ", ".join(f"{k} {v:.4f}" for k, v in res.items() if k.startswith(("val_", "test_"))),
-                         f"{res['events_per_s']:,.0f}", compiled)
+                shown = [f"{k} {v:.4f}" for k, v in res.items() if k.startswith(("val_", "test_"))]
+                log.info("epoch %d: loss %.4f, %s train events/s%s", epoch, res["loss"],
+                         "".join(f"{x}, " for x in shown) + f"{res['events_per_s']:,.0f}", compiled)
                 log.info("training stage times:\n%s", train_stages.table(res["train_events"]))
                 self._checkpoint(epoch + 1, 0)
         if cfg.train.epochs == 0 and not cfg.train.resume:  # the node and edge tasks too: their link baseline
@@ -171,9 +171,10 @@ class Run:
         trained = [h for h in self.history if h["epoch"] >= 0]
         if not trained:  # train.epochs=0: an untrained baseline
             return out
-        best = max(trained, key=lambda h: h.get("val_ap") if h.get("val_ap") is not None else float("-inf"))
+        scored = [h for h in trained if h.get("val_ap") is not None]  # none: an empty val part, or NaN scores
+        best = max(scored, key=lambda h: h["val_ap"]) if scored else {}  # no best epoch without a val AP
         out["epochs"] = len(trained)
-        out["best_epoch"] = best["epoch"]
+        out["best_epoch"] = best.get("epoch")
         out["best_val_ap"] = best.get("val_ap")
         out["test_ap_at_best_val"] = best.get("test_ap")
         out["train_events_per_s"] = float(np.mean([h["events_per_s"] for h in trained]))

@@ -352,8 +352,9 @@ class Trainer:
         Memory is updated by the evaluated events (evaluation continues the stream)."""
         self.model.eval()
         lo, hi = self.split.range(part)
-        if hi <= lo:
-            return {}
+        if hi <= lo:  # an empty part: its metrics are undefined (null in the summary), not left out
+            return dict.fromkeys([f"{part}_ap", f"{part}_auc"] + [f"{part}_mrr"] * (self.num_neg_eval > 1),
+                                 float("nan"))
         with self.side_stream(SIDE_STREAMS[part]):
             return self._evaluate(part, lo, hi)
 
@@ -380,10 +381,9 @@ class Trainer:
         res = {f"{part}_ap": average_precision(y, sc), f"{part}_auc": roc_auc(y, sc)}
         if self.num_neg_eval > 1:
             res[f"{part}_mrr"] = float(np.mean(np.concatenate(rr_all)))
-        mask = self.split.new_node_mask[lo:hi]
-        if mask.any() and (~mask).any():
-            yi = np.r_[np.ones(mask.sum()), np.zeros(mask.sum())]
-            res[f"{part}_ap_inductive"] = average_precision(yi, np.r_[pos[mask], neg[mask]])
+        mask = self.split.new_node_mask[lo:hi]  # events with a node unseen in training (all of them, maybe)
+        yi = np.r_[np.ones(mask.sum()), np.zeros(mask.sum())]
+        res[f"{part}_ap_inductive"] = average_precision(yi, np.r_[pos[mask], neg[mask]]) if mask.any() else float("nan")
         return res
 
     EVAL_ROOTS = 1 << 17  # roots per forward pass in evaluation, above which the negatives are split
