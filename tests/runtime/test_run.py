@@ -151,6 +151,18 @@ def test_an_empty_val_part_reports_null_metrics_and_no_best_epoch(tmp_path):
     assert [h["val_ap"] for h in lines] == [None, None]
 
 
+def test_features_that_saturate_the_model_are_warned_about(tmp_path, caplog):
+    """Edge features of magnitude 1e30 make every score tie (AP and ROC-AUC exactly 0.5) with no
+    word; the features are named when the data is read, and the tie when it is scored."""
+    g = _labelled_graph("node", 1000)
+    g.edge_feat = np.full((1000, 2), 1e30, np.float32)
+    with caplog.at_level("WARNING"):
+        tr = build_trainer(compose(SMALL), graph=g)
+        res = tr.evaluate("val")
+    assert "edge features reach 1e+30 in magnitude" in caplog.text
+    assert res["val_ap"] == 0.5 and "val: every score is " in caplog.text
+
+
 def test_more_evaluation_negatives_than_nodes_warns(tmp_path, caplog):
     with caplog.at_level("WARNING"):
         build_trainer(compose(SMALL + ["train.num_neg_eval=5000"]))

@@ -194,6 +194,11 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
     # after the checks of the data: an error in it, or in the task it is read for, stays the one line on stderr
     log.info("%s", graph.describe())
     log.info("%s; threads: %d torch, %d numba", version_line(), torch_threads, numba_threads)
+    for what, feat in (("edge", graph.edge_feat), ("node", graph.node_feat)):
+        largest = max(float(feat.max()), -float(feat.min())) if feat is not None and feat.size else 0.0  # no copy
+        if largest > 1e12:  # float32 products of such values saturate the layers: every score ties
+            log.warning("%s features reach %.3g in magnitude; the model's layers saturate on such values "
+                        "(every score may tie): standardise them first", what, largest)
     empty = [part for part in ("val", "test") if split.range(part)[0] == split.range(part)[1]
              and cfg.data[f"{part}_frac"] > 0]  # one asked for with a fraction of 0 is no surprise
     if empty and graph.num_events > 1:  # e.g. data.max_events cutting a TGL directory's ext_roll split short

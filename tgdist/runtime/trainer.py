@@ -376,8 +376,12 @@ class Trainer:
         y = np.r_[np.ones(len(pos)), np.zeros(len(pos))]
         sc = np.r_[pos, neg]
         if np.isnan(sc).any():
-            log.warning("%s: %d of %d scores are NaN: the model diverged (lower train.lr?); its %s metrics are null",
-                        part, int(np.isnan(sc).sum()), len(sc), part)
+            log.warning("%s: %d of %d scores are NaN (training diverged: lower train.lr? or features beyond float32's "
+                        "range); its %s metrics are null", part, int(np.isnan(sc).sum()), len(sc), part)
+        elif len(sc) > 2 and sc.min() == sc.max():
+            log.warning("%s: every score is %g, so AP and ROC-AUC are 0.5 whatever the model learnt: it cannot tell "
+                        "events apart (edge features of huge magnitude, or a graph with one candidate destination, "
+                        "can do this)", part, sc[0])
         res = {f"{part}_ap": average_precision(y, sc), f"{part}_auc": roc_auc(y, sc)}
         if self.num_neg_eval > 1:
             res[f"{part}_mrr"] = float(np.mean(np.concatenate(rr_all)))
