@@ -151,6 +151,17 @@ def test_an_empty_val_part_reports_null_metrics_and_no_best_epoch(tmp_path):
     assert [h["val_ap"] for h in lines] == [None, None]
 
 
+def test_a_first_timestamp_holding_the_training_share_is_named():
+    """An initial snapshot (80% of the events at the first time) leaves no training events once the
+    cut moves back to whole timestamps: the message says why and which fractions would work."""
+    g = _labelled_graph("node", 1000)
+    g.t[:] = np.r_[np.zeros(800, np.int64), np.arange(1, 201)]
+    with pytest.raises(ConfigError, match=r"leaves none before the validation part; the first timestamp \(0\) holds "
+                                          r"800 events \(80%\), .*lower data.val_frac \+ data.test_frac below 0.20$"):
+        build_trainer(compose(SMALL), graph=g)
+    assert build_trainer(compose(SMALL + ["data.val_frac=0.1", "data.test_frac=0.09"]), graph=g) is not None
+
+
 def test_features_that_saturate_the_model_are_warned_about(tmp_path, caplog):
     """Edge features of magnitude 1e30 make every score tie (AP and ROC-AUC exactly 0.5) with no
     word; the features are named when the data is read, and the tie when it is scored."""

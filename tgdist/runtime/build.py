@@ -185,12 +185,19 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
     lo, hi = split.range("train")
     if hi <= lo and cfg.train.epochs > 0:
         n = graph.num_events
+        first = int(np.searchsorted(graph.t, graph.t[0], side="right"))  # events at the first timestamp
+        if n > 1 and graph.t[0] == graph.t[-1]:
+            why = (f"; every event has the time {graph.t[0]}: if the time is another column, name the columns with "
+                   f"data.columns, e.g. 'src,dst,_,t'")
+        elif n > 1:  # the cut moves back to the first timestamp, which holds too many events
+            why = (f"; the first timestamp ({graph.t[0]}) holds {first:,} events ({first / n:.0%}), and a training "
+                   f"part must end before the validation part's timestamp: lower data.val_frac + data.test_frac "
+                   f"below {1 - first / n:.2f}")
+        else:
+            why = ""
         raise ConfigError(f"no training events: the chronological split of {n:,} event{'s' * (n != 1)} "
                           f"(val_frac {cfg.data.val_frac}, test_frac {cfg.data.test_frac}, cut back to whole "
-                          f"timestamps) leaves none before the validation part"
-                          + (f"; every event has the time {graph.t[0]}: if the time is another column, name the "
-                             f"columns with data.columns, e.g. 'src,dst,_,t'" if n > 1 and graph.t[0] == graph.t[-1]
-                             else ""))
+                          f"timestamps) leaves none before the validation part{why}")
     # after the checks of the data: an error in it, or in the task it is read for, stays the one line on stderr
     log.info("%s", graph.describe())
     log.info("%s; threads: %d torch, %d numba", version_line(), torch_threads, numba_threads)
