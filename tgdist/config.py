@@ -547,7 +547,7 @@ class TrainConfig:
     num_threads: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     test_every_epoch: bool = True  # false: the test part only after the last epoch
-    checkpoint_every: int = 0  # also checkpoint every N training batches (0: at epoch ends only)
+    checkpoint_every: int = 0  # also checkpoint every N training batches (0: at epoch ends; parallel: at the end)
     resume: Optional[str] = None  # a checkpoint file, or a run directory (its latest checkpoint)
     stop_after_batches: Optional[int] = None  # stop early after this many training batches (tests)
     progress: bool = True  # progress lines on stderr (the end-of-epoch stage table is logged either way)

@@ -87,7 +87,8 @@ def _hydra_main(cfg: DictConfig) -> None:
         if write_failure(e) is None:
             raise
         _remove_if_empty_run(run_dir)
-        print(f"{who}: error: {write_failure(e)}{_sweep_job_note()}", file=sys.stderr)
+        where = "" if e.filename else f"{run_dir}: "  # a flush of metrics.jsonl names no file
+        print(f"{who}: error: {where}{write_failure(e)}{_sweep_job_note()}", file=sys.stderr)
         sys.exit(1)
     except BaseException as e:  # Ctrl-C or SIGTERM: one line saying what is kept, the shell's 128 + N
         if not caused_by_interrupt(e):
