@@ -232,6 +232,17 @@ def test_a_resumed_run_continues_in_its_own_directory(tmp_path):
     assert r.returncode == 0 and json.loads(r.stdout.strip().splitlines()[-1])["run_dir"] == str(run)
 
 
+def test_a_metrics_line_that_cannot_be_written_names_the_run(tmp_path):
+    """metrics.jsonl on a full device (here /dev/full): the flush's error names no file, so the
+    line names the run directory."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").symlink_to("/dev/full")
+    r = tgdist("train", *QUICK, f"run_dir={run}", cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.strip().splitlines()[-1] == f"tgdist train: error: {run}: cannot write (No space left on device)"
+
+
 def test_write_failures_are_one_line():
     import errno
 
