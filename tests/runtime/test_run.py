@@ -162,6 +162,15 @@ def test_a_first_timestamp_holding_the_training_share_is_named():
     assert build_trainer(compose(SMALL + ["data.val_frac=0.1", "data.test_frac=0.09"]), graph=g) is not None
 
 
+def test_one_candidate_destination_is_warned_about(caplog):
+    """A bipartite star (every event to one hub): each negative is the positive itself."""
+    g = _labelled_graph("node", 1000)
+    g.dst[:], g.num_nodes, g.node_map, g.node_feat = 30, 31, np.arange(31), None
+    with caplog.at_level("WARNING"):
+        build_trainer(compose(SMALL), graph=g)
+    assert "there is 1 candidate destination (node 30): every negative is the event's own destination" in caplog.text
+
+
 def test_features_that_saturate_the_model_are_warned_about(tmp_path, caplog):
     """Edge features of magnitude 1e30 make every score tie (AP and ROC-AUC exactly 0.5) with no
     word; the features are named when the data is read, and the tie when it is scored."""

@@ -238,7 +238,10 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
                                   cfg.sampler.strategy, cfg.sampler.seed, numba_threads)
     negatives = NegativeSampler(graph, cfg.train.seed)
     candidates = negatives.high - negatives.low
-    if cfg.train.num_neg_eval > candidates:
+    if candidates == 1:  # every negative is the positive: AP and ROC-AUC 0.5, and nothing to learn
+        log.warning("there is 1 candidate destination (node %s): every negative is the event's own destination, "
+                    "so link prediction has nothing to tell apart", graph.node_map[negatives.low])
+    elif cfg.train.num_neg_eval > candidates:
         log.warning("train.num_neg_eval=%d is more than the %d candidate destinations; MRR's negatives are drawn with "
                     "replacement, so many repeat", cfg.train.num_neg_eval, candidates)
     return Trainer(graph, split, model, memory, sampler, negatives, batch_size=cfg.train.batch_size, lr=cfg.train.lr,
