@@ -162,6 +162,15 @@ def test_a_first_timestamp_holding_the_training_share_is_named():
     assert build_trainer(compose(SMALL + ["data.val_frac=0.1", "data.test_frac=0.09"]), graph=g) is not None
 
 
+def test_a_task_without_labels_on_featured_data_points_at_data_columns():
+    """A header column named label is read as a feature: the error says how to name it a label."""
+    g = _labelled_graph("node", 1000)
+    g.label, g.edge_feat = None, np.zeros((1000, 1), np.float32)
+    with pytest.raises(ConfigError, match=r"has none \(an edge list's label column is read as an edge feature unless "
+                                          r"data.columns names it, e.g. 'src,dst,t,label'\)$"):
+        build_trainer(compose(SMALL + ["train.task=edge"]), graph=g)
+
+
 def test_one_candidate_destination_is_warned_about(caplog):
     """A bipartite star (every event to one hub): each negative is the positive itself."""
     g = _labelled_graph("node", 1000)

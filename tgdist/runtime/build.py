@@ -149,7 +149,9 @@ def check_labels(task: str, graph: TemporalGraph, split) -> None:
         label_classes(graph.label, graph.name)
         return
     if graph.node_labels is None:
-        raise ConfigError(f"train.task={task} needs labels, and data {graph.name!r} has none")
+        hint = (" (an edge list's label column is read as an edge feature unless data.columns names it, e.g. "
+                "'src,dst,t,label')" if graph.edge_dim else "")
+        raise ConfigError(f"train.task={task} needs labels, and data {graph.name!r} has none{hint}")
     if task == "edge":
         raise ConfigError(f"train.task=edge needs a label per event, and data {graph.name!r} has node labels at "
                           f"times (labels.csv) only: use train.task=node")
