@@ -272,6 +272,25 @@ def test_ctrl_c_before_the_run_starts_is_one_line_and_leaves_no_directory(tmp_pa
     assert list(tmp_path.iterdir()) == []  # neither runs/NAME nor runs/
 
 
+def test_ctrl_c_after_the_run_finished_says_so(tmp_path, monkeypatch, capsys):
+    """A signal in Hydra's teardown, after the summary was printed, was reported as arriving
+    "before the run started"."""
+    from tgdist import train
+
+    def finished_then_interrupted():
+        train._finished.append(str(tmp_path / "r"))
+        raise KeyboardInterrupt
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(train, "_hydra_main", finished_then_interrupted)
+    monkeypatch.setattr(train, "_finished", [])
+    monkeypatch.setattr(sys, "argv", ["tgdist train", *QUICK, f"run_dir={tmp_path / 'r'}"])
+    with pytest.raises(SystemExit) as exit_:
+        train.main()
+    assert exit_.value.code == 130
+    assert capsys.readouterr().err == f"tgdist train: interrupted after its run finished (its results are in {tmp_path / 'r'})\n"
+
+
 def test_a_refused_resume_leaves_the_run_as_it_was(tmp_path):
     """Checked before Hydra writes .hydra/ into the run directory, which is often the checkpoint's."""
     run = tmp_path / "r"

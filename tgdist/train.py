@@ -25,6 +25,8 @@ from tgdist.errors import TgdistError, write_failure
 _STARTUP_ONLY = {"train.log", ".hydra", "config.yaml"}
 
 
+# The run directory of each finished run (a sweep has several): an interrupt after it is said so.
+_finished: list[str] = []
 # Parent directories of the run directory that did not exist before this process (``runs/`` on a
 # first run); removed again, when left empty, with a run directory that holds no result.
 _new_parents: list[Path] = []
@@ -104,6 +106,7 @@ def _hydra_main(cfg: DictConfig) -> None:
         print(json.dumps(summary), flush=True)
     elif Path(summary["run_dir"]).resolve() != run_dir.resolve():
         _remove_if_empty_run(run_dir)  # rank 0's run directory holds the results
+    _finished.append(summary["run_dir"])  # a signal now (Hydra's teardown) is not "before the run started"
 
 
 def _paths_from_the_launch_directory(cfg: DictConfig) -> None:
@@ -158,8 +161,9 @@ def main() -> None:
             remove_empty_dirs([_sweep_dir, *_new_parents])
         rank = os.environ.get("RANK", "0") if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
         words, code = stopped(e)
-        print(f"tgdist train{f' [rank {rank}]' if rank is not None else ''}: {words} before the run started",
-              file=sys.stderr)
+        when = (f"after its run finished (its results are in {_finished[-1]})" if _finished
+                else "before the run started")
+        print(f"tgdist train{f' [rank {rank}]' if rank is not None else ''}: {words} {when}", file=sys.stderr)
         sys.exit(code)
 
 
