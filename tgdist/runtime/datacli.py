@@ -53,8 +53,9 @@ def _parser() -> argparse.ArgumentParser:
         else:
             syn.add_argument(flag, type=type(f.default), default=f.default, help=f"{text}; default %(default)s")
     syn.add_argument("--out", required=True,
-                     help="output file, written atomically: .npz (tgdist's format) or a plain edge list, "
-                          ".csv, .tsv or .txt, optionally .gz (src,dst,t and the edge features f0...)")
+                     help="output file, written atomically (an existing file is replaced): .npz (tgdist's "
+                          "format) or a plain edge list, .csv, .tsv or .txt, optionally .gz (src,dst,t and the edge "
+                          "features f0...)")
     syn.add_argument("--quiet", action="store_true", help="no progress on stderr")
     return p
 
