@@ -143,9 +143,13 @@ def test_ctrl_c_says_what_is_kept_in_one_line(tmp_path):
     assert not run.exists() and "Traceback" not in err
 
     rc, err = _interrupt_when(run / "checkpoints" / "last.pt", args, tmp_path)
-    assert rc == 130, err
+    _assert_stopped_keeping_the_checkpoint(run, rc, err, 130, "interrupted")
+
+
+def _assert_stopped_keeping_the_checkpoint(run, rc: int, err: str, code: int, words: str) -> None:
+    assert rc == code, err
     assert err.strip().splitlines()[-1] == (
-        f"tgdist train: interrupted; {run / 'checkpoints' / 'last.pt'} holds the last checkpoint, "
+        f"tgdist train: {words}; {run / 'checkpoints' / 'last.pt'} holds the last checkpoint, "
         f"continue with train.resume={run}")
     assert "Traceback" not in err and not list(run.glob("checkpoints/.*.tmp"))
 
@@ -156,11 +160,7 @@ def test_sigterm_stops_like_ctrl_c(tmp_path):
     run = tmp_path / "run"
     args = ["train.progress=false", "train.epochs=3", "train.checkpoint_every=20", f"run_dir={run}"]
     rc, err = _interrupt_when(run / "checkpoints" / "last.pt", args, tmp_path, signal.SIGTERM)
-    assert rc == 143, err
-    assert err.strip().splitlines()[-1] == (
-        f"tgdist train: stopped by SIGTERM; {run / 'checkpoints' / 'last.pt'} holds the last checkpoint, "
-        f"continue with train.resume={run}")
-    assert "Traceback" not in err and not list(run.glob("checkpoints/.*.tmp"))
+    _assert_stopped_keeping_the_checkpoint(run, rc, err, 143, "stopped by SIGTERM")
 
 
 def test_a_checkpoint_that_cannot_be_written_is_one_line(tmp_path):
