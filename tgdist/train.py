@@ -106,7 +106,8 @@ def _hydra_main(cfg: DictConfig) -> None:
         print(json.dumps(summary), flush=True)
     elif Path(summary["run_dir"]).resolve() != run_dir.resolve():
         _remove_if_empty_run(run_dir)  # rank 0's run directory holds the results
-    _finished.append(summary["run_dir"])  # a signal now (Hydra's teardown) is not "before the run started"
+    # a signal from here on (Hydra's teardown) is not "before the run started"; a stopped run has no run_dir key
+    _finished.append(summary.get("run_dir", str(run_dir)))
 
 
 def _paths_from_the_launch_directory(cfg: DictConfig) -> None:
