@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import re
 import subprocess
 import sys
@@ -28,7 +27,7 @@ import numpy as np
 import tgdist  # noqa: F401
 from tgdist.runtime.data import load_graph
 
-from common import DATASETS, at_least, machine, run_main  # noqa: E402
+from common import DATASETS, at_least, emit, machine, run_main  # noqa: E402
 
 SOURCES = [
     ("wikipedia", "wikipedia/wikipedia.csv.gz", {}),
@@ -120,7 +119,7 @@ def main() -> int:
     if args.synthetic_events:
         log(f"synthetic {args.synthetic_events:,} events")
         result["synthetic"] = bench_synthetic(args.synthetic_events, args.synthetic_nodes)
-    print(json.dumps(result, indent=1))
+    emit(result)
     return 0
 
 

@@ -23,12 +23,9 @@ import resource
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-from common import at_least, run_main
+from common import DATASETS, at_least, emit, run_main
 
-REPO = Path(__file__).resolve().parents[1]
-DATASETS = Path(os.environ.get("TGDIST_DATASETS") or REPO.parent / "shared" / "datasets")  # as tgdist reads it
 FILES = {"wikipedia": "wikipedia/wikipedia.csv.gz", "enron": "enron/ml_enron.txt.gz",
          "sfhh": "sociopatterns-copresence/tij_pres_SFHH.txt.zip"}
 METHODS = ("range", "interval", "greedy", "reflexbicut")
@@ -253,7 +250,7 @@ def main() -> int:
     result["timing"] = [run_child("wikipedia", events)] if wiki is not None else []
     result["timing"].append(run_child("synthetic", events))
     result["seconds"] = round(time.perf_counter() - started, 1)
-    print(json.dumps(result, indent=1), flush=True)
+    emit(result)
     failed = [t for t in result["timing"] if "error" in t]
     for t in failed:
         note(f"partition.py: error: timing case {t['case']} failed: {t['error']}")

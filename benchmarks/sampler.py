@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 
-from common import DATASETS, at_least, machine, run_main  # noqa: E402
+from common import DATASETS, at_least, emit, machine, run_main  # noqa: E402
 
 CONFIGS = [("recent", [10]), ("recent", [10, 10]), ("uniform", [10]), ("uniform", [10, 10])]
 
@@ -245,7 +245,7 @@ def main() -> int:
     else:
         result["datasets"].append(run_one(args.dataset, args))
         result["datasets"][-1]["omp_wait_policy"] = os.environ.get("OMP_WAIT_POLICY")
-    print(json.dumps(result, indent=1))
+    emit(result)
     return 0
 
 
