@@ -451,7 +451,8 @@ def test_bad_sweep_value_fails_before_any_job(tmp_path):
     r = tgdist("train", "-m", "train.lr=interval(0.1,0.2)", cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         ("tgdist train: error: train.lr=interval(0.1,0.2): Hydra's basic sweeper runs lists (a,b,c), range(...) "
-         "and choice(...); interval(...) needs a sweeper plugin (e.g. hydra/sweeper=optuna)")]
+         "and choice(...); interval(...) needs a sweeper plugin (e.g. pip install hydra-optuna-sweeper, then "
+         "hydra/sweeper=optuna)")]
     assert list(tmp_path.iterdir()) == []
 
 
@@ -566,3 +567,99 @@ def test_unknown_key_without_a_close_spelling_lists_its_group(capsys):
     with pytest.raises(SystemExit):
         _compose_or_exit("tgdist train", "train", ["sampler.fanout=[5]"])  # a close spelling: named alone
     assert capsys.readouterr().err.endswith("did you mean 'sampler.fanouts'?\n")
+
+
+def _user_configs(root: Path) -> Path:
+    """A researcher's config folder: an experiment extending tgdist's config, one with a typo, one
+    sweeping from the file, one choosing its own run directory, and a data option of its own."""
+    conf = root / "myconf"
+    (conf / "data").mkdir(parents=True)
+    quick = "\n".join(f"  {k.split('.', 1)[1].replace('=', ': ')}" for k in QUICK if k.startswith("train."))
+    (conf / "exp.yaml").write_text(f"defaults: [train, _self_]\ntrain:\n{quick}\n  lr: 0.001\n"
+                                   "model: {mem_dim: 16, time_dim: 8}\ndata: {max_events: 1200}\n")
+    (conf / "typo.yaml").write_text("defaults: [train, _self_]\ntrain:\n  epoch: 1\n")
+    (conf / "sweep.yaml").write_text("defaults: [exp, _self_]\nhydra:\n  sweeper:\n    params:\n"
+                                     "      train.batch_size: 100,-5\n")
+    (conf / "elsewhere.yaml").write_text("defaults: [exp, _self_]\ntrain: {epochs: 0}\nhydra:\n  run:\n    dir: out/x\n")
+    (conf / "data" / "mine.yaml").write_text("defaults: [data_schema]\nname: mine\npath: nope.csv\n")
+    return conf
+
+
+def test_a_users_config_directory_is_checked_like_the_default(tmp_path):
+    """``--config-dir``/``--config-name`` used to skip every check before Hydra: a typo in the file
+    was Hydra's multi-line report with exit 1, ``+train.epoch=1`` trained silently, a refused run
+    left runs/ behind, and a resume went to a new directory after rewriting the old one's .hydra/."""
+    _user_configs(tmp_path)
+    flags = ["--config-dir", "myconf", "--config-name"]
+    for args, message in (
+            (["typo"], ("config file typo.yaml: train.epoch: Key 'epoch' not in 'TrainConfig'; did you mean "
+                        "'train.epochs'?")),
+            (["exp", "+train.epoch=1"], "+train.epoch: not a key of tgdist's config"),
+            (["exp", "data=mine"], "nope.csv: no such file or directory"),
+            (["exp", "-m", "train.batch_size=100,-5"], "train.batch_size=-5: give a positive number"),
+            (["sweep", "-m"], ("train.batch_size=-5: give a positive number of events per batch (sweep job #1: "
+                               "train.batch_size=-5)")),
+            (["nope"], "Cannot find primary config 'nope'")):
+        r = tgdist("train", *flags, *args, cwd=tmp_path)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, (args, r.stderr)
+        assert r.stderr.startswith(f"tgdist train: error: {message}"), (args, r.stderr)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["myconf"], args
+    run = tmp_path / "runs" / "a"
+    r = tgdist("train", *flags, "exp", f"run_dir={run}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "  lr: 0.001\n" in (run / "config.yaml").read_text()
+    recorded = {p.name: p.read_bytes() for p in (run / ".hydra").iterdir()}
+    r = tgdist("train", *flags, "exp", f"train.resume={run}", "train.lr=0.5", cwd=tmp_path)
+    assert r.returncode == 2 and "checkpoint was written under another config (train.lr" in r.stderr
+    assert {p.name: p.read_bytes() for p in (run / ".hydra").iterdir()} == recorded
+    r = tgdist("train", *flags, "exp", f"train.resume={run}", "train.epochs=2", cwd=tmp_path)
+    assert r.returncode == 0 and json.loads(r.stdout.strip().splitlines()[-1])["run_dir"] == str(run)
+    assert [p.name for p in (tmp_path / "runs").iterdir()] == ["a"]
+
+
+def test_a_config_files_run_directory_is_the_one_recorded(tmp_path):
+    """A config setting ``hydra.run.dir`` runs there: no default directory is left claimed, and
+    config.yaml (like a sweep job's) names the directory used, not the default name."""
+    _user_configs(tmp_path)
+    r = tgdist("train", "--config-dir", "myconf", "--config-name", "elsewhere", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["myconf", "out"]
+    assert f"\nrun_dir: {tmp_path / 'out' / 'x'}\n" in (tmp_path / "out" / "x" / "config.yaml").read_text()
+    r = tgdist("train", "-m", "train.epochs=0", *QUICK[:1], f"hydra.sweep.dir={tmp_path / 's'}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert f"\nrun_dir: {tmp_path / 's' / '0'}\n" in (tmp_path / "s" / "0" / "config.yaml").read_text()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["train.lr=${oc.env:TGDIST_UNSET_VARIABLE}"],
+     "train.lr: cannot resolve its value: \"Environment variable 'TGDIST_UNSET_VARIABLE' not found\""),
+    (["train.batch_size=${train.lr}"], "train.batch_size: cannot resolve its value: While dereferencing"),
+    (["~parallel"], "~parallel: tgdist reads every key of its config, so none can be deleted"),
+    (["~run_dir"], "~run_dir: tgdist reads every key of its config, so none can be deleted"),
+    (["model=null"], "Config group override must be a string or a list"),
+    (["--cfg", "job", "--resolve", "train.lr=${oc.env:TGDIST_UNSET_VARIABLE}"], "train.lr: cannot resolve"),
+    (["-m", "model=tgn,jodie", "--cfg", "job"], "--multirun and --cfg do not go together"),
+    (["-m", "model=tgn,jodie", "--info"], "--multirun and --info do not go together"),
+    (["hydra.mode=MULTIRUN"], "hydra.mode=MULTIRUN: sweep with --multirun (-m)"),
+    (["-m", "hydra/sweeper=optuna", "model=tgn,jodie"], "In 'hydra/config': Could not find 'hydra/sweeper/optuna'"),
+    (["hydra/job_logging=disabled"], "hydra/job_logging=...: tgdist sets hydra.job_logging itself"),
+    (["-sc", "install=bash"], "shell completion (-sc) is not supported"),
+])
+def test_config_errors_hydra_would_report_late_are_one_line(tmp_path, args, message):
+    """Each was a Hydra traceback (exit 1), a run or sweep folder left behind, or silently ignored."""
+    r = tgdist("train", *args, cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith(f"tgdist train: error: {message}"), r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_basic_sweeper_chosen_by_name_is_still_checked(tmp_path):
+    r = tgdist("train", "-m", "hydra/sweeper=basic", "train.batch_size=100,-5", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().endswith("(sweep job #1: train.batch_size=-5)")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_version_anywhere_is_tgdists(tmp_path):
+    for args in (["--version", "model=jodie"], ["--config-dir", "x", "-V"]):
+        r = tgdist("train", *args, cwd=tmp_path)
+        assert r.returncode == 0 and r.stdout.startswith("tgdist "), r.stdout

@@ -122,12 +122,12 @@ def annotate(yaml_text: str, notes: dict[str, str], width: int = 100) -> str:
     return "\n".join(out)
 
 
-def print_help(command: str, config_name: str, overrides: list[str]) -> None:
+def print_help(command: str, config_name: str, overrides: list[str], source: ConfigSource | None = None) -> None:
     """``--help`` of a Hydra command: the ``hydra.help`` template of its config, where
     ``$CONFIG`` is the composed config (with ``overrides``) and each key's documentation."""
     from omegaconf import open_dict
 
-    full = _compose_or_exit(command, config_name, overrides, return_hydra_config=True)
+    full = _compose_or_exit(command, config_name, overrides, return_hydra_config=True, source=source)
     template = str(full.hydra.help.template)
     with open_dict(full):
         del full["hydra"]
@@ -239,49 +239,119 @@ def load_data(cfg: DataConfig):
     return graph
 
 
-def precheck_overrides(command: str, config_name: str, argv: list[str]):
+@dataclass(frozen=True)
+class ConfigSource:
+    """Where a command's Hydra config is read from: its primary config ``name`` in the
+    ``primary`` directory (tgdist's ``configs/`` unless ``--config-path`` names another), and a
+    user's ``--config-dir``, searched after it (Hydra's order). The command's typed schema does
+    not change with it: a user's config extends tgdist's (``defaults: [train, _self_]``)."""
+
+    name: str
+    primary: str
+    extra: str | None = None
+
+    @classmethod
+    def of(cls, args, config_name: str, app_file: str) -> ConfigSource:
+        """The source Hydra's ``@hydra.main`` in ``app_file`` reads for these parsed flags
+        (a relative ``--config-path`` is relative to that file, as Hydra has it)."""
+        primary = config_dir()
+        if args.config_path is not None:
+            given = args.config_path
+            primary = given if os.path.isabs(given) or given.startswith("pkg://") else \
+                os.path.normpath(os.path.join(os.path.dirname(os.path.realpath(app_file)), given))
+        extra = os.path.abspath(args.config_dir) if args.config_dir is not None else None
+        return cls(args.config_name or config_name, primary, extra)
+
+
+def precheck_overrides(command: str, config_name: str, argv: list[str], source: ConfigSource | None = None):
     """Compose once to turn a config error (a misspelt key, an unknown group option) into one line
     and exit code 2, instead of Hydra's multi-line report. Returns the composed config (None when
     ``argv`` holds flags, which are Hydra's to read)."""
     if any(a.startswith("-") for a in argv):
         return None
-    return _compose_or_exit(command, config_name, argv)
+    return _compose_or_exit(command, config_name, argv, source=source)
 
 
-def precheck_command(command: str, config_name: str, argv: list[str], validate: Callable[[Any], None]):
+def precheck_command(command: str, config_name: str, argv: list[str], validate: Callable[[Any], None],
+                     app_file: str):
     """What a Hydra command checks before Hydra starts. Parses the flags as Hydra would (a bad flag
-    exits 2 with argparse's message), then checks the overrides: composed once for a run, or, with
-    ``--multirun``, every job composed and passed to ``validate`` (see ``precheck_sweep``). Returns
-    ``(args, cfg, sweep_dir)``: ``cfg`` is the composed config of a run (None for sweeps), and both
-    are None when the flags name another config, which is left to Hydra."""
+    exits 2 with argparse's message), then checks the overrides against the config the flags name
+    (``ConfigSource``; ``app_file`` holds the command's ``@hydra.main``): composed once for a run,
+    or, with ``--multirun``, every job composed and passed to ``validate`` (see
+    ``precheck_sweep``). Returns ``(args, cfg, sweep_dir)``: ``cfg`` is the composed config of a
+    run (None for sweeps), and both are None for a rerun or shell completion, left to Hydra."""
     from hydra._internal.utils import get_args_parser
 
-    args = get_args_parser().parse_args(argv)
-    if args.config_path or args.config_name or args.config_dir or args.experimental_rerun or args.shell_completion:
-        return args, None, None
-    if args.help and not args.hydra_help:  # the keys with their documentation, not Hydra's bare listing
-        print_help(command, config_name, args.overrides)
+    if {"--version", "-V"} & set(argv):  # tgdist's, not Hydra's, wherever the flag stands
+        from tgdist import version_line
+
+        print(version_line())
         raise SystemExit(0)
-    if args.multirun:
-        return args, None, precheck_sweep(command, config_name, args.overrides, validate)
-    return args, precheck_overrides(command, config_name, args.overrides), None
+    args = get_args_parser().parse_args(argv)
+    if args.shell_completion:  # Hydra's script would complete a command named by its second word
+        _exit_with(command, "shell completion (-sc) is not supported: Hydra's completion script completes a "
+                            "program run without a subcommand, and tgdist's commands sit under one program")
+    if args.experimental_rerun:
+        return args, None, None
+    logging_group = next((k for k in ("hydra/job_logging", "hydra/hydra_logging")
+                          if override_value(args.overrides, k) is not None), None)
+    if logging_group:  # configs/hydra/default.yaml sets these blocks itself, after the group's option
+        key = logging_group.replace("/", ".")
+        _exit_with(command, f"{logging_group}=...: tgdist sets {key} itself, so another option would be ignored; "
+                            f"set its keys instead (e.g. {key}.root.level=WARNING)")
+    if override_value(args.overrides, "hydra.mode") == "MULTIRUN" and not args.multirun:
+        _exit_with(command, "hydra.mode=MULTIRUN: sweep with --multirun (-m), which checks every job before "
+                            "the first starts")
+    source = ConfigSource.of(args, config_name, app_file)
+    if args.multirun and (args.cfg or args.info is not None or args.run):
+        flag = "--cfg" if args.cfg else "--info" if args.info is not None else "--run"
+        _exit_with(command, f"--multirun and {flag} do not go together: {flag} is for one run "
+                            f"(give it one value of each swept key)")
+    if args.help and not args.hydra_help:  # the keys with their documentation, not Hydra's bare listing
+        overrides = sweep_jobs(command, config_name, args.overrides, None)[0][0] if args.multirun else args.overrides
+        print_help(command, config_name, overrides, source)
+        raise SystemExit(0)
+    if args.multirun and not args.hydra_help:
+        return args, None, precheck_sweep(command, config_name, args.overrides, validate, source)
+    return args, precheck_overrides(command, config_name, args.overrides, source), None
 
 
-def precheck_sweep(command: str, config_name: str, overrides: list[str],
-                   validate: Callable[[Any], None]) -> str | None:
+@dataclass
+class Sweep:
+    """A ``--multirun`` checked before Hydra starts: its directory (resolved once; the default
+    names the time, which Hydra would resolve again), its jobs (the overrides of each) and the
+    keys it sweeps, which an error in a job names it by."""
+
+    dir: str
+    jobs: list[list[str]]
+    swept: list[str]
+
+
+def precheck_sweep(command: str, config_name: str, overrides: list[str], validate: Callable[[Any], None],
+                   source: ConfigSource | None = None) -> Sweep | None:
     """For ``--multirun``: compose and validate every job of the sweep (``sweep_jobs``) before Hydra
     makes the sweep directory, so a bad value fails in one line with exit 2 before any job runs,
-    rather than in job N after the jobs before it. Returns the sweep directory, resolved once (the
-    default ``hydra.sweep.dir`` names the time, which Hydra resolves again), or None when a sweeper
-    plugin, chosen on the command line, is left to expand the sweep."""
-    if any(a.lstrip("+~").startswith(("hydra/sweeper", "hydra.sweeper")) for a in overrides):
+    rather than in job N after the jobs before it. The jobs are those of Hydra's basic sweeper:
+    the config's ``hydra.sweeper.params``, then the command line's overrides. None when a sweeper
+    plugin (``hydra/sweeper=optuna``, once its config is found) is left to expand the sweep."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    try:
+        fixed = [o.input_line for o in OverridesParser.create().parse_overrides(overrides) if not o.is_sweep_override()]
+    except OverrideParseException as e:
+        _exit_with(command, str(e).strip().splitlines()[0])
+    hydra_cfg = _compose_or_exit(command, config_name, fixed, return_hydra_config=True, source=source).hydra
+    if not str(hydra_cfg.sweeper.get("_target_", "")).endswith(".BasicSweeper"):
         return None
-    jobs, _ = sweep_jobs(command, config_name, overrides, validate)
-    return str(_compose_or_exit(command, config_name, jobs[0], return_hydra_config=True).hydra.sweep.dir)
+    params = [f"{k}={v}" for k, v in (hydra_cfg.sweeper.get("params") or {}).items()]
+    jobs, swept = sweep_jobs(command, config_name, params + list(overrides), validate, source)
+    sweep_dir = _compose_or_exit(command, config_name, jobs[0], return_hydra_config=True, source=source).hydra.sweep.dir
+    return Sweep(str(sweep_dir), jobs, swept)
 
 
-def sweep_jobs(command: str, config_name: str, overrides: list[str],
-               validate: Callable[[Any], None] | None) -> tuple[list[list[str]], list[str]]:
+def sweep_jobs(command: str, config_name: str, overrides: list[str], validate: Callable[[Any], None] | None,
+               source: ConfigSource | None = None) -> tuple[list[list[str]], list[str]]:
     """The jobs of a sweep as Hydra's basic sweeper expands it (lists ``a,b``, ``range(...)``,
     ``choice(...)``; one job per combination) and the swept keys. With ``validate``, every job is
     composed and validated first; an error is one line on stderr and exit code 2, naming the job
@@ -304,17 +374,19 @@ def sweep_jobs(command: str, config_name: str, overrides: list[str],
     except HydraException as e:  # interval(a, b): a range to sample, which only a sweeper plugin does
         bad = next((o.input_line for o in parsed if o.is_sweep_override() and not o.is_discrete_sweep()), None)
         msg = (f"{bad}: Hydra's basic sweeper runs lists (a,b,c), range(...) and choice(...); interval(...) "
-               f"needs a sweeper plugin (e.g. hydra/sweeper=optuna)" if bad else str(e).strip().splitlines()[0])
+               f"needs a sweeper plugin (e.g. pip install hydra-optuna-sweeper, then hydra/sweeper=optuna)" if bad
+               else str(e).strip().splitlines()[0])
         print(f"{command}: error: {msg}", file=sys.stderr)
         sys.exit(2)
     swept = [o.get_key_element() for o in parsed if o.is_sweep_override()]
     if validate is None:
         return jobs, swept
-    _compose_or_exit(command, config_name, [a for a in jobs[0] if a.partition("=")[0] not in swept])
+    _compose_or_exit(command, config_name, [a for a in jobs[0] if a.partition("=")[0] not in swept], source=source)
     failed = []  # (job number, swept values, message)
     for num, job in enumerate(jobs):
         where = swept_values(job, swept)
-        cfg = _compose_or_exit(command, config_name, job, where=f"sweep job #{num}: {where}" if where else "")
+        cfg = _compose_or_exit(command, config_name, job, where=f"sweep job #{num}: {where}" if where else "",
+                               source=source)
         try:
             validate(cfg)
         except (ConfigError, DataError) as e:
@@ -375,24 +447,32 @@ def jobs_not_run(num: int, total: int) -> str:
 
 
 def _compose_or_exit(command: str, config_name: str, overrides: list[str], where: str = "",
-                     return_hydra_config: bool = False):
+                     return_hydra_config: bool = False, source: ConfigSource | None = None):
     """The composed config; on a config error, one line on stderr (``where`` appended in
     parentheses) and exit code 2."""
-    import sys
-
     from tgdist.errors import ConfigError
 
     try:
-        return checked_compose(overrides, config_name, return_hydra_config)
+        return checked_compose(overrides, config_name, return_hydra_config, source)
     except ConfigError as e:
-        print(f"{command}: error: {e}" + (f" ({where})" if where else ""), file=sys.stderr)
-        sys.exit(2)
+        _exit_with(command, str(e) + (f" ({where})" if where else ""))
 
 
-def checked_compose(overrides: list[str], config_name: str = "train", return_hydra_config: bool = False):
-    """Hydra's composed config, refusing what Hydra would accept silently (``+key`` not in the
-    schema) and turning Hydra's errors into one-line ``ConfigError``s that name the likely key."""
-    from hydra import compose as hcompose, initialize_config_dir
+def _exit_with(command: str, message: str) -> None:
+    """``COMMAND: error: MESSAGE`` on stderr and exit code 2 (bad input)."""
+    import sys
+
+    print(f"{command}: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def checked_compose(overrides: list[str], config_name: str = "train", return_hydra_config: bool = False,
+                    source: ConfigSource | None = None):
+    """Hydra's composed config (of ``source``, tgdist's own ``config_name`` by default), refusing
+    what Hydra would accept silently (``+key`` not in the schema, a deleted key) and turning
+    Hydra's errors, and interpolations that do not resolve, into one-line ``ConfigError``s that
+    name the key."""
+    from hydra import compose as hcompose
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -406,18 +486,83 @@ def checked_compose(overrides: list[str], config_name: str = "train", return_hyd
         hint = f"; did you mean '{guesses[0]}'?" if guesses else ""
         raise ConfigError(f"+{added}: not a key of tgdist's config (a leading + adds a key, and the config has "
                           f"every key it reads){hint}")
+    keys = set(schema_keys(_schema_for(config_name)))
+    deleted = next((k for k in (o[1:].partition("=")[0] for o in overrides if o.startswith("~")) if k in keys), None)
+    if deleted:
+        raise ConfigError(f"~{deleted}: tgdist reads every key of its config, so none can be deleted; set a value "
+                          f"instead")
+    source = source or ConfigSource(config_name, config_dir())
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=config_dir(), version_base=None):
-            return hcompose(config_name=config_name, overrides=overrides, return_hydra_config=return_hydra_config)
-    except (HydraException, OmegaConfBaseException) as e:
+        _start_hydra(source)
+        cfg = hcompose(config_name=source.name, overrides=overrides, return_hydra_config=return_hydra_config)
+    except (HydraException, OmegaConfBaseException, ValueError) as e:  # ValueError: model=null, say
         raise ConfigError(_hydra_error_line(e, overrides, config_name)) from None
+    finally:
+        GlobalHydra.instance().clear()
+    unresolved = _unresolvable(cfg)
+    if unresolved:
+        raise ConfigError(unresolved)
+    return cfg
+
+
+def _start_hydra(source: ConfigSource) -> None:
+    """Hydra's global state for ``source``, with the search path ``@hydra.main`` builds from
+    ``--config-path`` and ``--config-dir``."""
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.config_search_path import SearchPathQuery
+
+    from tgdist.errors import ConfigError
+
+    search_path = create_config_search_path(source.primary)
+    if source.extra is not None:
+        if not os.path.isdir(source.extra):
+            raise ConfigError(f"--config-dir {source.extra}: no such directory")
+        search_path.prepend(provider="command-line", path=f"file://{source.extra}",
+                            anchor=SearchPathQuery(provider="schema"))
+    Hydra.create_main_hydra2(task_name="app", config_search_path=search_path)
+
+
+def _unresolvable(cfg) -> str | None:
+    """One line for the first value of ``cfg`` (Hydra's own settings aside) whose interpolation
+    does not resolve (``${oc.env:UNSET}``, a missing key) or resolves to a value of the wrong type,
+    else None. ``${hydra:...}`` resolves only inside a run and is left to it."""
+    from omegaconf import DictConfig, ListConfig
+    from omegaconf.errors import OmegaConfBaseException
+
+    def first_error(node, prefix: str) -> str | None:
+        for key in (range(len(node)) if isinstance(node, ListConfig) else node.keys()):
+            path = f"{prefix}[{key}]" if isinstance(node, ListConfig) else f"{prefix}{key}"
+            if path == "hydra":
+                continue
+            try:
+                value = node[key]
+            except OmegaConfBaseException as e:
+                line = str(e).strip().splitlines()[0]
+                if "HydraConfig was not set" in line:
+                    continue
+                return f"{path}: cannot resolve its value: {re.sub(r'^[A-Za-z]+ raised while resolving interpolation: ', '', line)}"
+            if isinstance(value, (DictConfig, ListConfig)):
+                found = first_error(value, path if isinstance(value, ListConfig) else path + ".")
+                if found:
+                    return found
+        return None
+
+    return first_error(cfg, "")
 
 
 def _hydra_error_line(e: Exception, overrides: list[str], config_name: str) -> str:
     """One line for a Hydra composition error: its first line and cause, the options of a group,
     a quoting hint for a value Hydra could not parse, the key a typo most likely meant."""
-    first = str(e).strip().splitlines()[0].rstrip(".")
+    lines = str(e).strip().splitlines()
+    first = lines[0].rstrip(".")
+    in_file = re.match(r"In '([^']+)': \w+ raised while composing config:?$", first)
+    if in_file and len(lines) > 1:  # a key or value of a config file: the file, the key and what is wrong
+        key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.strip().startswith("full_key:")), "")
+        msg = f"config file {in_file.group(1)}.yaml: " + (f"{key}: " if key else "") + lines[1].strip().rstrip(".")
+        guesses = closest_keys(key, config_name) if key and " not in " in lines[1] else []
+        return msg + (f"; did you mean '{guesses[0]}'?" if guesses else "")
     cause = str(e.__cause__).strip().splitlines()[0] if e.__cause__ is not None else ""
     options, listing = [], False
     for ln in str(e).splitlines():  # the indented lines right after "Available options"

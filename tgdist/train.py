@@ -79,6 +79,10 @@ def _hydra_main(cfg: DictConfig) -> None:
     if rank == 0:
         announce_compiles(who)  # why the first batches of a fresh install are slow
     _paths_from_the_launch_directory(cfg)
+    if (Path(HydraConfig.get().runtime.cwd) / cfg.run_dir).resolve() != run_dir.resolve():
+        cfg.run_dir = str(run_dir)  # config.yaml names where the run went: a sweep's job, a config's hydra.run.dir
+    if _claimed and _run_dir is not None and _run_dir.resolve() != run_dir.resolve():
+        remove_empty_dirs([_run_dir, *_new_parents])  # claimed for the default name, which hydra.run.dir replaced
     try:
         summary = run(cfg, run_dir)
     except TgdistError as e:
@@ -177,7 +181,7 @@ _claimed = False
 def _main() -> None:
     """Check the overrides (and the run directory) before Hydra starts, then hand over to it."""
     global _sweep_dir, _sweep_size, _swept, _run_dir, _claimed
-    from tgdist.config import claim_directory, override_value, sweep_jobs
+    from tgdist.config import claim_directory, override_value
     from tgdist.launcher.world import detect
     from tgdist.runtime.build import precheck
 
@@ -193,11 +197,10 @@ def _main() -> None:
         print("tgdist train: error: --multirun inside a parallel job runs the sweep in every rank; sweep with "
               "tgdist launch -- --multirun ... (one launch per job)", file=sys.stderr)
         sys.exit(2)
-    args, cfg, sweep = precheck_command("tgdist train", "train", sys.argv[1:], precheck)
+    args, cfg, sweep = precheck_command("tgdist train", "train", sys.argv[1:], precheck, __file__)
     if sweep is not None:  # every job's settings are valid; Hydra gets the directory checked here
-        _sweep_dir = Path(sweep).absolute()
-        jobs, _swept = sweep_jobs("tgdist train", "train", args.overrides, None)
-        _sweep_size = len(jobs)
+        _sweep_dir = Path(sweep.dir).absolute()
+        _sweep_size, _swept = len(sweep.jobs), sweep.swept
         _new_parents[:] = [p for p in (_sweep_dir, *_sweep_dir.parents) if not p.exists()]
         if override_value(args.overrides, "hydra.sweep.dir") is None:
             _sweep_dir = claim_directory(_sweep_dir)  # a sweep started in the same second has its own

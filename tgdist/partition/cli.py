@@ -153,7 +153,7 @@ def _hydra_main(cfg) -> None:
 
 
 def main() -> None:
-    precheck_command("tgdist partition", "partition_job", sys.argv[1:], lambda cfg: validate(cfg.partition))
+    precheck_command("tgdist partition", "partition_job", sys.argv[1:], lambda cfg: validate(cfg.partition), __file__)
     _hydra_main()
 
 
