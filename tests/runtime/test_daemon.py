@@ -468,22 +468,30 @@ def test_segments_are_private_and_unique_per_run():
 
 
 def test_sweep_removes_only_dead_families():
+    """A family is kept while its daemon, an attached trainer or the rank that started the daemon
+    (its pid opens the run id) is alive: a daemon still starting has made its segments but not
+    yet written its pid, and another run's sweep removed them then (the daemon's start timed out)."""
     from tgdist.runtime import daemon as d
 
-    run_id = new_run_id()
-    names = segment_names(run_id, 0, 1)
-    seg = shm.Segment.create(names[0], ctl_layout(1, 0))
-    other = shm.Segment.create(names[1], shm.Layout.of([("x", np.int64, (1,))]))
-    hdr = seg.array("hdr")
-    hdr[d.H_I] = hdr[d.H_J] = 1
-    hdr[d.H_PID], hdr[d.H_PID_START] = os.getpid(), shm.start_time(os.getpid())
-    assert sweep_stale(f"tgdist-{run_id}") == []  # its "daemon" (this process) is alive
-    hdr[d.H_PID] = 2 ** 22 + 12345  # no such process
-    del hdr
-    assert sorted(sweep_stale(f"tgdist-{run_id}")) == sorted(names[:2])
-    assert segments(run_id) == []
-    seg.close()
-    other.close()
+    for starter in (os.getpid(), 2 ** 22 + 12346):  # this process, then no such process
+        run_id = f"{starter}-{new_run_id().split('-')[1]}"
+        names = segment_names(run_id, 0, 1)
+        seg = shm.Segment.create(names[0], ctl_layout(1, 0))
+        other = shm.Segment.create(names[1], shm.Layout.of([("x", np.int64, (1,))]))
+        hdr = seg.array("hdr")
+        hdr[d.H_I] = hdr[d.H_J] = 1
+        assert sweep_stale(f"tgdist-{run_id}") == ([] if starter == os.getpid() else sorted(names[:2]))
+        if starter == os.getpid():  # its daemon starting (pid 0), then running, then dead
+            hdr[d.H_PID], hdr[d.H_PID_START] = os.getpid(), shm.start_time(os.getpid())
+            assert sweep_stale(f"tgdist-{run_id}") == []
+            hdr[d.H_PID] = 2 ** 22 + 12345  # no such process, but its starter lives
+            assert sweep_stale(f"tgdist-{run_id}") == []
+            for n in names[:2]:
+                shm.shm_unlink(n)
+        del hdr
+        assert segments(run_id) == []
+        seg.close()
+        other.close()
 
 
 def test_a_new_daemon_removes_the_segments_of_dead_runs(caplog):
@@ -492,7 +500,7 @@ def test_a_new_daemon_removes_the_segments_of_dead_runs(caplog):
     from tgdist.launcher import torchrun
     from tgdist.runtime import daemon as d
 
-    dead = new_run_id()
+    dead = f"{2 ** 22 + 12347}-{new_run_id().split('-')[1]}"  # started by no such process
     names = segment_names(dead, 0, 1)
     seg = shm.Segment.create(names[0], ctl_layout(1, 0))
     hdr = seg.array("hdr")

@@ -58,6 +58,7 @@ import logging
 import os
 import secrets
 import signal
+import re
 import subprocess
 import sys
 import time
@@ -266,6 +267,11 @@ def sweep_stale(prefix: str = "tgdist-") -> list[str]:
             continue
         pids = [(int(hdr[H_PID]), int(hdr[H_PID_START]))] + [(int(c[C_PID]), int(c[C_PID_START])) for c in ctl
                                                               if c[C_STATE] == ATTACHED]
+        # The run id starts with the pid of the rank that started the daemon (new_run_id): a daemon
+        # still starting has made its segments but not yet written its own pid into them.
+        starter = re.match(r"tgdist-(\d+)-", fam)
+        if starter:
+            pids.append((int(starter.group(1)), 0))
         if not any(shm.alive(p, s) for p, s in pids):
             for n in shm.list_segments(fam):
                 if shm.shm_unlink(n):
