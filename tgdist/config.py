@@ -439,6 +439,13 @@ def override_value(overrides: list[str], key: str) -> str | None:
     return next((a.partition("=")[2] for a in overrides if a.partition("=")[0].lstrip("+~") == key), None)
 
 
+def quoted(value: str) -> str:
+    """``value`` as a quoted Hydra override value (any path: spaces, brackets, commas)."""
+    if "'" not in value:
+        return f"'{value}'"
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def jobs_not_run(num: int, total: int) -> str:
     """``; the 2 jobs after it did not run`` for a sweep stopped by job ``num`` of ``total``
     (empty when it was the last)."""

@@ -181,7 +181,7 @@ _claimed = False
 def _main() -> None:
     """Check the overrides (and the run directory) before Hydra starts, then hand over to it."""
     global _sweep_dir, _sweep_size, _swept, _run_dir, _claimed
-    from tgdist.config import claim_directory, override_value
+    from tgdist.config import claim_directory, override_value, quoted
     from tgdist.launcher.world import detect
     from tgdist.runtime.build import precheck
 
@@ -205,12 +205,12 @@ def _main() -> None:
         if override_value(args.overrides, "hydra.sweep.dir") is None:
             _sweep_dir = claim_directory(_sweep_dir)  # a sweep started in the same second has its own
             _new_parents[:] = [_sweep_dir, *(p for p in _new_parents if p in _sweep_dir.parents)]
-            sys.argv.append(f"hydra.sweep.dir={_quoted(str(_sweep_dir))}")
+            sys.argv.append(f"hydra.sweep.dir={quoted(str(_sweep_dir))}")
     elif cfg is not None and not (args.cfg or args.help or args.hydra_help or args.info):  # a run
         given = override_value(args.overrides, "run_dir") is not None
         resumed = _resumed_run_dir(cfg.train.resume)
         if resumed is not None and not given:  # continue in place
-            sys.argv.append(f"run_dir={_quoted(str(resumed))}")
+            sys.argv.append(f"run_dir={quoted(str(resumed))}")
             cfg.run_dir, given = str(resumed), True
         run_dir = Path(cfg.run_dir).absolute()
         _new_parents[:] = [p for p in run_dir.parents if not p.exists()]
@@ -219,7 +219,7 @@ def _main() -> None:
         _run_dir = run_dir
         if not given and detect().world_size == 1:  # the default name
             _run_dir, _claimed = claim_directory(run_dir), True
-            sys.argv.append(f"run_dir={_quoted(str(_run_dir))}")
+            sys.argv.append(f"run_dir={quoted(str(_run_dir))}")
     _hydra_main()
 
 
@@ -277,13 +277,6 @@ def _check_resume(cfg) -> None:
     except TgdistError as e:
         print(f"tgdist train: error: {e}", file=sys.stderr)
         sys.exit(2)
-
-
-def _quoted(value: str) -> str:
-    """``value`` as a quoted Hydra override value (any path: spaces, brackets, commas)."""
-    if "'" not in value:
-        return f"'{value}'"
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 if __name__ == "__main__":

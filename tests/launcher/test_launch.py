@@ -246,6 +246,32 @@ def test_a_failing_sweep_job_stops_the_sweep(tmp_path):
 
 
 @pytest.mark.distributed
+def test_a_launch_claims_its_default_run_directory(tmp_path, monkeypatch):
+    """Two launches started in the same second wrote into one run directory, the later one's
+    results replacing the other's without a word: the launcher now claims the default name
+    (taking NAME-2 where it is made) and hands it to the ranks; left empty, it is removed."""
+    from datetime import datetime, timedelta
+
+    monkeypatch.chdir(tmp_path)
+    launched = []
+    monkeypatch.setattr(launch, "_launch", lambda args, job, nproc=None: launched.append(job) or 0)
+    now = datetime.now()
+    taken = [tmp_path / "runs" / f"{(now + timedelta(seconds=d)):%Y%m%d-%H%M%S}-collegemsg-tgn" for d in range(30)]
+    for d in taken:
+        d.mkdir(parents=True)
+    assert cli_main(["launch", "--nproc", "2", "--", "parallel.i=2"]) == 0
+    key, _, value = launched[0][-1].partition("=")
+    run_dir = Path(value.strip("'"))
+    assert key == "run_dir" and run_dir.name.endswith("-2") and run_dir.with_name(run_dir.name[:-2]) in taken
+    assert not run_dir.exists()  # nothing was written into it (the launch was not real)
+    for given in (["run_dir=mine"], ["--dry-run"]):  # a named directory, a dry run: nothing claimed
+        launched.clear()
+        flags, overrides = (given, []) if given[0].startswith("-") else ([], given)
+        assert cli_main(["launch", "--nproc", "2", *flags, "--", "parallel.i=2", *overrides]) == 0
+        assert not any(a.startswith("run_dir=") for a in launched[0] if a not in overrides) if launched else True
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == sorted(d.name for d in taken)
+
+
 def test_real_launch(tmp_path):
     res = run([sys.executable, "-m", "tgdist", "launch", "--nproc", "2", "--module", "tests.launcher.probe", "--",
                "--layout", "2,1,1", "--groups", "--out", str(tmp_path)])

@@ -241,8 +241,29 @@ def main(argv: list[str] | None = None) -> int:
                     from tgdist.runtime.run import is_parallel
 
                     checkpoint.check_resume(cfg, parallel=is_parallel(cfg) or processes > 1)
+                return _launch_in_own_directory(args, cfg, nproc)
         return _launch(args, args.overrides, nproc)
     return _sweep(args, [a for a in args.overrides if a not in ("-m", "--multirun")])
+
+
+def _launch_in_own_directory(args: argparse.Namespace, cfg, nproc: int) -> int:
+    """One launch whose run directory has the default name (the time to the second) claims it
+    first and hands it to the ranks: launches started in the same second wrote into one directory,
+    the later one's results replacing the other's without a word. A directory the user names, a
+    resumed run's own, a dry run and a launch of one machine among several are left as they are."""
+    from tgdist.config import claim_directory, override_value, quoted, remove_empty_dirs
+
+    overrides = args.overrides
+    if (override_value(overrides, "run_dir") is not None or cfg.train.resume or args.dry_run
+            or args.nnodes > 1 or not cfg.run_dir):
+        return _launch(args, overrides, nproc)
+    wanted = Path(cfg.run_dir).absolute()
+    new_parents = [p for p in wanted.parents if not p.exists()]
+    run_dir = claim_directory(wanted)
+    try:
+        return _launch(args, [*overrides, f"run_dir={quoted(str(run_dir))}"], nproc)
+    finally:
+        remove_empty_dirs([run_dir, *new_parents])  # a launch that failed before writing anything
 
 
 def _sweep(args: argparse.Namespace, overrides: list[str]) -> int:
