@@ -663,3 +663,27 @@ def test_version_anywhere_is_tgdists(tmp_path):
     for args in (["--version", "model=jodie"], ["--config-dir", "x", "-V"]):
         r = tgdist("train", *args, cwd=tmp_path)
         assert r.returncode == 0 and r.stdout.startswith("tgdist "), r.stdout
+
+
+def test_a_run_directory_in_use_is_refused(tmp_path):
+    """Two runs given one run_dir (or a resume of a run still going) wrote one metrics.jsonl and
+    removed each other's checkpoint temp files; a run now holds a lock on its directory."""
+    import fcntl
+    import os
+
+    run = tmp_path / "r"
+    assert tgdist("train", *QUICK, f"run_dir={run}", cwd=tmp_path).returncode == 0
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    fd = os.open(run, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as the run still going would hold it
+        for args in ([f"run_dir={run}"], [f"train.resume={run}", "train.epochs=2"]):
+            r = tgdist("train", *QUICK[:3], *QUICK[4:], *args, cwd=tmp_path)
+            assert r.returncode == 2 and r.stderr.strip() == (
+                f"tgdist train: error: run_dir={run} is in use by another tgdist run that has not ended; give "
+                f"another run_dir, or resume it once that run has stopped"), r.stderr
+    finally:
+        os.close(fd)
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+    r = tgdist("train", *QUICK[:3], *QUICK[4:], f"train.resume={run}", "train.epochs=2", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr

@@ -155,7 +155,11 @@ def main() -> None:
 
         if detect().world_size == 1:  # ranks keep SIGTERM's default (terminate_as_interrupt)
             terminate_as_interrupt()
-        _main()
+        try:
+            _main()
+        finally:
+            while _held:  # the run directory's lock (for callers in one process, such as tests)
+                os.close(_held.pop())
     except KeyboardInterrupt as e:
         from tgdist.runtime.interrupts import stopped
 
@@ -220,7 +224,35 @@ def _main() -> None:
         if not given and detect().world_size == 1:  # the default name
             _run_dir, _claimed = claim_directory(run_dir), True
             sys.argv.append(f"run_dir={quoted(str(_run_dir))}")
+        if detect().rank == 0:
+            _hold_run_dir(_run_dir)
     _hydra_main()
+
+
+# The open run directory whose lock this process holds until it ends (``_hold_run_dir``).
+_held: list[int] = []
+
+
+def _hold_run_dir(run_dir: Path) -> None:
+    """Lock ``run_dir`` for this run (an flock on the directory, released when the process ends),
+    or exit 2 with one line when another process holds it: two runs given one run_dir, or a
+    resume of a run still going, wrote one metrics.jsonl and removed each other's checkpoint temp
+    files. A file system without locks (some network mounts) is left unlocked."""
+    import fcntl
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        print(f"tgdist train: error: run_dir={run_dir} is in use by another tgdist run that has not ended; give "
+              f"another run_dir, or resume it once that run has stopped", file=sys.stderr)
+        sys.exit(2)
+    except OSError:
+        os.close(fd)
+        return
+    _held.append(fd)
 
 
 def _resumed_run_dir(resume: str | None) -> Path | None:
