@@ -144,6 +144,24 @@ def test_a_master_port_in_use_is_one_line_before_start(capsys):
     assert err.count("\n") == 1 and "leave --master-port out" in err
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract Unix sockets")
+def test_a_master_port_another_launch_is_about_to_use_is_refused(tmp_path):
+    """A port is checked free, then bound by torchrun a second later: a second launch given the
+    same port in that gap joined the first's rendezvous, waited for it to end and failed with a
+    95-line traceback. Launches reserve their port (here this process holds the reservation)."""
+    port = free_port()
+    assert launch._reserve(port) and launch._reserve(port)  # a launcher's own reservation holds
+    try:
+        res = run([sys.executable, "-m", "tgdist", "launch", "--nproc", "2", "--master-port", str(port), "--",
+                   "parallel.i=2", "train.epochs=1"], cwd=tmp_path)
+        assert res.returncode == 2 and res.stderr.strip() == (
+            f"tgdist launch: error: --master-port {port} is in use by another tgdist launch on this machine: leave "
+            f"--master-port out (a free port is picked) or name another")
+    finally:
+        launch._reserved.pop(port).close()
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_missing_data_file_checked_before_start(capsys, tmp_path):
     """One line from the launcher, not one per rank and torchrun's report; in a sweep, naming the job."""
     missing = tmp_path / "nope.csv"

@@ -54,9 +54,36 @@ def parallel_overrides(overrides: list[str]) -> dict[str, int]:
 
 
 def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+    """A port free now and not reserved by another tgdist launch on this machine (``_reserve``)."""
+    for _ in range(100):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        if _reserve(port):
+            return port
+    raise ConfigError("found no free port for the ranks' rendezvous: name one with --master-port")
+
+
+# Ports this launcher has reserved (``_reserve``): port -> the socket holding the reservation.
+_reserved: dict[int, socket.socket] = {}
+
+
+def _reserve(port: int) -> bool:
+    """Reserve ``port`` among the tgdist launches of this machine while this launcher lives, by
+    binding an abstract Unix socket named after it (Linux; elsewhere always True). A port found
+    free stays free only until torchrun binds it: a second launch given the same port in that
+    gap joined the first launch's rendezvous, waited for it to end and failed. False when
+    another launch holds it."""
+    if port in _reserved or not sys.platform.startswith("linux"):
+        return True
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.bind(f"\0tgdist-launch-port-{port}")
+    except OSError:
+        s.close()
+        return False
+    _reserved[port] = s
+    return True
 
 
 def _check_port_free(addr: str, port: int) -> None:
@@ -352,6 +379,9 @@ def _launch(args: argparse.Namespace, overrides: list[str], nproc: int | None = 
     if port is None:
         port = _free_port() if args.nnodes == 1 else DEFAULT_MULTINODE_PORT
     elif args.nnodes == 1 and not args.dry_run:
+        if not _reserve(port):
+            raise ConfigError(f"--master-port {port} is in use by another tgdist launch on this machine: leave "
+                              f"--master-port out (a free port is picked) or name another")
         _check_port_free(args.master_addr, port)
     cmd = build_command(nproc, overrides, nnodes=args.nnodes, node_rank=args.node_rank,
                         master_addr=args.master_addr, master_port=port, module=args.module)

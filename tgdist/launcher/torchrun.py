@@ -39,6 +39,7 @@ def _quiet_agent() -> None:
 def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import parse_args, run
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
@@ -69,6 +70,12 @@ def main(argv: list[str] | None = None) -> int:
         return 128 - code if code < 0 else code
     except SignalException as e:  # the agent has stopped the workers before raising this
         return 128 + int(e.sigval)
+    except RendezvousError as e:  # the store's port taken, a machine that does not answer: one line
+        cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"tgdist launch: the ranks could not meet at {args.rdzv_endpoint} ({cause}); if another job holds "
+              f"that port, leave --master-port out (a free port is picked) or name another", file=sys.stderr,
+              flush=True)
+        return 1
     finally:
         _sweep_stale_segments()
     return 0
