@@ -63,3 +63,30 @@ def test_two_torchrun_nodes_on_loopback(tmp_path):
     for res in run_all(cmds, timeout=300, env=ENV, cwd=tmp_path):
         res.check()
     check_summary(run_dir, "1 x 1 x 2", 2)
+
+
+@pytest.mark.parametrize("case", ["config", "data"])
+def test_ranks_started_with_other_settings_fail_at_once(tmp_path, case):
+    """Two machines' command lines typed differently, or their copies of the data differing: the
+    ranks met in collectives of other shapes (or trained on other data) without a word. Every rank
+    now fails with one line."""
+    rows = [f"{i % 40},{40 + i % 23},{i}" for i in range(1200)]
+    for n, count in ((0, 1200), (1, 1100)):  # each machine's own copy of ev.csv (the path may differ)
+        (tmp_path / f"m{n}").mkdir()
+        (tmp_path / f"m{n}" / "ev.csv").write_text("\n".join(rows[:count]) + "\n")
+    per_node, message = {
+        "config": ([["train.batch_size=100"], ["train.batch_size=200"]],
+                   "configs: train.batch_size: rank 0 100 vs rank 1 200"),
+        "data": ([[f"data.path={tmp_path / f'm{n}' / 'ev.csv'}"] for n in (0, 1)],
+                 ("data: events: rank 0 1200 vs rank 1 1100, first and last time: rank 0 (0.0, 1199.0) vs rank 1 "
+                  "(0.0, 1099.0)"))}[case]
+    endpoint = f"127.0.0.1:{free_port()}"
+    cmds = [[sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(n),
+             "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "two-nodes",
+             "-m", "tgdist.train", *SMALL, "parallel.k=2", "train.epochs=2", f"run_dir={tmp_path / 'run'}",
+             *per_node[n]] for n in (0, 1)]
+    for n, res in enumerate(run_all(cmds, timeout=300, env=ENV, cwd=tmp_path)):
+        assert res.returncode != 0
+        line = f"tgdist train [rank {n}]: error: the ranks of this run were started with other {message}; start every"
+        assert line in res.stderr, res.stderr
+    assert not (tmp_path / "run").exists()

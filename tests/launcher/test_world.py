@@ -201,3 +201,14 @@ def test_byte_counter():
     assert c["missing"] == C.Traffic() and c.total_sent() == 12
     assert c.as_dict() == {"grad": {"calls": 2, "bytes_sent": 12, "bytes_received": 8},
                            "mem": {"calls": 1, "bytes_sent": 0, "bytes_received": 0}}
+
+
+def test_disagreement_names_the_keys_and_the_first_rank():
+    from tgdist.launcher.world import disagreement
+
+    same = {"train.lr": "0.1", "parallel.k": "2"}
+    assert disagreement([same, dict(same), dict(same)], "configs") is None
+    other = {"train.lr": "0.2", "parallel.k": "2", "train.extra": "1"}
+    assert disagreement([same, dict(same), other, other], "configs") == (
+        "the ranks of this run were started with other configs: train.extra: rank 0 <unset> vs rank 2 1, "
+        "train.lr: rank 0 0.1 vs rank 2 0.2 (2 ranks differ from rank 0); start every rank with the same ones")

@@ -440,6 +440,21 @@ def _families(layout: Layout) -> dict[str, list[list[int]]]:
     }
 
 
+def disagreement(values: list[dict], what: str) -> str | None:
+    """One line naming the keys in which a rank's ``values`` entry differs from rank 0's (the first
+    such rank, and how many differ), or None when all agree. Ranks started by hand on several
+    machines can be given other overrides; they would meet in collectives of other shapes."""
+    differing = [r for r, v in enumerate(values) if v != values[0]]
+    if not differing:
+        return None
+    first, ref = differing[0], values[0]
+    keys = sorted(k for k in set(ref) | set(values[first]) if ref.get(k) != values[first].get(k))
+    shown = ", ".join(f"{k}: rank 0 {ref.get(k, '<unset>')} vs rank {first} {values[first].get(k, '<unset>')}"
+                      for k in keys[:4]) + (f" and {len(keys) - 4} more" if len(keys) > 4 else "")
+    others = f" ({len(differing)} ranks differ from rank 0)" if len(differing) > 1 else ""
+    return f"the ranks of this run were started with other {what}: {shown}{others}; start every rank with the same ones"
+
+
 class ProcessGroups:
     """The process groups of one run, built once by ``ProcessGroups.init`` and looked up by name
     (``get``) from every other module; ``destroy`` tears them down (idempotent)."""
@@ -470,8 +485,11 @@ class ProcessGroups:
 
     @classmethod
     def init(cls, world: WorldInfo, layout: Layout, backend: str = "auto",
-             timeout: timedelta | float = timedelta(minutes=10)) -> "ProcessGroups":
-        """Initialise torch.distributed for ``world`` and create the named groups.
+             timeout: timedelta | float = timedelta(minutes=10), agree: dict | None = None) -> "ProcessGroups":
+        """Initialise torch.distributed for ``world`` and create the named groups. ``agree``: what
+        every rank must hold alike (the run's config), compared once the world group exists and
+        before the named groups, which ranks of other layouts would make differently and hang on;
+        a difference is a ``ConfigError`` on every rank (``disagreement``).
 
         torchrun: ``env://`` (workers join the agent's store that torchrun's c10d rendezvous set up);
         SLURM / MPI: ``tcp://master_addr:master_port`` with rank 0 hosting the store.
@@ -507,6 +525,12 @@ class ProcessGroups:
         dist.init_process_group(backend=backend, init_method=init_method, rank=world.rank,
                                 world_size=world.world_size, timeout=timeout)
         groups["world"] = dist.group.WORLD
+        if agree is not None:
+            everyone: list = [None] * world.world_size
+            dist.all_gather_object(everyone, agree)
+            if (why := disagreement(everyone, "configs")) is not None:
+                dist.destroy_process_group()
+                raise ConfigError(why)
         for name, family in _families(layout).items():
             for ranks in family:  # every rank creates every group, in the same order
                 g = dist.new_group(ranks=ranks, timeout=timeout, backend=backend)

@@ -293,9 +293,25 @@ def cpu_share(group) -> int:
     return max(1, len(mask) // sharing)
 
 
+# Settings each rank may have its own of: where its machine keeps the data, threads, device, output.
+_PER_RANK = {"data.path", "data.name", "data.cache", "data.cache_dir", "data.require_path", "train.num_threads",
+             "sampler.num_threads", "train.device", "train.progress", "memory.num_threads"}
+
+
+def shared_settings(cfg: DictConfig) -> dict:
+    """The settings every rank of a parallel run must share (as strings): all of the config but
+    ``_PER_RANK``. Ranks started by hand on several machines can be given other overrides."""
+    out = {}
+    for group in ("data", "sampler", "model", "train", "parallel", "memory"):
+        for key, value in OmegaConf.to_container(cfg[group], resolve=True).items():
+            if f"{group}.{key}" not in _PER_RANK:
+                out[f"{group}.{key}"] = repr(value)
+    return out
+
+
 def run_parallel(cfg: DictConfig, run_dir) -> dict:
     """Train with ``cfg.parallel`` under torchrun / SLURM / MPI; returns the summary (rank 0's)."""
-    from tgdist.launcher.world import ProcessGroups, detect, validate
+    from tgdist.launcher.world import ProcessGroups, detect, disagreement, validate
     from tgdist.runtime.build import build_trainer
     from tgdist.runtime.run import Run, jsonable, pretrain_static
 
@@ -304,12 +320,18 @@ def run_parallel(cfg: DictConfig, run_dir) -> dict:
     layout = Layout(cfg.parallel.i, cfg.parallel.j, cfg.parallel.k)
     backend = memory_backend(cfg, layout)
     validate(layout, world, backend, epochs=cfg.train.epochs)
-    groups = ProcessGroups.init(world, layout)
+    groups = ProcessGroups.init(world, layout, agree=shared_settings(cfg))
     trainer = par = daemon = None
     try:
         lr = scaled_lr(cfg.train.lr, layout.i, layout.j, layout.k, cfg.train.lr_scaling)
         run_cfg = OmegaConf.merge(cfg, {"train": {"lr": lr}})
         trainer = build_trainer(run_cfg, progress=False, cpus=cpu_share(groups.get("world")))
+        g = trainer.g  # the same settings, but each machine reads its own copy of the data
+        read = {"events": g.num_events, "nodes": g.num_nodes, "first and last time": (float(g.t[0]), float(g.t[-1])),
+                "edge features": g.edge_dim, "node features": g.node_dim}
+        if (why := disagreement(collectives.all_gather_object(read, group=groups.get("world"), name="data_check"),
+                                "data")) is not None:
+            raise ConfigError(why)
         validate(layout, world, backend, num_train_events=trainer.split.range("train")[1],
                  batch_size=cfg.train.batch_size, epochs=cfg.train.epochs)
         if cfg.model.static_memory and cfg.model.static_pretrain_epochs > 0 and not cfg.train.resume:
