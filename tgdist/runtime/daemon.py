@@ -56,9 +56,9 @@ import argparse
 import json
 import logging
 import os
+import re
 import secrets
 import signal
-import re
 import subprocess
 import sys
 import time
