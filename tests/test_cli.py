@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -305,3 +306,29 @@ def test_ctrl_c_during_synth_is_one_line_and_writes_nothing(tmp_path, sig, code,
     assert first.startswith("tgdist data: generated") and p.returncode == code
     assert rest.strip().splitlines()[-1] == f"tgdist data: {words}" and "Traceback" not in rest
     assert list(tmp_path.iterdir()) == []
+
+
+def test_numba_cache_falls_back_to_the_temp_directory(tmp_path, monkeypatch):
+    """Read-only site-packages and no writable home (a container): every command failed as it
+    imported the kernels ("cannot cache function ...: no locator available")."""
+    import numba
+
+    import tgdist
+
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    monkeypatch.setattr(numba.config, "CACHE_DIR", numba.config.CACHE_DIR)
+    monkeypatch.setattr(tgdist, "_writable", lambda folder: False)
+    tgdist._numba_cache_fallback()
+    expected = str(Path(tempfile.gettempdir()) / f"tgdist-numba-cache-{os.getuid()}")
+    assert os.environ["NUMBA_CACHE_DIR"] == expected and numba.config.CACHE_DIR == expected
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))  # the user's choice is kept
+    tgdist._numba_cache_fallback()
+    assert os.environ["NUMBA_CACHE_DIR"] == str(tmp_path)
+
+
+def test_writable_folder(tmp_path):
+    import tgdist
+
+    (tmp_path / "file").write_text("x")
+    assert tgdist._writable(str(tmp_path / "a" / "b" / "c"))  # made in an existing, writable parent
+    assert not tgdist._writable(str(tmp_path / "file" / "sub"))  # a file is in the way

@@ -5,7 +5,43 @@
 # because every torch op then wakes sleeping threads: README, "Threads", and benchmarks/BENCHMARKS.md,
 # "OpenMP wait policy".
 
+import os
+import sys
+
 __version__ = "0.1.0"
+
+
+def _writable(folder: str) -> bool:
+    """Can a file be made in ``folder``, or ``folder`` be made in its existing parent?"""
+    if os.path.isdir(folder):
+        return os.access(folder, os.W_OK | os.X_OK)
+    if os.path.exists(folder):  # a file in its place
+        return False
+    parent = os.path.dirname(folder)
+    return parent != folder and _writable(parent)
+
+
+def _numba_cache_fallback() -> None:
+    """numba caches the compiled kernels next to their source, else in the user's cache folder.
+    Where both are read-only (site-packages owned by root and no writable home: a container),
+    every command failed as it imported the kernels ("cannot cache function ...: no locator
+    available"); the cache then goes to this user's folder in the temp directory."""
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return
+    here = os.path.dirname(os.path.abspath(__file__))
+    user_cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    if all(_writable(os.path.join(here, pkg, "__pycache__")) for pkg in ("runtime", "partition")) \
+            or _writable(os.path.join(user_cache, "numba")):
+        return
+    import tempfile
+
+    folder = os.path.join(tempfile.gettempdir(), f"tgdist-numba-cache-{os.getuid()}")
+    os.environ["NUMBA_CACHE_DIR"] = folder
+    if "numba" in sys.modules:  # imported before tgdist: its config read the environment already
+        sys.modules["numba"].config.CACHE_DIR = folder
+
+
+_numba_cache_fallback()
 
 
 def version_line() -> str:
