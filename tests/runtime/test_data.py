@@ -912,3 +912,11 @@ def test_describe_names_the_labels_a_classification_task_would_learn():
     assert graph(np.array([0, 1])).describe().endswith(", 0/1 event labels")
     assert graph(np.array([3, 7])).describe().endswith(", event labels of 2 values")
     assert graph(np.zeros((2, 4), np.int64)).describe().endswith(", event labels in 4 columns")
+
+
+def test_a_file_name_that_is_not_utf8_is_read(tmp_path):
+    """Its name went into the source hash as UTF-8, which it is not: UnicodeEncodeError."""
+    path = tmp_path / os.fsdecode(b"caf\xe9.csv")
+    path.write_text("1,2,0\n2,3,1\n3,1,2\n")
+    g = load_graph(path, cache_dir=tmp_path / "cache")
+    assert g.num_events == 3

@@ -1041,7 +1041,7 @@ def _source_hash(path: Path, options: dict) -> str:
     h.update(json.dumps({"v": CACHE_VERSION, **options}, sort_keys=True).encode())
     files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
     for p in files:
-        h.update(p.name.encode())
+        h.update(os.fsencode(p.name))  # the bytes of a name that is not UTF-8
         with open(p, "rb") as f:
             while chunk := f.read(1 << 24):
                 h.update(chunk)
