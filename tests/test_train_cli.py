@@ -687,3 +687,12 @@ def test_a_run_directory_in_use_is_refused(tmp_path):
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
     r = tgdist("train", *QUICK[:3], *QUICK[4:], f"train.resume={run}", "train.epochs=2", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
+
+
+def test_out_of_memory_is_one_line_and_leaves_nothing(tmp_path):
+    """A memory dim typed with extra zeros: torch's allocator traceback (32 lines, exit 1), and the
+    run directory was left behind holding train.log."""
+    r = tgdist("train", *QUICK, "train.epochs=0", "model.mem_dim=300000", cwd=tmp_path)
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith(
+        "tgdist train: error: out of memory (DefaultCPUAllocator: can't allocate memory: you tried to allocate"), r.stderr
+    assert "Traceback" not in r.stderr and list(tmp_path.iterdir()) == []

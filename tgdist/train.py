@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -98,6 +99,11 @@ def _hydra_main(cfg: DictConfig) -> None:
         sys.exit(1)
     except BaseException as e:  # Ctrl-C or SIGTERM: one line saying what is kept, the shell's 128 + N
         if not caused_by_interrupt(e):
+            _remove_if_empty_run(run_dir)  # what follows is a traceback (a bug) or out of memory
+            if (why := _out_of_memory(e)) is not None:
+                print(f"{who}: error: out of memory ({why}): try a smaller train.batch_size, model.mem_dim or "
+                      f"sampler.fanouts, or data.max_events{_sweep_job_note()}", file=sys.stderr)
+                sys.exit(1)
             raise
         _remove_if_empty_run(run_dir)
         ckpt = run_dir / "checkpoints" / "last.pt"
@@ -112,6 +118,17 @@ def _hydra_main(cfg: DictConfig) -> None:
         _remove_if_empty_run(run_dir)  # rank 0's run directory holds the results
     # a signal from here on (Hydra's teardown) is not "before the run started"; a stopped run has no run_dir key
     _finished.append(summary.get("run_dir", str(run_dir)))
+
+
+def _out_of_memory(e: BaseException) -> str | None:
+    """The first line of an allocation failure (Python's MemoryError, torch's CPU or CUDA
+    allocator), else None."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    text = re.sub(r"^\[enforce fail at [^\]]*\] [^.]*\. ", "", text)  # torch's source location
+    if isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and (
+            "can't allocate memory" in text or "out of memory" in text.lower())):
+        return text
+    return None
 
 
 def _paths_from_the_launch_directory(cfg: DictConfig) -> None:
