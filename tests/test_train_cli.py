@@ -696,3 +696,18 @@ def test_out_of_memory_is_one_line_and_leaves_nothing(tmp_path):
     assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith(
         "tgdist train: error: out of memory (DefaultCPUAllocator: can't allocate memory: you tried to allocate"), r.stderr
     assert "Traceback" not in r.stderr and list(tmp_path.iterdir()) == []
+
+
+def test_names_too_long_for_the_file_system_are_one_line(tmp_path):
+    """A run_dir or data file name over 255 bytes, or a default run name made too long by the
+    data's name: OSError tracebacks from a bare exists() or mkdir()."""
+    long = "x" * 300
+    for args, message in (([f"run_dir={tmp_path / long}"], f"run_dir={tmp_path / long}: File name too long"),
+                          ([f"data.path={tmp_path / long}.csv", "run_dir=r"], f"{tmp_path / long}.csv: File name too long"),
+                          ([f"data.path={tmp_path / ('y' * 250)}.csv"], "cannot make the directory ")):
+        if "y" * 250 in args[0]:
+            (tmp_path / f"{'y' * 250}.csv").write_text("1,2,0\n2,3,1\n")
+        r = tgdist("train", *QUICK, *args, cwd=tmp_path)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert r.stderr.startswith(f"tgdist train: error: {message}"), r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"{'y' * 250}.csv"]

@@ -211,7 +211,7 @@ def check_data_source(cfg: DataConfig) -> None:
         raise ConfigError("data=file needs data.path=FILE (any supported file or TGL directory)")
     if cfg.path is not None and cfg.format != "synthetic":
         shared = datasets_dir()
-        if str(cfg.path).startswith(shared + os.sep) and not Path(cfg.path).exists():  # data=wikipedia and co.
+        if str(cfg.path).startswith(shared + os.sep) and not os.path.exists(cfg.path):  # data=wikipedia and co.
             where = ("$TGDIST_DATASETS" if os.environ.get("TGDIST_DATASETS") else
                      "shared/datasets beside the clone" if os.path.isabs(shared) else "relative to the working directory")
             raise ConfigError(f"data={cfg.name}: {cfg.path} is missing; shared data sets are read from {shared} "
@@ -411,16 +411,22 @@ def claim_directory(path: Path) -> Path:
     2; do tgdist train train.seed=$s & done``) would share one and overwrite each other's files;
     making a directory is atomic, so each gets its own. Directories the user names are used as
     given, not through this."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for n in range(1, 10_000):
-        candidate = path if n == 1 else path.with_name(f"{path.name}-{n}")
-        try:
-            candidate.mkdir()
-            return candidate
-        except FileExistsError:
-            continue
     from tgdist.errors import ConfigError
 
+    made = [p for p in path.parents if not p.exists()]  # deepest first, removed again on failure
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for n in range(1, 10_000):
+            candidate = path if n == 1 else path.with_name(f"{path.name}-{n}")
+            try:
+                candidate.mkdir()
+                return candidate
+            except FileExistsError:
+                continue
+    except OSError as e:  # a read-only working directory, a name too long for the file system
+        remove_empty_dirs(made)
+        raise ConfigError(f"cannot make the directory {path} ({e.strerror or e}); name another with run_dir= "
+                          f"(hydra.sweep.dir= for a sweep)") from None
     raise ConfigError(f"{path}: 10,000 directories of this name exist; name one yourself")
 
 

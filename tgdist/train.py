@@ -152,8 +152,17 @@ def _check_run_parent(run_dir: Path) -> None:
     ``run_dir`` may name the time, which Hydra resolves again when it makes the directory."""
     from tgdist.runtime.data import unwritable
 
-    if run_dir.exists() and not run_dir.is_dir():
+    try:
+        exists = run_dir.exists()
+    except OSError as e:  # a name too long for the file system, say
+        print(f"tgdist train: error: run_dir={run_dir}: {e.strerror or e}", file=sys.stderr)
+        sys.exit(2)
+    if exists and not run_dir.is_dir():
         print(f"tgdist train: error: run_dir={run_dir} is a file, not a directory", file=sys.stderr)
+        sys.exit(2)
+    if exists and (why := unwritable(run_dir)):  # an earlier run's, resumed in place, say
+        print(f"tgdist train: error: run_dir={run_dir}: cannot write in it ({why}); give another run_dir",
+              file=sys.stderr)
         sys.exit(2)
     why = unwritable(run_dir.parent)
     if why:

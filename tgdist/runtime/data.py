@@ -1060,7 +1060,11 @@ def existing(path: str | Path) -> Path:
         p = Path(path).expanduser()
     except RuntimeError:  # ~user of an unknown user
         raise DataError(f"{path}: cannot expand {str(path).split('/')[0]} (no such user)") from None
-    if not p.exists():
+    try:
+        there = p.exists()
+    except OSError as e:  # a name too long for the file system, say
+        raise DataError(f"{p}: {e.strerror or e}") from None
+    if not there:
         raise DataError(f"{p}: no such file or directory")
     if not (p.is_file() or p.is_dir()):  # read twice (hash, then parse): a pipe would be empty the second time
         raise DataError(f"{p}: not a regular file (a pipe or a device); save the data to a file first")
