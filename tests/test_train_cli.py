@@ -711,3 +711,25 @@ def test_names_too_long_for_the_file_system_are_one_line(tmp_path):
         assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
         assert r.stderr.startswith(f"tgdist train: error: {message}"), r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"{'y' * 250}.csv"]
+
+
+def test_closed_or_unwritable_standard_streams(tmp_path):
+    """``2>&-`` failed every run (progress and log lines wrote to None); ``>/dev/full`` after a
+    finished run was a traceback; ``NUMBA_NUM_THREADS=0`` stopped every command in numba's import."""
+    import os
+
+    run = tmp_path / "r"
+    cmd = [sys.executable, "-m", "tgdist", "train", *QUICK, "train.epochs=0", f"run_dir={run}"]
+    r = subprocess.run(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=300, check=False,
+                       preexec_fn=lambda: os.close(2))
+    assert r.returncode == 0 and json.loads(r.stdout.strip().splitlines()[-1])["run_dir"] == str(run)
+    with open("/dev/full", "w") as full:
+        r = subprocess.run(cmd, cwd=tmp_path, stdout=full, stderr=subprocess.PIPE, text=True, timeout=300,
+                           check=False)
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == (
+        f"tgdist train: error: cannot write the summary to stdout (No space left on device); it is in "
+        f"{run}/summary.json")
+    for module in (["tgdist", "train"], ["tgdist.train"]):
+        r = subprocess.run([sys.executable, "-m", *module, *QUICK], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=300, check=False, env={**os.environ, "NUMBA_NUM_THREADS": "0"})
+        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "NUMBA_NUM_THREADS=0: numba needs a positive" in r.stderr

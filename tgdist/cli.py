@@ -30,8 +30,36 @@ def usage() -> str:
     return "\n".join(lines)
 
 
+def standard_streams() -> None:
+    """Make a closed stdout or stderr (``2>&-``) write to /dev/null: Python leaves it None, where
+    every message and progress line would fail, and the next file opened would take its number."""
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        if getattr(sys, name) is None:
+            null = os.open(os.devnull, os.O_WRONLY)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+            setattr(sys, name, open(fd, "w", closefd=False))  # noqa: SIM115 (the process's own stream)
+
+
+def numba_threads_error() -> str | None:
+    """What is wrong with ``$NUMBA_NUM_THREADS``, which numba reads as it is imported, or None:
+    0 or less stopped every command with numba's traceback (tgdist's own 0 means every CPU)."""
+    value = os.environ.get("NUMBA_NUM_THREADS", "").strip()
+    try:
+        bad = bool(value) and int(value) < 1
+    except ValueError:
+        return None  # numba warns and uses its default
+    return (f"NUMBA_NUM_THREADS={value}: numba needs a positive thread count; unset it (sampler.num_threads=0 "
+            f"already uses every CPU)") if bad else None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    standard_streams()
+    if (why := numba_threads_error()) is not None:
+        print(f"tgdist: error: {why}", file=sys.stderr)
+        return 2
     if not argv:  # like a missing argument: usage on stderr, exit 2
         print(f"tgdist: error: give a command\n\n{usage()}", file=sys.stderr)
         return 2

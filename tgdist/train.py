@@ -113,11 +113,25 @@ def _hydra_main(cfg: DictConfig) -> None:
         print(f"{who}: {words}{kept}{_sweep_job_note()}", file=sys.stderr)
         sys.exit(code)
     if rank == 0:
-        print(json.dumps(summary), flush=True)
+        _print_summary(summary, who)
     elif Path(summary["run_dir"]).resolve() != run_dir.resolve():
         _remove_if_empty_run(run_dir)  # rank 0's run directory holds the results
     # a signal from here on (Hydra's teardown) is not "before the run started"; a stopped run has no run_dir key
     _finished.append(summary.get("run_dir", str(run_dir)))
+
+
+def _print_summary(summary: dict, who: str) -> None:
+    """The summary as stdout's last line; a reader gone (``| head``) stops quietly with the
+    shell's 141 and an unwritable stdout (``>/dev/full``) is one line: the run's files hold it."""
+    try:
+        print(json.dumps(summary), flush=True)
+    except OSError as e:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        if isinstance(e, BrokenPipeError):
+            sys.exit(128 + signal.SIGPIPE)
+        print(f"{who}: error: cannot write the summary to stdout ({e.strerror or e}); it is in "
+              f"{summary.get('run_dir', 'the run directory')}/summary.json", file=sys.stderr)
+        sys.exit(1)
 
 
 def _out_of_memory(e: BaseException) -> str | None:
@@ -175,6 +189,12 @@ def main() -> None:
     """``_main``, with Ctrl-C (or SIGTERM) before the run starts (while torch is imported, say, or
     Hydra sets up) as one line and exit 130 (143), leaving no run directory, like Ctrl-C during
     the run."""
+    from tgdist.cli import numba_threads_error, standard_streams
+
+    standard_streams()  # python -m tgdist.train (torchrun) does not pass through tgdist.cli.main
+    if (why := numba_threads_error()) is not None:
+        print(f"tgdist train: error: {why}", file=sys.stderr)
+        sys.exit(2)
     try:
         from tgdist.launcher.world import detect
         from tgdist.runtime.interrupts import terminate_as_interrupt

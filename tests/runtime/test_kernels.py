@@ -240,3 +240,18 @@ def test_set_threads():
         assert kernels.set_threads(10_000) == old  # capped at numba's maximum
     finally:
         kernels.set_threads(old)
+
+
+def test_more_numba_threads_than_numba_has_is_warned(caplog):
+    import numba
+
+    from tgdist.runtime.kernels import set_threads
+
+    limit = numba.config.NUMBA_NUM_THREADS
+    before = numba.get_num_threads()
+    try:
+        with caplog.at_level("WARNING"):
+            assert set_threads(limit + 1) == limit
+        assert f"sampler.num_threads={limit + 1}: numba can run only {limit} in this process" in caplog.text
+    finally:
+        numba.set_num_threads(before)

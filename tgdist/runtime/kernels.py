@@ -6,6 +6,7 @@ specialisation per dtype); outputs have fixed shapes with a boolean mask for emp
 
 from __future__ import annotations
 
+import logging
 import os
 from contextlib import contextmanager
 
@@ -315,6 +316,10 @@ def available_cpus() -> int:
 def set_threads(num_threads: int) -> int:
     """Set the numba thread count (0 = every CPU this process may use); returns the count in use."""
     limit = numba.config.NUMBA_NUM_THREADS
+    if num_threads > limit:
+        logging.getLogger(__name__).warning(
+            "sampler.num_threads=%d: numba can run only %d in this process (NUMBA_NUM_THREADS, or the CPUs when "
+            "numba started); using %d", num_threads, limit, limit)
     n = min(num_threads if num_threads > 0 else available_cpus(), limit)
     numba.set_num_threads(n)
     return n
