@@ -733,3 +733,20 @@ def test_closed_or_unwritable_standard_streams(tmp_path):
         r = subprocess.run([sys.executable, "-m", *module, *QUICK], cwd=tmp_path, capture_output=True, text=True,
                            timeout=300, check=False, env={**os.environ, "NUMBA_NUM_THREADS": "0"})
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and "NUMBA_NUM_THREADS=0: numba needs a positive" in r.stderr
+
+
+def test_a_full_file_system_is_one_line_before_hydra_writes(tmp_path, monkeypatch, capsys):
+    """Hydra writes .hydra/ and train.log before the run starts: on a full disk these failed in
+    a traceback, leaving half-written files."""
+    import shutil
+    from collections import namedtuple
+
+    from tgdist import train
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1 << 30, (1 << 30) - 12_288, 12_288))
+    with pytest.raises(SystemExit) as stop:
+        train._check_run_parent(tmp_path / "r")
+    assert stop.value.code == 1 and capsys.readouterr().err == (
+        f"tgdist train: error: run_dir={tmp_path / 'r'}: no space left on its file system (12 KiB free)\n")
+    assert list(tmp_path.iterdir()) == []

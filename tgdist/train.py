@@ -183,6 +183,12 @@ def _check_run_parent(run_dir: Path) -> None:
         print(f"tgdist train: error: run_dir={run_dir}: cannot make a directory in {run_dir.parent} ({why})",
               file=sys.stderr)
         sys.exit(2)
+    there = next(p for p in (run_dir, *run_dir.parents) if p.exists())
+    free = shutil.disk_usage(there).free
+    if free < 1 << 20:  # Hydra's own first writes (.hydra/, train.log) would fail in tracebacks
+        print(f"tgdist train: error: run_dir={run_dir}: no space left on its file system ({free / 1024:.0f} KiB "
+              f"free)", file=sys.stderr)
+        sys.exit(1)
 
 
 def main() -> None:
