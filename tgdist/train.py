@@ -104,6 +104,10 @@ def _hydra_main(cfg: DictConfig) -> None:
                 print(f"{who}: error: out of memory ({why}): try a smaller train.batch_size, model.mem_dim or "
                       f"sampler.fanouts, or data.max_events{_sweep_job_note()}", file=sys.stderr)
                 sys.exit(1)
+            if world.world_size > 1 and (why := _peer_lost(e)) is not None:
+                print(f"{who}: error: another rank of this run went away ({why}); its own line, or the "
+                      f"launcher's, says why", file=sys.stderr)
+                sys.exit(1)
             raise
         _remove_if_empty_run(run_dir)
         ckpt = run_dir / "checkpoints" / "last.pt"
@@ -143,6 +147,14 @@ def _out_of_memory(e: BaseException) -> str | None:
             "can't allocate memory" in text or "out of memory" in text.lower())):
         return text
     return None
+
+
+def _peer_lost(e: BaseException) -> str | None:
+    """The first line, without gloo's source location, of a collective that failed because
+    another rank's connection closed (it died or stopped), else None."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    lost = re.search(r"^(?:\[[^\]]*\] )?(.*?(?:Connection (?:reset|closed) by peer|Broken pipe))", text)
+    return lost.group(1) if isinstance(e, RuntimeError) and lost else None
 
 
 def _paths_from_the_launch_directory(cfg: DictConfig) -> None:
@@ -212,6 +224,9 @@ def main() -> None:
         finally:
             while _held:  # the run directory's lock (for callers in one process, such as tests)
                 os.close(_held.pop())
+    except TgdistError as e:  # the launcher's environment (MASTER_PORT=abc), a directory that cannot be made
+        print(f"tgdist train: error: {e}", file=sys.stderr)
+        sys.exit(getattr(e, "exit_code", 2))
     except KeyboardInterrupt as e:
         from tgdist.runtime.interrupts import stopped
 

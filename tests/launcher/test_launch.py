@@ -25,7 +25,7 @@ def test_build_command():
     cmd = launch.build_command(4, ["data=wikipedia", "parallel.i=2"], nnodes=2, node_rank=1,
                                master_addr="node01", master_port=29400, python="python")
     assert shlex.join(cmd) == (
-        "python -m torch.distributed.run --nproc-per-node 4 --nnodes 2 --node-rank 1 --rdzv-backend c10d "
+        "python -m torch.distributed.run --nproc-per-node 4 --nnodes 2 --rdzv-backend c10d "
         "--rdzv-endpoint node01:29400 --rdzv-id tgdist --max-restarts 0 -m tgdist.train data=wikipedia parallel.i=2")
     with pytest.raises(ConfigError, match="node-rank 2"):
         launch.build_command(2, [], nnodes=2, node_rank=2)
@@ -43,7 +43,7 @@ def test_dry_run(capsys):
     rc = cli_main(["launch", "--nproc", "2", "--master-port", "29999", "--dry-run", "--", "model=jodie", "parallel.i=2"])
     out = capsys.readouterr().out.strip()
     assert rc == 0
-    assert out.endswith("--nproc-per-node 2 --nnodes 1 --node-rank 0 --rdzv-backend c10d --rdzv-endpoint "
+    assert out.endswith("--nproc-per-node 2 --nnodes 1 --rdzv-backend c10d --rdzv-endpoint "
                         "127.0.0.1:29999 --rdzv-id tgdist --max-restarts 0 -m tgdist.train model=jodie parallel.i=2")
     # --nproc derived from parallel.i x j x k over the nodes
     rc = cli_main(["launch", "--nnodes", "2", "--dry-run", "--", "parallel.i=2", "parallel.k=2", "train.epochs=2"])

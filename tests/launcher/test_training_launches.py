@@ -5,7 +5,9 @@ run's summary back and checks every training event was traversed as often as in 
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
 import sys
 
 import pytest
@@ -90,3 +92,24 @@ def test_ranks_started_with_other_settings_fail_at_once(tmp_path, case):
         line = f"tgdist train [rank {n}]: error: the ranks of this run were started with other {message}; start every"
         assert line in res.stderr, res.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_peer_that_dies_under_srun_is_one_line(tmp_path):
+    """Outside torchrun nobody reports the dead rank: the survivor printed gloo's 30-line
+    'Connection reset by peer' traceback. The srun path by hand (SLURM's variables), rank 1 killed."""
+    port = free_port()
+    common = {**ENV, "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_NODEID": "0",
+              "SLURM_NNODES": "1", "SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_STEP_NODELIST": "localhost",
+              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TGDIST_FAULT_KILL": "1:2"}
+    cmd = [sys.executable, "-m", "tgdist.train", *SMALL, "parallel.k=2", "train.epochs=4", f"run_dir={tmp_path / 'r'}"]
+    procs = [subprocess.Popen(cmd, cwd=tmp_path, env={**os.environ, **common, "SLURM_PROCID": str(r),
+                                                      "SLURM_LOCALID": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    try:
+        (_, err0), _ = procs[0].communicate(timeout=240), procs[1].communicate(timeout=60)
+    finally:
+        for p in procs:
+            p.kill()
+    assert procs[1].returncode == -9 and procs[0].returncode == 1
+    assert err0.strip().splitlines()[-1].startswith("tgdist train [rank 0]: error: another rank of this run went away ("), err0
+    assert "Traceback" not in err0 and not (tmp_path / "r").exists()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -9,6 +11,8 @@ from tgdist.errors import ConfigError
 from tgdist.launcher import collectives as C
 from tgdist.launcher import world as W
 from tgdist.launcher.schedule import Layout
+
+from .helpers import free_port
 
 
 # ---------------------------------------------------------------- host lists
@@ -212,3 +216,27 @@ def test_disagreement_names_the_keys_and_the_first_rank():
     assert disagreement([same, dict(same), other, other], "configs") == (
         "the ranks of this run were started with other configs: train.extra: rank 0 <unset> vs rank 2 1, "
         "train.lr: rank 0 0.1 vs rank 2 0.2 (2 ranks differ from rank 0); start every rank with the same ones")
+
+
+def test_ranks_that_do_not_meet_fail_in_one_line_and_rank_0_says_it_waits(caplog):
+    """A machine never started: rank 0 waited the whole timeout in silence, then a traceback."""
+    from datetime import timedelta
+
+    from tgdist.errors import RunFailure
+    from tgdist.launcher.world import ProcessGroups, WorldInfo, _waiting_notice
+
+    with caplog.at_level("WARNING", logger="tgdist.launcher.world"), \
+            _waiting_notice(0, 2, "host:1", timedelta(seconds=600), first=0.05):
+        time.sleep(0.3)
+    assert "rank 0: still waiting for the other ranks (2 in all) to meet at host:1 after 0 s; gives up after 600 s" \
+        in caplog.text
+    port = free_port()
+    world = WorldInfo(rank=0, world_size=2, local_world_size=2, master_addr="127.0.0.1", master_port=port,
+                      launcher="slurm")
+    t0 = time.monotonic()
+    with pytest.raises(RunFailure, match=rf"rank 0: the 2 ranks did not meet at 127.0.0.1:{port} within 2 s \("):
+        ProcessGroups.init(world, Layout(2, 1, 1), backend="gloo", timeout=2.0)
+    assert time.monotonic() - t0 < 30
+    with pytest.raises(ConfigError, match="the master address 'no-such-host.invalid' .* does not resolve"):
+        ProcessGroups.init(WorldInfo(rank=0, world_size=2, local_world_size=2, master_addr="no-such-host.invalid",
+                                     master_port=port, launcher="slurm"), Layout(2, 1, 1), backend="gloo", timeout=2.0)

@@ -18,6 +18,7 @@ exit code, or 128 + the signal number when it died of a signal or failed after o
 from __future__ import annotations
 
 import argparse
+import errno
 import re
 import shlex
 import signal
@@ -89,12 +90,13 @@ def _reserve(port: int) -> bool:
 def _check_port_free(addr: str, port: int) -> None:
     """One line when ``port`` is taken on this machine: torchrun's store would wait for it, then
     fail with a long traceback (and another launch on it would wait for that one to end)."""
-    if addr not in (_LOOPBACK, "localhost", "0.0.0.0", ""):
-        return  # another machine's address (or one this machine has under another name): not probed
+    host = _LOOPBACK if addr in ("localhost", "") else addr
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
-            s.bind((_LOOPBACK if addr == "localhost" else addr, port))
+            s.bind((host, port))
         except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                return  # another machine's address (not bindable here), or not IPv4: not probed
             raise ConfigError(f"--master-port {port} is in use on {addr} ({e.strerror or e}); another launch may "
                               f"hold it: leave --master-port out (a free port is picked) or name another") from None
 
@@ -110,8 +112,7 @@ def build_command(nproc: int, overrides: list[str], *, nnodes: int = 1, node_ran
     return [
         python or sys.executable, "-m", "torch.distributed.run",
         "--nproc-per-node", str(nproc),
-        "--nnodes", str(nnodes),
-        "--node-rank", str(node_rank),
+        "--nnodes", str(nnodes),  # no --node-rank: c10d's rendezvous numbers the machines (torchrun warns)
         "--rdzv-backend", "c10d",
         "--rdzv-endpoint", f"{master_addr}:{master_port}",
         "--rdzv-id", rdzv_id,
@@ -382,6 +383,8 @@ def _launch(args: argparse.Namespace, overrides: list[str], nproc: int | None = 
         if not _reserve(port):
             raise ConfigError(f"--master-port {port} is in use by another tgdist launch on this machine: leave "
                               f"--master-port out (a free port is picked) or name another")
+        _check_port_free(args.master_addr, port)
+    if args.nnodes > 1 and args.node_rank == 0 and not args.dry_run:  # the machine that hosts the store
         _check_port_free(args.master_addr, port)
     cmd = build_command(nproc, overrides, nnodes=args.nnodes, node_rank=args.node_rank,
                         master_addr=args.master_addr, master_port=port, module=args.module)

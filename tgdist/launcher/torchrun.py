@@ -72,9 +72,10 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + int(e.sigval)
     except RendezvousError as e:  # the store's port taken, a machine that does not answer: one line
         cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"tgdist launch: the ranks could not meet at {args.rdzv_endpoint} ({cause}); if another job holds "
-              f"that port, leave --master-port out (a free port is picked) or name another", file=sys.stderr,
-              flush=True)
+        machines = "" if str(args.nnodes) in ("1", "1:1") else (
+            f"; every machine must run the same launch (--nnodes {args.nnodes}, --master-addr and --master-port)")
+        print(f"tgdist launch: the ranks could not meet at {args.rdzv_endpoint} ({cause}){machines}; if another "
+              f"program holds that port, name another with --master-port", file=sys.stderr, flush=True)
         return 1
     finally:
         _sweep_stale_segments()

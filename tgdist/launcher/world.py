@@ -25,13 +25,16 @@ import logging
 import os
 import re
 import socket
+import threading
+import time
 import weakref
 import zlib
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Mapping
 
-from tgdist.errors import ConfigError
+from tgdist.errors import ConfigError, RunFailure
 from tgdist.launcher.schedule import Layout, num_global_batches, passes_per_group, segment_bounds
 
 log = logging.getLogger(__name__)
@@ -440,6 +443,40 @@ def _families(layout: Layout) -> dict[str, list[list[int]]]:
     }
 
 
+def _check_resolves(host: str) -> None:
+    """A ConfigError when ``host`` (the master's name) does not resolve: the ranks would retry
+    for ten minutes, printing a warning every few seconds."""
+    try:
+        socket.getaddrinfo(host, None)
+    except OSError as e:
+        raise ConfigError(f"the master address {host!r} (MASTER_ADDR, or the first host of SLURM's node list) does "
+                          f"not resolve ({e.strerror or e}); set MASTER_ADDR to the host of rank 0") from None
+
+
+@contextmanager
+def _waiting_notice(rank: int, world_size: int, where: str, timeout: timedelta, first: float = 30.0):
+    """While the ranks meet (``init_process_group`` blocks until all have come), rank 0 says after
+    30 s, and then every minute, that it is still waiting and for how long it will: a machine
+    that was never started looked like a hang, silent for the whole timeout."""
+    done = threading.Event()
+
+    def notice() -> None:
+        start, interval = time.monotonic(), first
+        while not done.wait(interval):
+            log.warning("rank %d: still waiting for the other ranks (%d in all) to meet at %s after %.0f s; gives "
+                        "up after %.0f s", rank, world_size, where, time.monotonic() - start,
+                        timeout.total_seconds())
+            interval = 60.0
+
+    thread = threading.Thread(target=notice, name="tgdist-meeting-notice", daemon=True)
+    if rank == 0:
+        thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+
+
 def disagreement(values: list[dict], what: str) -> str | None:
     """One line naming the keys in which a rank's ``values`` entry differs from rank 0's (the first
     such rank, and how many differ), or None when all agree. Ranks started by hand on several
@@ -522,8 +559,18 @@ class ProcessGroups:
         import torch._dynamo  # noqa: F401
 
         init_method = "env://" if world.launcher == "torchrun" else f"tcp://{world.master_addr}:{world.master_port}"
-        dist.init_process_group(backend=backend, init_method=init_method, rank=world.rank,
-                                world_size=world.world_size, timeout=timeout)
+        if world.launcher != "torchrun":  # torchrun's rendezvous has found the master already
+            _check_resolves(world.master_addr)
+        where = f"{world.master_addr}:{world.master_port}" if world.launcher != "torchrun" else "torchrun's store"
+        with _waiting_notice(world.rank, world.world_size, where, timeout):
+            try:
+                dist.init_process_group(backend=backend, init_method=init_method, rank=world.rank,
+                                        world_size=world.world_size, timeout=timeout)
+            except (dist.DistError, RuntimeError) as e:  # a rank that never came, a port another program holds
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise RunFailure(f"rank {world.rank}: the {world.world_size} ranks did not meet at {where} within "
+                                 f"{timeout.total_seconds():.0f} s ({first[:200]}); check that every rank was "
+                                 f"started and that nothing else listens on that port") from None
         groups["world"] = dist.group.WORLD
         if agree is not None:
             everyone: list = [None] * world.world_size
