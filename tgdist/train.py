@@ -89,25 +89,25 @@ def _hydra_main(cfg: DictConfig) -> None:
     except TgdistError as e:
         _remove_if_empty_run(run_dir)
         print(f"{who}: error: {e}{_sweep_job_note()}", file=sys.stderr)
-        sys.exit(getattr(e, "exit_code", 2))  # 2: bad input; 1: a process of the run failed
+        _exit(getattr(e, "exit_code", 2), world)  # 2: bad input; 1: a process of the run failed
     except OSError as e:  # a full disk, say: one line, exit 1 (the input was not at fault)
         if write_failure(e) is None:
             raise
         _remove_if_empty_run(run_dir)
         where = "" if e.filename else f"{run_dir}: "  # a flush of metrics.jsonl names no file
         print(f"{who}: error: {where}{write_failure(e)}{_sweep_job_note()}", file=sys.stderr)
-        sys.exit(1)
+        _exit(1, world)
     except BaseException as e:  # Ctrl-C or SIGTERM: one line saying what is kept, the shell's 128 + N
         if not caused_by_interrupt(e):
             _remove_if_empty_run(run_dir)  # what follows is a traceback (a bug) or out of memory
             if (why := _out_of_memory(e)) is not None:
                 print(f"{who}: error: out of memory ({why}): try a smaller train.batch_size, model.mem_dim or "
                       f"sampler.fanouts, or data.max_events{_sweep_job_note()}", file=sys.stderr)
-                sys.exit(1)
+                _exit(1, world)
             if world.world_size > 1 and (why := _peer_lost(e)) is not None:
                 print(f"{who}: error: another rank of this run went away ({why}); its own line, or the "
                       f"launcher's, says why", file=sys.stderr)
-                sys.exit(1)
+                _exit(1, world)
             raise
         _remove_if_empty_run(run_dir)
         ckpt = run_dir / "checkpoints" / "last.pt"
@@ -115,13 +115,22 @@ def _hydra_main(cfg: DictConfig) -> None:
                 else "; no checkpoint had been written")
         words, code = stopped(e)
         print(f"{who}: {words}{kept}{_sweep_job_note()}", file=sys.stderr)
-        sys.exit(code)
+        _exit(code, world)
     if rank == 0:
         _print_summary(summary, who)
     elif Path(summary["run_dir"]).resolve() != run_dir.resolve():
         _remove_if_empty_run(run_dir)  # rank 0's run directory holds the results
     # a signal from here on (Hydra's teardown) is not "before the run started"; a stopped run has no run_dir key
     _finished.append(summary.get("run_dir", str(run_dir)))
+
+
+def _exit(code: int, world) -> None:
+    """``sys.exit(code)``; a failing rank of an ``mpiexec`` job aborts the job instead: at exit,
+    mpi4py's MPI_Finalize would wait for the other ranks, which wait for it, until killed."""
+    if code and world.launcher == "mpi" and world.world_size > 1 and "mpi4py.MPI" in sys.modules:
+        sys.stderr.flush()
+        sys.modules["mpi4py.MPI"].COMM_WORLD.Abort(code)
+    sys.exit(code)
 
 
 def _print_summary(summary: dict, who: str) -> None:

@@ -113,3 +113,24 @@ def test_a_peer_that_dies_under_srun_is_one_line(tmp_path):
     assert procs[1].returncode == -9 and procs[0].returncode == 1
     assert err0.strip().splitlines()[-1].startswith("tgdist train [rank 0]: error: another rank of this run went away ("), err0
     assert "Traceback" not in err0 and not (tmp_path / "r").exists()
+
+
+def test_a_failing_mpiexec_rank_ends_the_job(tmp_path):
+    """A rank that fails before the others meet it (here its epochs do not fit the layout) printed
+    its line, then waited in MPI_Finalize while rank 0 waited for it: ten minutes, then a traceback."""
+    import time
+
+    from pathlib import Path
+
+    cmd = [sys.executable, "-m", "tgdist.train", *SMALL, "parallel.k=2", f"run_dir={tmp_path / 'run'}"]
+    shm = Path("/dev/shm")
+    before = set(shm.glob("mpich_shm_*"))
+    t0 = time.monotonic()
+    try:
+        [res] = run_all([[*mpiexec(), "-n", "1", *cmd, "train.epochs=2", ":", "-n", "1", *cmd, "train.epochs=3"]],
+                        timeout=120, env=ENV, cwd=tmp_path)
+    finally:  # MPICH's own segment, which an aborted job leaves (not tgdist's)
+        for left in set(shm.glob("mpich_shm_*")) - before:
+            left.unlink(missing_ok=True)
+    assert res.returncode != 0 and time.monotonic() - t0 < 60
+    assert "tgdist train [rank 1]: error: train.epochs = 3 is not a multiple" in res.stderr, res.stderr
