@@ -119,7 +119,6 @@ def test_a_failing_mpiexec_rank_ends_the_job(tmp_path):
     """A rank that fails before the others meet it (here its epochs do not fit the layout) printed
     its line, then waited in MPI_Finalize while rank 0 waited for it: ten minutes, then a traceback."""
     import time
-
     from pathlib import Path
 
     cmd = [sys.executable, "-m", "tgdist.train", *SMALL, "parallel.k=2", f"run_dir={tmp_path / 'run'}"]
