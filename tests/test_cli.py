@@ -332,3 +332,13 @@ def test_writable_folder(tmp_path):
     (tmp_path / "file").write_text("x")
     assert tgdist._writable(str(tmp_path / "a" / "b" / "c"))  # made in an existing, writable parent
     assert not tgdist._writable(str(tmp_path / "file" / "sub"))  # a file is in the way
+
+
+def test_names_a_stream_cannot_spell_are_escaped(tmp_path):
+    """PYTHONIOENCODING=ascii (or a C locale): a non-ASCII data name failed the command with
+    UnicodeEncodeError; it is written as escapes."""
+    (tmp_path / "événements.csv").write_text("1,2,0\n2,3,1\n3,1,2\n")
+    r = subprocess.run([sys.executable, "-m", "tgdist", "data", "info", "événements.csv", "--cache-dir", "c"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
+                       env={**os.environ, "PYTHONIOENCODING": "ascii"})
+    assert r.returncode == 0 and r.stdout.startswith("\\xe9v\\xe9nements: 3 events"), (r.stdout, r.stderr)

@@ -32,7 +32,9 @@ def usage() -> str:
 
 def standard_streams() -> None:
     """Make a closed stdout or stderr (``2>&-``) write to /dev/null: Python leaves it None, where
-    every message and progress line would fail, and the next file opened would take its number."""
+    every message and progress line would fail, and the next file opened would take its number.
+    On a stream whose encoding cannot spell every name (``PYTHONIOENCODING=ascii``, a C locale),
+    what it cannot spell is written as escapes instead of failing the command."""
     for fd, name in ((1, "stdout"), (2, "stderr")):
         if getattr(sys, name) is None:
             null = os.open(os.devnull, os.O_WRONLY)
@@ -40,6 +42,9 @@ def standard_streams() -> None:
                 os.dup2(null, fd)
                 os.close(null)
             setattr(sys, name, open(fd, "w", closefd=False))  # noqa: SIM115 (the process's own stream)
+        stream = getattr(sys, name)
+        if hasattr(stream, "reconfigure") and (stream.encoding or "").lower().replace("-", "") != "utf8":
+            stream.reconfigure(errors="backslashreplace")
 
 
 def numba_threads_error() -> str | None:
