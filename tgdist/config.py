@@ -346,8 +346,7 @@ def precheck_sweep(command: str, config_name: str, overrides: list[str], validat
         return None
     params = [f"{k}={v}" for k, v in (hydra_cfg.sweeper.get("params") or {}).items()]
     jobs, swept = sweep_jobs(command, config_name, params + list(overrides), validate, source)
-    sweep_dir = _compose_or_exit(command, config_name, jobs[0], return_hydra_config=True, source=source).hydra.sweep.dir
-    return Sweep(str(sweep_dir), jobs, swept)
+    return Sweep(str(hydra_cfg.sweep.dir), jobs, swept)
 
 
 def sweep_jobs(command: str, config_name: str, overrides: list[str], validate: Callable[[Any], None] | None,

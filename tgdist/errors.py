@@ -25,6 +25,12 @@ class RunFailure(TgdistError):
     exit_code = 1
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message (its type's name when it has none), for one-line reports."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def write_failure(exc: BaseException) -> str | None:
     """One line for an OSError that stops a command writing its output (a full disk, a quota, a
     read-only or unwritable folder); None for any other error, which keeps its traceback."""

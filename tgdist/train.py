@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 
 import tgdist.config  # noqa: F401  (registers the typed schema before Hydra composes)
 from tgdist.config import config_dir, precheck_command, remove_empty_dirs
-from tgdist.errors import TgdistError, write_failure
+from tgdist.errors import TgdistError, first_line, write_failure
 
 # Files a run directory holds before any training happened; such a directory is removed when the
 # run fails at start-up, so bad input leaves nothing behind.
@@ -150,8 +150,7 @@ def _print_summary(summary: dict, who: str) -> None:
 def _out_of_memory(e: BaseException) -> str | None:
     """The first line of an allocation failure (Python's MemoryError, torch's CPU or CUDA
     allocator), else None."""
-    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    text = re.sub(r"^\[enforce fail at [^\]]*\] [^.]*\. ", "", text)  # torch's source location
+    text = re.sub(r"^\[enforce fail at [^\]]*\] [^.]*\. ", "", first_line(e))  # torch's source location
     if isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and (
             "can't allocate memory" in text or "out of memory" in text.lower())):
         return text
@@ -161,8 +160,7 @@ def _out_of_memory(e: BaseException) -> str | None:
 def _peer_lost(e: BaseException) -> str | None:
     """The first line, without gloo's source location, of a collective that failed because
     another rank's connection closed (it died or stopped), else None."""
-    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    lost = re.search(r"^(?:\[[^\]]*\] )?(.*?(?:Connection (?:reset|closed) by peer|Broken pipe))", text)
+    lost = re.search(r"^(?:\[[^\]]*\] )?(.*?(?:Connection (?:reset|closed) by peer|Broken pipe))", first_line(e))
     return lost.group(1) if isinstance(e, RuntimeError) and lost else None
 
 
@@ -182,9 +180,10 @@ def _paths_from_the_launch_directory(cfg: DictConfig) -> None:
 
 
 def _check_run_parent(run_dir: Path) -> None:
-    """Exit 2 with one line unless a directory can be made where ``run_dir`` goes (Hydra would
-    fail later with a traceback). Only the parent is probed, and removed again if it was made:
-    ``run_dir`` may name the time, which Hydra resolves again when it makes the directory."""
+    """Exit 2 with one line unless ``run_dir`` can be written, or made, and exit 1 when its file
+    system is full (Hydra would fail later with a traceback). An existing ``run_dir`` is probed
+    itself; otherwise only the parent, removed again if it was made: ``run_dir`` may name the
+    time, which Hydra resolves again when it makes the directory."""
     from tgdist.runtime.data import unwritable
 
     try:
@@ -199,8 +198,7 @@ def _check_run_parent(run_dir: Path) -> None:
         print(f"tgdist train: error: run_dir={run_dir}: cannot write in it ({why}); give another run_dir",
               file=sys.stderr)
         sys.exit(2)
-    why = unwritable(run_dir.parent)
-    if why:
+    if not exists and (why := unwritable(run_dir.parent)):
         print(f"tgdist train: error: run_dir={run_dir}: cannot make a directory in {run_dir.parent} ({why})",
               file=sys.stderr)
         sys.exit(2)

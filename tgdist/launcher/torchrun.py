@@ -71,7 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     except SignalException as e:  # the agent has stopped the workers before raising this
         return 128 + int(e.sigval)
     except RendezvousError as e:  # the store's port taken, a machine that does not answer: one line
-        cause = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        from tgdist.errors import first_line
+
+        cause = first_line(e)
         machines = "" if str(args.nnodes) in ("1", "1:1") else (
             f"; every machine must run the same launch (--nnodes {args.nnodes}, --master-addr and --master-port)")
         print(f"tgdist launch: the ranks could not meet at {args.rdzv_endpoint} ({cause}){machines}; if another "

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Mapping
 
-from tgdist.errors import ConfigError, RunFailure
+from tgdist.errors import ConfigError, RunFailure, first_line
 from tgdist.launcher.schedule import Layout, num_global_batches, passes_per_group, segment_bounds
 
 log = logging.getLogger(__name__)
@@ -468,9 +468,8 @@ def _waiting_notice(rank: int, world_size: int, where: str, timeout: timedelta, 
                         timeout.total_seconds())
             interval = 60.0
 
-    thread = threading.Thread(target=notice, name="tgdist-meeting-notice", daemon=True)
     if rank == 0:
-        thread.start()
+        threading.Thread(target=notice, name="tgdist-meeting-notice", daemon=True).start()
     try:
         yield
     finally:
@@ -567,9 +566,8 @@ class ProcessGroups:
                 dist.init_process_group(backend=backend, init_method=init_method, rank=world.rank,
                                         world_size=world.world_size, timeout=timeout)
             except (dist.DistError, RuntimeError) as e:  # a rank that never came, a port another program holds
-                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
                 raise RunFailure(f"rank {world.rank}: the {world.world_size} ranks did not meet at {where} within "
-                                 f"{timeout.total_seconds():.0f} s ({first[:200]}); check that every rank was "
+                                 f"{timeout.total_seconds():.0f} s ({first_line(e)[:200]}); check that every rank was "
                                  f"started and that nothing else listens on that port") from None
         groups["world"] = dist.group.WORLD
         if agree is not None:

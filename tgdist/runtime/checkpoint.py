@@ -35,12 +35,19 @@ _ADDED = {"data.time_unit": repr("auto")}
 
 def identity(cfg: DictConfig) -> dict:
     """The part of the config a checkpoint must match, as plain strings (weights_only-safe)."""
+    return settings(cfg, ("data", "sampler", "model", "train", "parallel"),
+                    {f"{g}.{k}" for g, keys in _FREE.items() for k in keys})
+
+
+def settings(cfg: DictConfig, groups: tuple[str, ...], leave_out: set[str]) -> dict:
+    """``{"group.key": repr(value)}`` for the keys of ``groups`` in ``cfg``, resolved, but those in
+    ``leave_out``."""
     out = {}
-    for group in ("data", "sampler", "model", "train", "parallel"):
+    for group in groups:
         if group not in cfg:
             continue
         for key, value in OmegaConf.to_container(cfg[group], resolve=True).items():
-            if key not in _FREE.get(group, set()):
+            if f"{group}.{key}" not in leave_out:
                 out[f"{group}.{key}"] = repr(value)
     return out
 

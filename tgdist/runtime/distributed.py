@@ -301,12 +301,7 @@ _PER_RANK = {"data.path", "data.name", "data.cache", "data.cache_dir", "data.req
 def shared_settings(cfg: DictConfig) -> dict:
     """The settings every rank of a parallel run must share (as strings): all of the config but
     ``_PER_RANK``. Ranks started by hand on several machines can be given other overrides."""
-    out = {}
-    for group in ("data", "sampler", "model", "train", "parallel", "memory"):
-        for key, value in OmegaConf.to_container(cfg[group], resolve=True).items():
-            if f"{group}.{key}" not in _PER_RANK:
-                out[f"{group}.{key}"] = repr(value)
-    return out
+    return checkpoint.settings(cfg, ("data", "sampler", "model", "train", "parallel", "memory"), _PER_RANK)
 
 
 def run_parallel(cfg: DictConfig, run_dir) -> dict:

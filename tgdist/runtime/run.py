@@ -127,7 +127,7 @@ class Run:
                             if res["compile_seconds"] >= 0.5 else "")
                 shown = [f"{k} {v:.4f}" for k, v in res.items() if k.startswith(("val_", "test_"))]
                 log.info("epoch %d: loss %.4f, %s train events/s%s", epoch, res["loss"],
-                         "".join(f"{x}, " for x in shown) + f"{res['events_per_s']:,.0f}", compiled)
+                         ", ".join([*shown, f"{res['events_per_s']:,.0f}"]), compiled)
                 log.info("training stage times:\n%s", train_stages.table(res["train_events"]))
                 self._checkpoint(epoch + 1, 0)
         if cfg.train.epochs == 0 and not cfg.train.resume:  # the node and edge tasks too: their link baseline
