@@ -617,6 +617,17 @@ def test_a_users_config_directory_is_checked_like_the_default(tmp_path):
     assert [p.name for p in (tmp_path / "runs").iterdir()] == ["a"]
 
 
+def test_help_lists_the_group_options_of_a_users_config_directory(tmp_path):
+    """``--help`` listed only the options under tgdist's configs/, not those a run could pick from
+    the user's ``--config-dir``."""
+    _user_configs(tmp_path)
+    r = tgdist("train", "--config-dir", "myconf", "--config-name", "exp", "--help", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "\ndata: bitcoin_otc, collegemsg, enron, file, mine, sfhh, synthetic, wikipedia\n" in r.stdout
+    r = tgdist("train", "--help", cwd=tmp_path)
+    assert "\ndata: bitcoin_otc, collegemsg, enron, file, sfhh, synthetic, wikipedia\n" in r.stdout
+
+
 def test_a_config_files_run_directory_is_the_one_recorded(tmp_path):
     """A config setting ``hydra.run.dir`` runs there: no default directory is left claimed, and
     config.yaml (like a sweep job's) names the directory used, not the default name."""

@@ -53,9 +53,13 @@ def data_name(path, default: str) -> str:
 def config_groups(*groups: str) -> str:
     """``group: option, ...`` lines for a command's ``--help`` (``${config_groups:data,model}``):
     the YAML options under ``configs/``, without the typed schemas Hydra's own listing adds and
-    without the groups of other commands."""
-    root = Path(config_dir())
-    return "\n".join(f"{g}: " + ", ".join(sorted(p.stem for p in (root / g).glob("*.yaml"))) for g in groups)
+    without the groups of other commands. ``print_help`` adds the folders of a user's
+    ``--config-dir`` or ``--config-path`` (``_help_roots``), whose options a run can pick too."""
+    roots = [Path(r) for r in (config_dir(), *_help_roots)]
+    return "\n".join(f"{g}: " + ", ".join(sorted({p.stem for r in roots for p in (r / g).glob("*.yaml")})) for g in groups)
+
+
+_help_roots: tuple[str, ...] = ()  # config folders besides configs/ that --help lists options from
 
 
 def key_notes(schema: type, prefix: str = "") -> dict[str, str]:
@@ -127,8 +131,14 @@ def print_help(command: str, config_name: str, overrides: list[str], source: Con
     ``$CONFIG`` is the composed config (with ``overrides``) and each key's documentation."""
     from omegaconf import open_dict
 
+    global _help_roots
     full = _compose_or_exit(command, config_name, overrides, return_hydra_config=True, source=source)
-    template = str(full.hydra.help.template)
+    if source is not None:  # a pkg:// primary is tgdist's own or a package's: no folder to list
+        _help_roots = tuple(r for r in (source.primary, source.extra) if r and not r.startswith("pkg://"))
+    try:
+        template = str(full.hydra.help.template)
+    finally:
+        _help_roots = ()
     with open_dict(full):
         del full["hydra"]
     notes = key_notes(_schema_for(config_name))
