@@ -97,13 +97,14 @@ def mail_rounds(ids: torch.Tensor, order_key: torch.Tensor, keep: int) -> list[t
     perm = torch.argsort(order_key, stable=True)
     perm = perm[torch.argsort(ids[perm], stable=True)]
     sid = ids[perm]
-    n = sid.numel()
-    start = torch.ones(n, dtype=torch.bool)
+    n, dev = sid.numel(), ids.device  # every tensor on the ids' device (a GPU's, not the CPU)
+    start = torch.ones(n, dtype=torch.bool, device=dev)
     start[1:] = sid[1:] != sid[:-1]
-    group_start = torch.cummax(torch.where(start, torch.arange(n), torch.zeros(n, dtype=torch.long)), 0).values
-    rank = torch.arange(n) - group_start  # 0 = oldest
-    ends = torch.nonzero(torch.cat([start[1:], torch.tensor([True])])).squeeze(1)
-    count = torch.zeros(n, dtype=torch.long)
+    position = torch.arange(n, device=dev)
+    group_start = torch.cummax(torch.where(start, position, torch.zeros_like(position)), 0).values
+    rank = position - group_start  # 0 = oldest
+    ends = torch.nonzero(torch.cat([start[1:], start.new_ones(1)])).squeeze(1)
+    count = torch.zeros(n, dtype=torch.long, device=dev)
     sizes = ends - torch.nonzero(start).squeeze(1) + 1
     count[start] = sizes
     count = count[group_start]
