@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -641,6 +642,23 @@ def test_deterministic_mode_follows_each_runs_config():
         assert torch.are_deterministic_algorithms_enabled()
         build_trainer(compose(SMALL + ["train.deterministic=false"]))
         assert not torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+def test_deterministic_mode_fixes_cublas_workspace_unless_the_user_did(monkeypatch):
+    """torch refuses cuBLAS products in deterministic mode unless CUBLAS_WORKSPACE_CONFIG is set
+    (a RuntimeError at a CUDA run's first matmul); deterministic runs set it, keeping a user's."""
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "")  # restored as it was (maybe unset) after the test
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
+    try:
+        build_trainer(compose(SMALL + ["train.deterministic=false"]))
+        assert "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+        build_trainer(compose(SMALL + ["train.deterministic=true"]))
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+        monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+        build_trainer(compose(SMALL + ["train.deterministic=true"]))
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
     finally:
         torch.use_deterministic_algorithms(False)
 

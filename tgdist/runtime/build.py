@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
 import re
 
@@ -44,10 +45,14 @@ def resolve_device(name: str) -> str:
 def seed_everything(seed: int, deterministic: bool) -> None:
     """Seed Python's, numpy's and torch's global generators, and set torch's deterministic mode
     as configured: on or off, so a run after a deterministic one in the same process is not
-    left in that mode."""
+    left in that mode. On CUDA, cuBLAS is deterministic only with a fixed workspace, which torch
+    checks for (it raises at the first matrix product otherwise): that is set unless the user set
+    one (it takes effect for cuBLAS handles made after it, so before the model's first product)."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(bool(deterministic))
 
 
