@@ -1,0 +1,119 @@
+"""Checks of the CUDA path (issue 3: "the same code runs on CUDA when a GPU is present").
+
+They run where ``torch.cuda.is_available()`` and are skipped elsewhere, so CI (which has no GPU)
+skips them. ``TGDIST_TEST_DEVICE=cpu`` runs the same checks on the CPU: that checks the tests
+themselves here, and the step comparison then compares the CPU kernels with the torch
+formulation. ``scripts/gpu_checks.sh`` runs them, with the GPU benchmark, on a machine that has one.
+
+The data is the shared Wikipedia structure (``$TGDIST_DATASETS``, else ``../shared/datasets``),
+cut to its first events.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tgdist.config import datasets_dir
+from tgdist.runtime import checkpoint
+from tgdist.runtime.build import build_trainer, compose
+from tgdist.runtime.run import Run
+
+SMALL = ["data=wikipedia", "data.max_events=2000", "model.mem_dim=16", "model.time_dim=8", "train.batch_size=100",
+         "train.num_neg_eval=9", "train.progress=false", "train.num_threads=1", "sampler.num_threads=1"]
+
+
+@pytest.fixture(scope="module")
+def device() -> str:
+    name = os.environ.get("TGDIST_TEST_DEVICE")
+    if not name:
+        if not torch.cuda.is_available():
+            pytest.skip("needs a CUDA device (TGDIST_TEST_DEVICE=cpu runs these checks on the CPU)")
+        name = "cuda"
+    if not (Path(datasets_dir()) / "wikipedia" / "wikipedia.csv.gz").is_file():
+        pytest.skip(f"the shared Wikipedia data is not at {datasets_dir()} (set TGDIST_DATASETS)")
+    return name
+
+
+def on(dev: str, extra=()) -> list:
+    return SMALL + [f"train.device={dev}"] + list(extra)
+
+
+def scores(summary: dict) -> dict:
+    return {k: v for k, v in summary.items() if k.startswith(("val_", "test_", "loss"))}
+
+
+@pytest.mark.parametrize("model", ["tgn", "jodie", "apan", "tgat2"])
+def test_each_model_trains_and_evaluates_on_the_device(tmp_path, device, model):
+    cfg = compose(on(device, [f"model={model}", "train.epochs=2", f"run_dir={tmp_path}"]))
+    run = Run(cfg, tmp_path)
+    tr = run.trainer
+    want = torch.device(device).type
+    assert {p.device.type for p in tr.model.parameters()} == {want}
+    assert {b.device.type for b in tr.memory.buffers()} == {want}
+    summary = run.train()
+    for key in ("val_ap", "test_ap", "test_auc", "test_mrr"):
+        assert summary[key] is not None and 0.0 < summary[key] <= 1.0, (key, summary[key])
+    assert math.isfinite(summary["loss"])
+    assert float(tr.memory.mem.abs().sum()) > 0  # the stream was written to the device's memory
+
+
+def _edge_features(graph, dim: int = 4):
+    graph.edge_feat = np.random.default_rng(0).standard_normal((graph.num_events, dim)).astype(np.float32)
+    return graph
+
+
+@pytest.mark.parametrize("model,edge", [("tgn", False), ("tgn", True), ("jodie", False), ("apan", False),
+                                        ("tgat2", False)])
+def test_a_step_on_the_device_equals_the_cpu_torch_formulation(device, model, edge):
+    """From one state, a training step on the device gives the loss and gradients of the CPU's
+    torch formulation (``model.cpu_kernels=false``) to float32 rounding, over two steps (the
+    second has pending mails). Dropout is off: the two devices draw different masks."""
+    over = [f"model={model}", "model.dropout=0.0"]
+    ref = build_trainer(compose(on("cpu", over + ["model.cpu_kernels=false"])), progress=False)
+    if edge:
+        ref = build_trainer(compose(on("cpu", over + ["model.cpu_kernels=false"])), progress=False,
+                            graph=_edge_features(ref.g))
+    dev = build_trainer(compose(on(device, over)), graph=ref.g, progress=False)
+    dev.model.load_state_dict(ref.model.state_dict())
+    grads = {id(ref): [], id(dev): []}
+    for tr in (ref, dev):
+        tr.grad_hook = lambda tr=tr: grads[id(tr)].append([None if p.grad is None else p.grad.cpu().clone()
+                                                           for p in tr.model.parameters()])
+    for s, e in list(ref.batches("train"))[:2]:
+        neg = ref.negatives.train(e - s, 1)
+        a, b = ref.step(s, e, neg, train=True), dev.step(s, e, neg, train=True)
+        assert a.loss == pytest.approx(b.loss, rel=1e-5)
+        torch.testing.assert_close(b.pos.cpu(), a.pos, rtol=1e-4, atol=1e-5)
+        dev.model.load_state_dict(ref.model.state_dict())  # continue both from the same state
+        dev.optimizer.load_state_dict(ref.optimizer.state_dict())
+        dev.memory.load_state_dict(ref.memory.state_dict())
+    for step_a, step_b in zip(grads[id(ref)], grads[id(dev)]):
+        for a, b in zip(step_a, step_b):
+            if a is None:
+                assert b is None
+                continue
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5 * float(a.abs().max()) + 1e-12)
+
+
+def test_deterministic_runs_on_the_device_repeat_and_resume_exactly(tmp_path, device):
+    """``train.deterministic=true`` on the device: two runs give bit-identical metrics, and a run
+    stopped mid-epoch resumes to them (torch raises for any op without a deterministic kernel)."""
+    det = ["train.deterministic=true", "train.epochs=2"]
+
+    def run(name, extra=()):
+        cfg = compose(on(device, det + list(extra) + [f"run_dir={tmp_path / name}"]))
+        return Run(cfg, tmp_path / name).train(), tmp_path / name
+
+    a, _ = run("a")
+    b, _ = run("b")
+    assert scores(a) == scores(b) and len(scores(a)) >= 6
+    stopped, d = run("part", ["train.checkpoint_every=4", "train.stop_after_batches=18"])
+    assert stopped["stopped"] and checkpoint.find(d)
+    resumed, _ = run("resumed", [f"train.resume={d}"])
+    assert scores(resumed) == scores(a)
