@@ -111,8 +111,9 @@ class _CellUpdater(nn.Module):
         if not bool(has.any()):
             return MemoryUpdate(read.mem, read.mem_ts, has)
         idx = torch.nonzero(has).squeeze(1)
-        dt = (mail_ts[idx] - read.mem_ts[idx]).float()
-        mail, phi, h = mail[idx], self.time_enc(dt), read.mem[idx]
+        # index_select, not x[idx]: advanced indexing is 3-4x slower for these row gathers on CPU
+        dt = (mail_ts.index_select(0, idx) - read.mem_ts.index_select(0, idx)).float()
+        mail, phi, h = mail.index_select(0, idx), self.time_enc(dt), read.mem.index_select(0, idx)
         if (self.fused and h.device.type == "cpu" and h.dtype == torch.float32
                 and not (mail.requires_grad or h.requires_grad)):
             d = h.shape[1]
