@@ -24,6 +24,8 @@ from tgdist.runtime import checkpoint
 from tgdist.runtime.build import build_trainer, compose
 from tgdist.runtime.run import Run
 
+pytestmark = pytest.mark.gpu
+
 SMALL = ["data=wikipedia", "data.max_events=2000", "model.mem_dim=16", "model.time_dim=8", "train.batch_size=100",
          "train.num_neg_eval=9", "train.progress=false", "train.num_threads=1", "sampler.num_threads=1"]
 
