@@ -273,3 +273,39 @@ def test_cpu_cell_equals_the_torch_cell(name, edge_dim, own):
     general, merged, exact = run(False), run(True), run(False, torch.float64)
     torch.testing.assert_close(merged[0], general[0], rtol=1e-5, atol=1e-6)
     assert_as_accurate_as_torch(merged, general, exact)
+
+
+def test_apan_projected_mailbox_attention_equals_the_plain_formulation():
+    """APAN's mailbox attention with the key/value map on the query side gives the plain
+    formulation's updated memory and parameter gradients (float64 run as the yardstick), with
+    partly filled mailboxes and nodes without mail. The key bias is left out (it cancels in the
+    softmax): its gradient is exactly 0, where the plain formulation's is rounding noise."""
+    from tgdist.runtime.memory import MemoryRead
+    from tgdist.runtime.models import build_model
+
+    torch.manual_seed(5)
+    n, d, slots = 400, 16, 4
+    model = build_model("apan", num_nodes=n, mem_dim=d, time_dim=8, edge_dim=3, mailbox_size=slots)
+    exact_phases(model.updater.time_enc)
+    with torch.no_grad():
+        model.updater.kv.bias.normal_()  # a key bias that would matter if it did not cancel
+    mem, mail = torch.randn(n, d), torch.randn(n, slots, model.mail_dim)
+    mem_ts = torch.rand(n, dtype=torch.float64) * 100
+    mail_ts = mem_ts[:, None] + time_gaps(n * slots).double().view(n, slots)
+    mail_ts[torch.rand(n, slots) < 0.4] = float("-inf")  # partly filled mailboxes
+    mail_ts[::9] = float("-inf")  # and nodes with no mail at all
+    assert 0 < int(torch.isfinite(mail_ts).any(1).sum()) < n
+
+    def run(projected, dtype=torch.float32):
+        upd = copy.deepcopy(model.updater).to(dtype)
+        upd.fused = projected
+        out = upd(MemoryRead(mem.to(dtype), mem_ts, mail.to(dtype), mail_ts)).mem
+        (out * torch.linspace(-1, 1, out.numel()).view_as(out).to(dtype)).sum().backward()
+        return [out.detach(), *[p.grad for p in upd.parameters()]]
+
+    plain, projected, exact = run(False), run(True), run(False, torch.float64)
+    torch.testing.assert_close(projected[0], plain[0], rtol=1e-5, atol=1e-5)
+    assert_as_accurate_as_torch(projected, plain, exact)
+    names = [name for name, _ in model.updater.named_parameters()]
+    key_bias = projected[1 + names.index("kv.bias")][:d]
+    assert torch.equal(key_bias, torch.zeros(d)) and float(plain[1 + names.index("kv.bias")][:d].abs().max()) > 0
