@@ -159,6 +159,29 @@ def test_mailbox_ring_order_and_rounds():
     assert mem.mail[1, 0, 0].item() == 10.0 and mem.mail_ts[1, 1:].isinf().all()
 
 
+@pytest.mark.parametrize("keep", [4, 2])
+def test_mail_delivery_in_one_write_equals_rounds_of_ring_appends(keep):
+    """``LocalMemory.deliver_mails`` writes every kept delivery at once; it leaves the rings, their
+    times and heads exactly as ``keep`` rounds of ``write_mail`` do, over batches that wrap the
+    rings, give some recipients more mails than a ring keeps, and order deliveries by time."""
+    from tgdist.runtime.memory import MemoryStore
+
+    gen = torch.Generator().manual_seed(0)
+    one, rounds = (LocalMemory(num_nodes=30, mem_dim=1, mail_dim=3, mailbox_size=4) for _ in range(2))
+    for batch in range(6):
+        n = 80
+        ids = torch.randint(0, 30, (n,), generator=gen)
+        order = torch.randperm(n, generator=gen).to(torch.float64)
+        table = torch.randn(n + 5, 3, generator=gen)  # rows picked by index, as the trainer's mails
+        ts = torch.arange(n + 5, dtype=torch.float64) + 100 * batch
+        index = torch.randperm(n + 5, generator=gen)[:n]
+        one.deliver_mails(ids, order, keep, table, ts, index)
+        MemoryStore.deliver_mails(rounds, ids, order, keep, table, ts, index)
+        for name in ("mail", "mail_ts", "head"):
+            assert torch.equal(getattr(one, name), getattr(rounds, name)), (batch, name)
+    assert int(torch.bincount(ids, minlength=30).max()) > keep  # some recipient dropped its oldest
+
+
 @torch.no_grad()
 def test_apan_delivers_mails_to_sampled_neighbours():
     # e0: 0-1 at t=1; e1: 2-1 at t=2. In batch 2, root 1's sampled neighbour is node 0.

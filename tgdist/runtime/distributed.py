@@ -38,7 +38,7 @@ from tgdist.launcher import collectives
 from tgdist.launcher.schedule import Layout, num_iterations, scaled_lr, step
 from tgdist.runtime import checkpoint
 from tgdist.runtime.kernels import cpu_mask
-from tgdist.runtime.memory import LocalMemory, MemoryRead
+from tgdist.runtime.memory import LocalMemory, MemoryRead, MemoryStore
 from tgdist.runtime.trainer import Trainer, memory_for
 
 log = logging.getLogger(__name__)
@@ -66,6 +66,8 @@ class ReplicatedMemory(LocalMemory):
             return super().write_memory(ids, mem, mem_ts)
         # float64 rows [id, mem_ts, mem...]: exact for ids < 2**53 and float32 memory values
         self._mem_rows.append(torch.cat([ids.double()[:, None], mem_ts.double()[:, None], mem.detach().double()], 1))
+
+    deliver_mails = MemoryStore.deliver_mails  # in rounds of write_mail, which buffers them
 
     def write_mail(self, ids, mail, mail_ts):
         if not self.sync:

@@ -42,6 +42,16 @@ class MemoryStore(nn.Module):
     def write_mail(self, ids: torch.Tensor, mail: torch.Tensor, mail_ts: torch.Tensor) -> None:
         raise NotImplementedError
 
+    def deliver_mails(self, ids: torch.Tensor, order_key: torch.Tensor, keep: int, mail: torch.Tensor,
+                      mail_ts: torch.Tensor, index: torch.Tensor) -> None:
+        """Deliver mails to recipients with repeats (APAN: a root's mail to its neighbours too):
+        delivery i appends row ``index[i]`` of ``mail`` / ``mail_ts`` to the ring of ``ids[i]``, in
+        ``order_key`` order, and each ring keeps its newest ``keep``. Here: ``write_mail`` in rounds
+        of unique recipients (``mail_rounds``), which every store supports."""
+        for r in mail_rounds(ids, order_key, keep):
+            rows = index.index_select(0, r)
+            self.write_mail(ids.index_select(0, r), mail.index_select(0, rows), mail_ts.index_select(0, rows))
+
     def reset_state(self) -> None:
         raise NotImplementedError
 
@@ -82,6 +92,25 @@ class LocalMemory(MemoryStore):
         self.mail_ts[ids, slot] = mail_ts.to(torch.float64)
         self.head.index_copy_(0, ids, (slot + 1) % self.mailbox_size)
 
+    def deliver_mails(self, ids, order_key, keep, mail, mail_ts, index) -> None:
+        """``MemoryStore.deliver_mails`` in one write instead of one per round: the k-th oldest
+        kept delivery of a recipient goes to slot ``(head + k) % S`` and the head moves by the
+        number kept, which is what ``keep`` successive rounds of ring appends do (a test compares
+        the two); 10 rounds of Python-level ops per batch become a few."""
+        if ids.numel() == 0:
+            return
+        if keep > self.mailbox_size:  # later rounds would overwrite earlier ones' slots
+            return super().deliver_mails(ids, order_key, keep, mail, mail_ts, index)
+        sel, k = _kept_deliveries(ids, order_key, keep)
+        rid = ids.index_select(0, sel)
+        slot = (self.head.index_select(0, rid) + k) % self.mailbox_size
+        rows = index.index_select(0, sel)
+        self.mail[rid, slot] = mail.index_select(0, rows).detach().to(self.mail.dtype)
+        self.mail_ts[rid, slot] = mail_ts.index_select(0, rows).to(torch.float64)
+        last = torch.ones_like(rid, dtype=torch.bool)  # each recipient's newest kept delivery
+        last[:-1] = rid[1:] != rid[:-1]
+        self.head.index_copy_(0, rid[last], (slot[last] + 1) % self.mailbox_size)
+
 
 def mail_rounds(ids: torch.Tensor, order_key: torch.Tensor, keep: int) -> list[torch.Tensor]:
     """Split deliveries into rounds of unique recipients, keeping each recipient's last ``keep``.
@@ -93,6 +122,19 @@ def mail_rounds(ids: torch.Tensor, order_key: torch.Tensor, keep: int) -> list[t
     """
     if ids.numel() == 0:
         return []
+    sel, k = _kept_deliveries(ids, order_key, keep)
+    rounds = []
+    for r in range(keep):
+        at = k == r
+        if at.any():
+            rounds.append(sel[at])
+    return rounds
+
+
+def _kept_deliveries(ids: torch.Tensor, order_key: torch.Tensor, keep: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The deliveries each recipient keeps (its newest ``keep``), sorted by (recipient, order):
+    ``sel [m]`` indices into ``ids`` and ``k [m]`` the rank of each among its recipient's kept
+    ones (0 = oldest)."""
     # Sort by (recipient, order) with two stable sorts.
     perm = torch.argsort(order_key, stable=True)
     perm = perm[torch.argsort(ids[perm], stable=True)]
@@ -111,10 +153,4 @@ def mail_rounds(ids: torch.Tensor, order_key: torch.Tensor, keep: int) -> list[t
     from_end = count - 1 - rank  # 0 = newest
     kept = from_end < keep
     first_kept = torch.clamp(count - keep, min=0)
-    round_of = rank - first_kept
-    rounds = []
-    for r in range(keep):
-        sel = kept & (round_of == r)
-        if sel.any():
-            rounds.append(perm[sel])
-    return rounds
+    return perm[kept], (rank - first_kept)[kept]

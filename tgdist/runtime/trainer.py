@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from tgdist.runtime import jit, kernels
 from tgdist.runtime.data import Split, TemporalGraph
-from tgdist.runtime.memory import LocalMemory, MemoryStore, mail_rounds
+from tgdist.runtime.memory import LocalMemory, MemoryStore
 from tgdist.runtime.metrics import average_precision, reciprocal_ranks, roc_auc
 from tgdist.runtime.models import EmbedInput, HopTables, TemporalModel
 from tgdist.runtime.sampler import NegativeSampler, TemporalSampler
@@ -308,8 +308,7 @@ class Trainer:
         recip = torch.cat([torch.from_numpy(nodes_np).to(dev), nb[mk]])
         src_pos = torch.cat([torch.arange(2 * b, device=dev), rows])
         order = src_pos.to(torch.float64)  # positions are in event order already
-        for r in mail_rounds(recip, order, self.model.mailbox_size):
-            self.memory.write_mail(recip[r], mail[src_pos[r]], ts[src_pos[r]])
+        self.memory.deliver_mails(recip, order, self.model.mailbox_size, mail, ts, src_pos)
 
     def _mails(self, mem: torch.Tensor, own: torch.Tensor, other: torch.Tensor, event: torch.Tensor) -> torch.Tensor:
         """Mails ``[s'_own || s'_other || e_event]`` (rows of ``mem`` and event ids; DESIGN.md step 7)."""
