@@ -85,8 +85,8 @@ class LocalMemory(MemoryStore):
         self.mem_ts.index_copy_(0, ids, mem_ts.to(torch.float64))
 
     def write_mail(self, ids: torch.Tensor, mail: torch.Tensor, mail_ts: torch.Tensor) -> None:
-        """Append one mail per id to its ring. ``ids`` must be unique within one call; callers that
-        deliver several mails to a node do so in rounds, oldest first (see ``mail_rounds``)."""
+        """Append one mail per id to its ring. ``ids`` must be unique within one call; several mails
+        to a node go through ``deliver_mails`` (rounds of this call, oldest first, or one write)."""
         slot = self.head.index_select(0, ids)
         self.mail[ids, slot] = mail.detach().to(self.mail.dtype)
         self.mail_ts[ids, slot] = mail_ts.to(torch.float64)
