@@ -238,7 +238,8 @@ def test_a_metrics_line_that_cannot_be_written_names_the_run(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "metrics.jsonl").symlink_to("/dev/full")
-    r = tgdist("train", *QUICK, f"run_dir={run}", cwd=tmp_path)
+    # (a folder of one's own making: written into only when told to)
+    r = tgdist("train", *QUICK, f"run_dir={run}", "train.overwrite=true", cwd=tmp_path)
     assert r.returncode == 1, r.stderr
     assert r.stderr.strip().splitlines()[-1] == f"tgdist train: error: {run}: cannot write (No space left on device)"
 
@@ -309,9 +310,11 @@ def test_removing_a_run_that_holds_no_result():
     import tempfile
 
     from tgdist import train
+    from tgdist.runtime import rundir
 
     with tempfile.TemporaryDirectory() as d:
         run = Path(d) / "run"
+        rundir.claim(run)  # made by this process's run: the only directory clean-up may remove
         (run / ".hydra").mkdir(parents=True)
         for name, text in (("config.yaml", "x"), ("train.log", "x"), ("metrics.jsonl", '{"epoch": 0}\n')):
             (run / name).write_text(text)

@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
+import tempfile
 import sys
 from pathlib import Path
 
@@ -20,10 +22,7 @@ from omegaconf import DictConfig
 import tgdist.config  # noqa: F401  (registers the typed schema before Hydra composes)
 from tgdist.config import config_dir, precheck_command, remove_empty_dirs
 from tgdist.errors import TgdistError, first_line, write_failure
-
-# Files a run directory holds before any training happened; such a directory is removed when the
-# run fails at start-up, so bad input leaves nothing behind.
-_STARTUP_ONLY = {"train.log", ".hydra", "config.yaml"}
+from tgdist.runtime import rundir
 
 
 # The run directory of each finished run (a sweep has several): an interrupt after it is said so.
@@ -49,20 +48,17 @@ def _sweep_job_note() -> str:
 
 
 def _remove_if_empty_run(run_dir: Path) -> None:
-    """Remove ``run_dir`` when it holds no result: start-up files and a metrics file only, with
-    no checkpoint (stopped before the first one: every finished epoch writes one; a resumed
-    run's metrics start with the lines copied from the checkpoint it resumed)."""
-    if not run_dir.is_dir():
+    """Remove what this run wrote into ``run_dir`` when that holds no result: start-up files and a
+    metrics file only, with no checkpoint (stopped before the first one: every finished epoch
+    writes one; a resumed run's metrics start with the lines copied from the checkpoint it
+    resumed). The directory goes too only when this run made it (``rundir.release``): a user's
+    own files, and a directory the user gave, stay."""
+    if not rundir.release(run_dir):
         return
-    names = {p.name for p in run_dir.iterdir()}
-    if (run_dir / "checkpoints").is_dir() and not any((run_dir / "checkpoints").iterdir()):
-        names.discard("checkpoints")  # the first checkpoint failed (a full disk)
-    if names <= _STARTUP_ONLY | {"metrics.jsonl"}:
-        shutil.rmtree(run_dir, ignore_errors=True)
-        sweep_file = run_dir.parent / "multirun.yaml"  # a sweep whose first job failed: nothing ran
-        if _sweep_dir is not None and run_dir.parent == _sweep_dir and [*_sweep_dir.iterdir()] == [sweep_file]:
-            sweep_file.unlink()
-        remove_empty_dirs(_new_parents)
+    sweep_file = run_dir.parent / "multirun.yaml"  # a sweep whose first job failed: nothing ran
+    if _sweep_dir is not None and run_dir.parent == _sweep_dir and [*_sweep_dir.iterdir()] == [sweep_file]:
+        sweep_file.unlink()
+    remove_empty_dirs(_new_parents)
 
 
 @hydra.main(version_base=None, config_path=config_dir(), config_name="train")
@@ -72,20 +68,23 @@ def _hydra_main(cfg: DictConfig) -> None:
     from tgdist.runtime.jit import announce_compiles
     from tgdist.runtime.run import run
 
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    run_dir = Path(HydraConfig.get().runtime.output_dir)  # a rank's private directory on ranks but 0
     world = detect()
+    if _sweep_dir is not None and run_dir.parent == _sweep_dir:  # a job of a checked sweep: Hydra made it
+        rundir.claim(run_dir, cfg.train.overwrite, made=run_dir.name not in _sweep_jobs_before,
+                     before=_sweep_jobs_before.get(run_dir.name, frozenset()))
     rank = world.rank
     who = f"tgdist train{f' [rank {rank}]' if world.world_size > 1 else ''}"  # every rank of a parallel run
     hold_interrupts_during_compiles(who)  # Ctrl-C inside a numba compile crashes at exit
     if rank == 0:
         announce_compiles(who)  # why the first batches of a fresh install are slow
     _paths_from_the_launch_directory(cfg)
-    if (Path(HydraConfig.get().runtime.cwd) / cfg.run_dir).resolve() != run_dir.resolve():
+    if _private is None and (Path(HydraConfig.get().runtime.cwd) / cfg.run_dir).resolve() != run_dir.resolve():
         cfg.run_dir = str(run_dir)  # config.yaml names where the run went: a sweep's job, a config's hydra.run.dir
     if _claimed and _run_dir is not None and _run_dir.resolve() != run_dir.resolve():
         remove_empty_dirs([_run_dir, *_new_parents])  # claimed for the default name, which hydra.run.dir replaced
     try:
-        summary = run(cfg, run_dir)
+        summary = run(cfg, run_dir if _private is None else None)  # None: rank 0's, told when the ranks meet
     except TgdistError as e:
         _remove_if_empty_run(run_dir)
         print(f"{who}: error: {e}{_sweep_job_note()}", file=sys.stderr)
@@ -110,8 +109,9 @@ def _hydra_main(cfg: DictConfig) -> None:
                 _exit(1, world)
             raise
         _remove_if_empty_run(run_dir)
-        ckpt = run_dir / "checkpoints" / "last.pt"
-        kept = (f"; {ckpt} holds the last checkpoint, continue with train.resume={run_dir}" if ckpt.exists()
+        where = run_dir if _private is None else _run_dir or run_dir  # ranks but 0: rank 0's directory
+        ckpt = where / "checkpoints" / "last.pt"
+        kept = (f"; {ckpt} holds the last checkpoint, continue with {resume_override(where)}" if ckpt.exists()
                 else "; no checkpoint had been written")
         words, code = stopped(e)
         print(f"{who}: {words}{kept}{_sweep_job_note()}", file=sys.stderr)
@@ -122,6 +122,16 @@ def _hydra_main(cfg: DictConfig) -> None:
         _remove_if_empty_run(run_dir)  # rank 0's run directory holds the results
     # a signal from here on (Hydra's teardown) is not "before the run started"; a stopped run has no run_dir key
     _finished.append(summary.get("run_dir", str(run_dir)))
+
+
+def resume_override(run_dir: Path) -> str:
+    """``train.resume=RUN_DIR`` as one shell word that Hydra reads back as the path: quoted for
+    Hydra when the path holds more than plain characters (a space, a comma, brackets), then for
+    the shell, so the hint can be pasted."""
+    value = str(run_dir)
+    if not re.fullmatch(r"[\w./+-]+", value):
+        value = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return shlex.quote(f"train.resume={value}")
 
 
 def _exit(code: int, world) -> None:
@@ -231,6 +241,8 @@ def main() -> None:
         finally:
             while _held:  # the run directory's lock (for callers in one process, such as tests)
                 os.close(_held.pop())
+            if _private is not None:
+                shutil.rmtree(_private, ignore_errors=True)
     except TgdistError as e:  # the launcher's environment (MASTER_PORT=abc), a directory that cannot be made
         print(f"tgdist train: error: {e}", file=sys.stderr)
         sys.exit(getattr(e, "exit_code", 2))
@@ -254,11 +266,17 @@ def main() -> None:
 # whether this process made it (a default name, claimed before Hydra starts).
 _run_dir: Path | None = None
 _claimed = False
+# Ranks but 0 of a parallel run keep Hydra's files in a private directory of their own (removed at
+# exit): only rank 0 writes the run directory's start-up files, so it alone can take them back.
+_private: Path | None = None
+# The entries of an existing sweep directory's job folders before the sweep (a job folder not
+# listed is made by the sweep).
+_sweep_jobs_before: dict[str, frozenset[str]] = {}
 
 
 def _main() -> None:
     """Check the overrides (and the run directory) before Hydra starts, then hand over to it."""
-    global _sweep_dir, _sweep_size, _swept, _run_dir, _claimed
+    global _sweep_dir, _sweep_size, _swept, _run_dir, _claimed, _private
     from tgdist.config import claim_directory, override_value, quoted
     from tgdist.launcher.world import detect
     from tgdist.runtime.build import precheck
@@ -279,6 +297,8 @@ def _main() -> None:
     if sweep is not None:  # every job's settings are valid; Hydra gets the directory checked here
         _sweep_dir = Path(sweep.dir).absolute()
         _sweep_size, _swept = len(sweep.jobs), sweep.swept
+        _check_sweep_dir(_sweep_dir, all(str(override_value(job, "train.overwrite")).lower() == "true"
+                                         for job in sweep.jobs))
         _new_parents[:] = [p for p in (_sweep_dir, *_sweep_dir.parents) if not p.exists()]
         if override_value(args.overrides, "hydra.sweep.dir") is None:
             _sweep_dir = claim_directory(_sweep_dir)  # a sweep started in the same second has its own
@@ -294,13 +314,49 @@ def _main() -> None:
         _new_parents[:] = [p for p in run_dir.parents if not p.exists()]
         _check_run_parent(run_dir)
         _check_resume(cfg)
+        try:  # every rank: each says it in one line
+            rundir.check_foreign(run_dir, cfg.train.overwrite)
+        except TgdistError as e:
+            print(f"tgdist train: error: {e}", file=sys.stderr)
+            sys.exit(2)
+        # a name that holds the time (the default) is resolved once, here: Hydra would resolve it again
+        timed = not given or "${" in str(override_value(args.overrides, "run_dir"))
         _run_dir = run_dir
-        if not given and detect().world_size == 1:  # the default name
-            _run_dir, _claimed = claim_directory(run_dir), True
-            sys.argv.append(f"run_dir={quoted(str(_run_dir))}")
-        if detect().rank == 0:
+        rank = detect().rank
+        if rank > 0:  # writes into rank 0's directory, told when the ranks meet: each rank has its own clock
+            _run_dir = None if timed else run_dir  # (known here only to name it when stopped)
+            _private = Path(tempfile.mkdtemp(prefix=f"tgdist-rank{rank}-"))
+            rundir.claim_made(_private)
+            _set_override("hydra.run.dir", quoted(str(_private)))
+        else:
+            if not given:  # the default name: NAME-2 where a run of the same second has NAME
+                _run_dir, _claimed = claim_directory(run_dir), True
+            if timed:
+                _set_override("run_dir", quoted(str(_run_dir)))
+            rundir.claim(_run_dir, cfg.train.overwrite, made=True if _claimed else None)
             _hold_run_dir(_run_dir)
     _hydra_main()
+
+
+def _set_override(key: str, value: str) -> None:
+    """``key=value`` on the command line Hydra reads, replacing any given value of ``key``."""
+    sys.argv[1:] = [a for a in sys.argv[1:] if a.partition("=")[0].lstrip("+") != key] + [f"{key}={value}"]
+
+
+def _check_sweep_dir(sweep_dir: Path, overwrite: bool) -> None:
+    """Exit 2 with one line when a given sweep directory holds files that are not tgdist's (its
+    ``multirun.yaml`` and job folders); note what the job folders there hold."""
+    if not sweep_dir.is_dir():
+        return
+    ours = {"multirun.yaml"} | {p.name for p in sweep_dir.iterdir() if p.is_dir() and rundir.is_run_dir(p)}
+    others = sorted(p.name for p in sweep_dir.iterdir() if p.name not in ours)
+    if others and not overwrite:
+        print(f"tgdist train: error: hydra.sweep.dir={sweep_dir} holds files that are not a tgdist sweep's "
+              f"({', '.join(others[:4])}{' ...' if len(others) > 4 else ''}); give a new or empty directory, or "
+              f"train.overwrite=true to write into it", file=sys.stderr)
+        sys.exit(2)
+    _sweep_jobs_before.update({p.name: frozenset(q.name for q in p.iterdir())
+                               for p in sweep_dir.iterdir() if p.is_dir()})
 
 
 # The open run directory whose lock this process holds until it ends (``_hold_run_dir``).

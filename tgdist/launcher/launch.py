@@ -261,6 +261,10 @@ def main(argv: list[str] | None = None) -> int:
             cfg = precheck_overrides("tgdist launch", "train", args.overrides)
             if cfg is not None:
                 precheck(cfg)
+                if cfg.run_dir:  # a folder of other files: refused once, here, not by every rank
+                    from tgdist.runtime.rundir import check_foreign
+
+                    check_foreign(Path(cfg.run_dir).absolute(), cfg.train.overwrite)
                 nproc = _nproc(args, _layout(args, cfg, args.overrides))
                 _check_world(args, cfg, nproc)
                 processes = nproc * args.nnodes

@@ -23,7 +23,7 @@ from tgdist.errors import ConfigError
 
 # Settings that do not change what is computed, so a resumed run may change them.
 _FREE = {"train": {"epochs", "resume", "progress", "checkpoint_every", "stop_after_batches", "num_threads", "device",
-                   "test_every_epoch"},
+                   "test_every_epoch", "overwrite"},
          "data": {"cache", "cache_dir", "name", "require_path"}, "sampler": {"num_threads"}}
 
 

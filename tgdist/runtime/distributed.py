@@ -36,7 +36,7 @@ from tgdist.config import model_tag
 from tgdist.errors import ConfigError
 from tgdist.launcher import collectives
 from tgdist.launcher.schedule import Layout, num_iterations, scaled_lr, step
-from tgdist.runtime import checkpoint
+from tgdist.runtime import checkpoint, rundir
 from tgdist.runtime.kernels import cpu_mask
 from tgdist.runtime.memory import LocalMemory, MemoryRead, MemoryStore
 from tgdist.runtime.trainer import Trainer, memory_for
@@ -307,7 +307,9 @@ def shared_settings(cfg: DictConfig) -> dict:
 
 
 def run_parallel(cfg: DictConfig, run_dir) -> dict:
-    """Train with ``cfg.parallel`` under torchrun / SLURM / MPI; returns the summary (rank 0's)."""
+    """Train with ``cfg.parallel`` under torchrun / SLURM / MPI; returns the summary (rank 0's).
+    Every rank writes into rank 0's ``run_dir``, told once the ranks meet (a default name holds
+    the time, which each rank would read off its own clock); the others may pass None."""
     from tgdist.launcher.world import ProcessGroups, detect, disagreement, validate
     from tgdist.runtime.build import build_trainer
     from tgdist.runtime.run import Run, jsonable, pretrain_static
@@ -320,6 +322,10 @@ def run_parallel(cfg: DictConfig, run_dir) -> dict:
     groups = ProcessGroups.init(world, layout, agree=shared_settings(cfg))
     trainer = par = daemon = None
     try:
+        run_dir = Path(collectives.broadcast_object(str(run_dir) if world.rank == 0 else None, group=groups.get("world"),
+                                                    name="run_dir"))
+        if world.rank == 0:
+            rundir.claim(run_dir, cfg.train.overwrite)  # (tgdist train claimed it already; Python callers)
         lr = scaled_lr(cfg.train.lr, layout.i, layout.j, layout.k, cfg.train.lr_scaling)
         run_cfg = OmegaConf.merge(cfg, {"train": {"lr": lr}})
         trainer = build_trainer(run_cfg, progress=False, cpus=cpu_share(groups.get("world")))

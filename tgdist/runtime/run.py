@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tgdist.config import model_tag
 from tgdist.errors import ConfigError
-from tgdist.runtime import checkpoint
+from tgdist.runtime import checkpoint, rundir
 from tgdist.runtime.build import build_trainer, check_labels, validate
 from tgdist.runtime.data import NodeLabels, class_targets, label_ranges
 from tgdist.runtime.metrics import f1_multilabel, roc_auc
@@ -48,6 +48,7 @@ class Run:
                               f"daemon memory, tgdist launch or torchrun for several processes")
         self.cfg = cfg
         self.dir = Path(run_dir)
+        rundir.check_foreign(self.dir, cfg.train.overwrite)  # (tgdist train claimed it already; Python callers)
         self._trained = False
         self.trainer = trainer or build_trainer(cfg)  # first: a config or data error leaves no directory
         self.ckpt_path = self.dir / "checkpoints" / "last.pt"
@@ -59,7 +60,7 @@ class Run:
             log.warning("run_dir %s already holds a run; its metrics, summary and checkpoint are replaced", self.dir)
             for old in (self.dir / "summary.json", self.ckpt_path):  # gone now: not taken for this run's
                 old.unlink(missing_ok=True)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        rundir.claim(self.dir, cfg.train.overwrite)
         self.history: list[dict] = []
         (self.dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
 

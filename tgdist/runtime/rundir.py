@@ -1,0 +1,146 @@
+"""Run directories: which directory a run may write into, and what it may remove again.
+
+A run marks its directory with ``.tgdist-run`` (who made it, when) before anything else is written
+there. A directory that holds files but no marker belongs to someone else: it is refused, unless
+``train.overwrite=true`` says to write into it anyway. A run that ends without a result (bad input,
+Ctrl-C before its first checkpoint) removes the entries it created, and the directory itself only
+when it made the directory: a user's files, or the working directory given as ``run_dir=.``, are
+never removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from tgdist.errors import ConfigError
+
+MARKER = ".tgdist-run"
+# What a run writes into its directory. Only these are removed by clean-up, and only when this run
+# created them: whatever else is there (a user's notes beside an old run) stays.
+RUN_FILES = frozenset({MARKER, ".hydra", "train.log", "config.yaml", "metrics.jsonl", "summary.json", "checkpoints"})
+
+# This process's run, named in the markers it writes.
+RUN_ID = uuid.uuid4().hex[:12]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a run found in its directory: whether it made the directory, and the entries that were
+    there before (an earlier run's, a user's own with ``train.overwrite=true``)."""
+
+    path: Path
+    made: bool
+    before: frozenset[str]
+
+
+# The directories this process claimed, by resolved path.
+_claims: dict[Path, Claim] = {}
+
+
+def is_run_dir(path: Path) -> bool:
+    """True for a directory a tgdist run wrote: its marker, or (runs of tgdist before markers)
+    Hydra's ``.hydra/config.yaml`` beside a ``train.log``."""
+    return (path / MARKER).is_file() or ((path / ".hydra" / "config.yaml").is_file() and (path / "train.log").is_file())
+
+
+def foreign_entries(path: Path) -> list[str]:
+    """The entries of an existing ``path`` that are not a tgdist run's (all of them, in a folder
+    without a marker); empty for a missing or empty folder and for a run directory."""
+    if not path.is_dir() or is_run_dir(path):
+        return []
+    return sorted(p.name for p in path.iterdir())
+
+
+def check_foreign(path: Path, overwrite: bool, key: str = "run_dir") -> None:
+    """A ``ConfigError`` naming the files when ``path`` holds files that are not a tgdist run's,
+    unless ``overwrite``."""
+    if overwrite or not (names := foreign_entries(path)):
+        return
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    raise ConfigError(f"{key}={path} holds files that are not a tgdist run's ({shown}); give a new or empty "
+                      f"directory, or train.overwrite=true to write into it (its config.yaml, metrics.jsonl, "
+                      f"summary.json, train.log and checkpoints/ would be replaced)")
+
+
+def claim(path: str | Path, overwrite: bool = False, made: bool | None = None,
+          before: frozenset[str] | None = None) -> Claim:
+    """Take ``path`` for this process's run: refuse it when it holds another's files (unless
+    ``overwrite``), make it, and write the marker if it has none. ``made``: the caller made the
+    directory just before (a claimed default name); by default, whether it did not exist.
+    ``before``: what the directory held before the caller's own writes (a sweep's job folder,
+    checked with its sweep); by default, what it holds now. A directory claimed before by this
+    process keeps its first claim."""
+    path = Path(path).absolute()
+    if (known := _claims.get(path.resolve())) is not None:
+        return known
+    exists = path.is_dir()
+    if before is None:
+        check_foreign(path, overwrite)
+        before = frozenset(p.name for p in path.iterdir()) if exists and not made else frozenset()
+    if made is None:
+        made = not exists
+    path.mkdir(parents=True, exist_ok=True)
+    c = Claim(path, made, before)
+    _claims[path.resolve()] = c
+    if not (path / MARKER).exists():
+        _write_marker(path, made)
+    return c
+
+
+def claim_made(path: Path) -> Claim:
+    """Record ``path``, which this process has just made (a private directory, a sweep's job
+    directory that Hydra made), as this run's without writing into it."""
+    c = Claim(Path(path).absolute(), True, frozenset())
+    _claims[c.path.resolve()] = c
+    return c
+
+
+def claimed(path: Path) -> Claim | None:
+    return _claims.get(Path(path).absolute().resolve())
+
+
+def _write_marker(path: Path, made: bool) -> None:
+    from tgdist import __version__
+
+    info = {"tgdist": __version__, "run": RUN_ID, "made_dir": made, "pid": os.getpid(), "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    tmp = path / f"{MARKER}.{RUN_ID}.tmp"
+    tmp.write_text(json.dumps(info) + "\n")
+    os.replace(tmp, path / MARKER)
+
+
+def release(path: Path) -> bool:
+    """Remove what this process's run created in ``path`` when that is no result: the run files it
+    created, then the directory if it made it and it is empty. A directory this process never
+    claimed, or whose new entries include a result, is left as it is. True when ``path`` is gone."""
+    c = claimed(path)
+    if c is None or not c.path.is_dir():
+        return c is not None and not c.path.exists()
+    created = {p.name: p for p in c.path.iterdir() if p.name not in c.before}
+    if set(created) - RUN_FILES:  # something else appeared: not ours to judge
+        return False
+    if "summary.json" in created or _has_checkpoint(created.get("checkpoints")):
+        return False
+    for p in created.values():
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            p.unlink(missing_ok=True)
+    if c.made:
+        try:
+            c.path.rmdir()
+        except OSError:
+            return False
+        return True
+    return False
+
+
+def _has_checkpoint(folder: Path | None) -> bool:
+    return folder is not None and folder.is_dir() and any(folder.iterdir())
