@@ -49,7 +49,8 @@ log = logging.getLogger(__name__)
 # 3: ``%`` lines are comments (KONECT), not a header or data.
 # 4: edge-list columns are read by their header names when these name src, dst and t.
 # 5: header names matched without case, "_" or "-"; a JODIE header needs its time third.
-CACHE_VERSION = 5
+# 6: negative and wider-than-int64 node ids are read (they used to be refused).
+CACHE_VERSION = 6
 FORMATS = ("auto", "edgelist", "jodie", "tgl", "native", "collegemsg")
 
 
@@ -78,7 +79,8 @@ class TemporalGraph:
     ``edge_feat`` float32 ``[num_events, edge_dim]`` or None; ``node_feat`` float32
     ``[num_nodes, node_dim]`` or None; ``label`` ``[num_events]`` (state / class label of the
     event, e.g. JODIE's ban label) or ``[num_events, num_classes]`` (multi-label) or None;
-    ``node_map`` ``[num_nodes]``: the original id of each node.
+    ``node_map`` ``[num_nodes]``: the original id of each node, exactly: int64, uint64 (ids beyond
+    int64), or strings (names; or negative ids and ids beyond int64 together, as decimal text).
     ``ext_roll``: optional ``[num_events]`` int8 split given by the source (0 train, 1 val, 2 test).
     ``node_labels``: optional node-classification labels at times (``NodeLabels``).
     """
@@ -355,7 +357,9 @@ class _Table:
     """A parsed numeric table: ``values [num_rows, num_cols]`` int64 (all integral) or float64.
 
     ``exact`` holds int64 copies of integral columns whose values exceed 2**53, where the float64
-    table would round them (e.g. nanosecond times next to a fractional feature column).
+    table would round them (e.g. nanosecond times next to a fractional feature column); ``wide``
+    the integral columns that int64 cannot hold (uint64, or Python ints when negative and above
+    2**63 - 1 values meet), exact for node ids (hashed 64-bit ids, say).
     """
 
     values: np.ndarray
@@ -364,6 +368,7 @@ class _Table:
     path: Path
     exact: dict[int, np.ndarray] = field(default_factory=dict)
     text: dict[int, np.ndarray] = field(default_factory=dict)  # string node ids (0 in ``values``)
+    wide: dict[int, np.ndarray] = field(default_factory=dict)
 
     def column(self, c: int) -> np.ndarray:
         return self.exact[c] if c in self.exact else self.values[:, c]
@@ -415,6 +420,7 @@ def _parse_table(path: Path, data: bytes, delimiter: str | None = "auto", usecol
     if text_cols:
         return _parse_mixed(path, body, lines, header, delimiter, usecols, text_cols)
     exact: dict[int, np.ndarray] = {}
+    wide: dict[int, np.ndarray] = {}
     try:
         values = np.loadtxt(body, dtype=np.int64, delimiter=delimiter, ndmin=2, usecols=usecols)
     except ValueError:
@@ -422,18 +428,36 @@ def _parse_table(path: Path, data: bytes, delimiter: str | None = "auto", usecol
             values = np.loadtxt(body, dtype=np.float64, delimiter=delimiter, ndmin=2, usecols=usecols)
         except ValueError as e:
             raise _locate_loadtxt_error(path, str(e), lines) from None
-        # Integral columns beyond float64's exact range are read again as int64 so that ids and
+        # Integral columns beyond float64's exact range are read again as integers so that ids and
         # times survive exactly.
         with np.errstate(invalid="ignore"):
             big = np.flatnonzero((np.abs(values) >= 2.0**53).any(axis=0) & (values == np.floor(values)).all(axis=0))
         for c in big.tolist():
+            use = [usecols[c] if usecols else c]
             try:
-                col = np.loadtxt(body, dtype=np.int64, delimiter=delimiter, ndmin=2,
-                                 usecols=[usecols[c] if usecols else c])
-                exact[c] = np.ascontiguousarray(col[:, 0])
-            except ValueError:
-                pass  # written with a fraction or exponent somewhere: float64 it is
-    return _Table(values, header, lines, path, exact)
+                exact[c] = np.ascontiguousarray(np.loadtxt(body, dtype=np.int64, delimiter=delimiter, ndmin=2,
+                                                           usecols=use)[:, 0])
+                continue
+            except ValueError:  # beyond int64 (hashed ids), or written with a fraction or exponent
+                pass
+            col = _exact_integers(np.loadtxt(body, dtype=str, delimiter=delimiter, ndmin=2, usecols=use)[:, 0])
+            if col is not None:  # else float64 it is
+                (exact if col.dtype == np.int64 else wide)[c] = col
+    return _Table(values, header, lines, path, exact, wide=wide)
+
+
+def _exact_integers(fields: np.ndarray) -> np.ndarray | None:
+    """Integer fields exactly: int64 when they fit, else uint64 when none is negative, else Python
+    ints (an object array); None when a field is not an integer (a fraction, an exponent)."""
+    for dtype in (np.int64, np.uint64):
+        try:
+            return np.ascontiguousarray(fields.astype(dtype))
+        except (ValueError, OverflowError):
+            pass
+    try:
+        return np.array([int(f) for f in fields.tolist()], dtype=object)
+    except ValueError:
+        return None
 
 
 def _is_comment(line: str) -> bool:
@@ -457,22 +481,25 @@ def _parse_mixed(path: Path, body: list[str], lines: np.ndarray, header, delimit
     except ValueError as e:
         raise _locate_loadtxt_error(path, str(e), lines) from None
     numeric = [c for c in range(raw.shape[1]) if c not in text_cols]
-    cols, integral = {}, True
+    cols, wide, integral = {}, {}, True
     for c in numeric:
+        ints = _exact_integers(raw[:, c])
+        if ints is not None and ints.dtype == np.int64:
+            cols[c] = ints
+            continue
+        integral = False
+        if ints is not None:
+            wide[c] = ints
         try:
-            cols[c] = raw[:, c].astype(np.int64)
+            cols[c] = raw[:, c].astype(np.float64)
         except ValueError:
-            integral = False
-            try:
-                cols[c] = raw[:, c].astype(np.float64)
-            except ValueError:
-                r = next(i for i, v in enumerate(raw[:, c]) if not _is_float(v))
-                raise _FieldError(path, lines[r], str(raw[r, c]), usecols[c] if usecols else c) from None
+            r = next(i for i, v in enumerate(raw[:, c]) if not _is_float(v))
+            raise _FieldError(path, lines[r], str(raw[r, c]), usecols[c] if usecols else c) from None
     values = np.zeros(raw.shape, np.int64 if integral else np.float64)
     for c, v in cols.items():
         values[:, c] = v
     exact = {c: v for c, v in cols.items() if not integral and v.dtype.kind == "i"}
-    return _Table(values, header, lines, path, exact, {c: raw[:, c] for c in text_cols if c < raw.shape[1]})
+    return _Table(values, header, lines, path, exact, {c: raw[:, c] for c in text_cols if c < raw.shape[1]}, wide)
 
 
 def _is_float(field: str) -> bool:
@@ -540,14 +567,13 @@ def _integral(table: _Table, col: int, what: str) -> np.ndarray:
 
 
 def _as_ids(table: _Table, col: int, what: str) -> np.ndarray:
+    """Node ids exactly as written: names (strings), int64, or wider integers (``_Table.wide``).
+    Ids are only labels, so negative ones and ones beyond int64 are ids like any other."""
     if col in table.text:
         return table.text[col]
-    v = _integral(table, col, f"{what} id")
-    neg = v < 0
-    if neg.any():
-        r = int(np.argmax(neg))
-        raise DataError(f"{table.path}:{table.lines[r]}: {what} id {v[r].item()} is negative")
-    return v
+    if col in table.wide:
+        return table.wide[col]
+    return _integral(table, col, f"{what} id")
 
 
 def _as_times(table: _Table, col: int, what: str = "time") -> np.ndarray:
@@ -848,6 +874,11 @@ def _finish(raw: dict, *, name: str, source_hash: str, bipartite: bool | None, s
         raise DataError(f"{raw['table'].path if raw.get('table') is not None else origin}: ext_roll is not non-decreasing in time order (train, then val, then test)")
 
     bip = raw.get("bipartite", False) if bipartite is None else bipartite
+    labelled = raw.get("node_labels")
+    if labelled is not None:
+        src, dst, labelled["node"] = _common_ids(src, dst, labelled["node"])
+    else:
+        src, dst = _common_ids(src, dst)
     if bip:
         users, src_new = np.unique(src, return_inverse=True)
         items, dst_new = np.unique(dst, return_inverse=True)
@@ -865,20 +896,38 @@ def _finish(raw: dict, *, name: str, source_hash: str, bipartite: bool | None, s
         nf = raw["node_feat_raw"]
         if bip and np.unique(node_map).size != node_map.size:
             raise DataError(f"{origin}: node features need one id space, but sources and destinations share ids in a bipartite remap")
+        if node_map.dtype.kind not in "iu" or node_map.min() < 0:  # the ids are row numbers here
+            raise DataError(f"{origin / 'node_features.pt'}: rows are indexed by node id, but node id {node_map.min()} "
+                            f"occurs in edges.csv")
         if node_map.max() >= nf.shape[0]:
             raise DataError(f"{origin / 'node_features.pt'}: has {nf.shape[0]} rows but node id {node_map.max()} occurs in edges.csv")
         node_feat = np.ascontiguousarray(nf[node_map], dtype=np.float32)
     node_labels = None
-    if raw.get("node_labels") is not None:
-        node_labels = _remap_node_labels(raw["node_labels"], node_map, t.dtype)
+    if labelled is not None:
+        node_labels = _remap_node_labels(labelled, node_map, t.dtype)
     label = raw.get("label")
     return TemporalGraph(
         src=np.ascontiguousarray(src_new), dst=np.ascontiguousarray(dst_new), t=np.ascontiguousarray(t),
-        num_nodes=num_nodes, node_map=node_map if node_map.dtype.kind == "U" else node_map.astype(np.int64),
+        num_nodes=num_nodes, node_map=node_map.astype(str) if node_map.dtype == object else node_map,
         edge_feat=None if raw.get("edge_feat") is None else np.ascontiguousarray(raw["edge_feat"], dtype=np.float32),
         node_feat=node_feat, label=None if label is None else np.ascontiguousarray(label),
         bipartite=bool(bip), num_src_nodes=int(num_src), ext_roll=raw.get("ext_roll"),
         name=name, source_hash=source_hash, node_labels=node_labels)
+
+
+def _common_ids(*ids: np.ndarray) -> list[np.ndarray]:
+    """Id columns in one type that holds every id exactly, so that equal ids become one node:
+    strings when a column holds names (numbers as their decimal text, as written), int64 when every
+    id fits, uint64 when none is negative, else Python ints (negative and beyond int64 together;
+    their ``node_map`` is their decimal text, as an .npz holds no Python objects)."""
+    kinds = {a.dtype.kind for a in ids}
+    if "U" in kinds:
+        return [a if a.dtype.kind == "U" else a.astype(str) for a in ids]
+    if kinds == {"i"}:
+        return list(ids)
+    if kinds <= {"i", "u"} and all(a.dtype.kind == "u" or a.size == 0 or a.min() >= 0 for a in ids):
+        return [a.astype(np.uint64) for a in ids]
+    return [a.astype(object) for a in ids]
 
 
 def _remap_node_labels(raw: dict, node_map: np.ndarray, time_dtype: np.dtype) -> NodeLabels:
@@ -886,7 +935,7 @@ def _remap_node_labels(raw: dict, node_map: np.ndarray, time_dtype: np.dtype) ->
     table = raw["table"]
     order = np.argsort(node_map, kind="stable")
     sorted_ids = node_map[order]
-    if sorted_ids.size > 1 and (np.diff(sorted_ids) == 0).any():
+    if (sorted_ids[1:] == sorted_ids[:-1]).any():  # not np.diff, which strings do not have
         raise DataError(f"{table.path}: node ids are ambiguous because the bipartite sides share ids")
     pos = np.minimum(np.searchsorted(sorted_ids, raw["node"]), sorted_ids.size - 1)
     found = sorted_ids[pos] == raw["node"]
