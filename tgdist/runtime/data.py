@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 # 3: ``%`` lines are comments (KONECT), not a header or data.
 # 4: edge-list columns are read by their header names when these name src, dst and t.
 # 5: header names matched without case, "_" or "-"; a JODIE header needs its time third.
-# 6: negative and wider-than-int64 node ids are read (they used to be refused).
+# 6: negative and wider-than-int64 node ids are read; a doubtful time column stops the read.
 CACHE_VERSION = 6
 FORMATS = ("auto", "edgelist", "jodie", "tgl", "native", "collegemsg")
 
@@ -598,10 +598,12 @@ def _check_finite(arr: np.ndarray, table: _Table, what: str) -> None:
 # Readers. Each returns a dict of raw columns; `_finish` validates, sorts and remaps.
 
 
-def _read_edgelist(path: Path, data: bytes, columns: str | None) -> dict:
+def _read_edgelist(path: Path, data: bytes, columns: str | None, strict_columns: bool = True) -> dict:
     """``columns`` names the fields in order: src, dst, t, feat (edge feature), label, or _ (skip).
 
-    Without it the layout is ``src dst t`` and any further numeric fields become edge features.
+    Without it the layout is ``src dst t`` and any further numeric fields become edge features;
+    a third field that is probably not the time (``_time_column_doubt``) is an error, or with
+    ``strict_columns=False`` a warning.
     """
     if columns is None and (named := _columns_from_header(data)):
         columns, guessed = named
@@ -648,6 +650,16 @@ def _read_edgelist(path: Path, data: bytes, columns: str | None) -> dict:
         out["edge_feat"] = feats
     if not columns:
         out["order_hint"] = _time_field_hint(table, out["t"])
+        doubt = _time_column_doubt(table, out["t"])
+        if doubt is not None:
+            why, names = doubt
+            other = f"\"data.columns='{names}'\" (tgdist data: --columns {names})"
+            if strict_columns:
+                keep = ",".join(["src", "dst", "t"] + ["feat"] * (ncol - 3))
+                raise DataError(f"{path}: {why}: name the columns, {other}, or set data.strict_columns=false "
+                                f"(tgdist data: --columns {keep}) to read column 3 as the time")
+            warnings.warn(f"{path}: {why}; column 3 is read as the time, as data.strict_columns=false asks ({other} "
+                          f"reads the other)", stacklevel=2)
     return out
 
 
@@ -673,7 +685,7 @@ def _columns_from_header(data: bytes) -> tuple[str, list[str]] | None:
     node ids. Other columns are edge features, as without a header."""
     head = data[:1 << 16].decode("utf-8", errors="replace").splitlines()
     first = next((ln for ln in head if ln.strip() and not _is_comment(ln)), "")
-    fields = [re.sub(r"[\s_-]", "", f.strip().strip("\"'").lower()) for f in _fields(first, "auto")]
+    fields = [_header_key(f) for f in _fields(first, "auto")]
     if not fields or any(_NUMERIC.match(f) for f in fields):
         return None
     roles = [next((r for r, names in _HEADER_ROLES.items() if f in names), "feat") for f in fields]
@@ -688,6 +700,11 @@ def _columns_from_header(data: bytes) -> tuple[str, list[str]] | None:
     if roles[:3] == ["src", "dst", "t"]:
         return None
     return ",".join(roles), ["source" if g == "src" else "destination" for g in guessed]
+
+
+def _header_key(name: str) -> str:
+    """A header name as ``_HEADER_ROLES`` holds it: lower case, unquoted, without spaces, "_" or "-"."""
+    return re.sub(r"[\s_-]", "", name.strip().strip("\"'").lower())
 
 
 def _columns_hint(column: int, columns: str | None) -> str:
@@ -730,6 +747,54 @@ def _time_field_hint(table, t: np.ndarray) -> str | None:
             names = ",".join(fields)
             return (f"field {i + 1} is in time order: if it holds the time, name the columns with "
                     f"\"data.columns='{names}'\" (tgdist data: --columns {names})")
+    return None
+
+
+FEW_TIMES = 100  # distinct values of a time column that are "few" beside a column that looks like Unix times
+
+
+def _epoch_unit(v: np.ndarray) -> str | None:
+    """The unit (s, ms, us, ns) in which every value of ``v`` lies where Unix times of 1980-2100
+    do, as ``epoch_time_unit`` tells them; None when they do not."""
+    if v.size == 0 or not np.isfinite(v).all():
+        return None
+    lo, hi = float(np.min(v)), float(np.max(v))
+    return next((unit for unit, per_s in TIME_UNITS.items() if 3.15e8 * per_s <= lo and hi <= 4.1e9 * per_s), None)
+
+
+def _time_column_doubt(table: _Table, t: np.ndarray) -> tuple[str, str] | None:
+    """For a file read by position, ``src dst t [feat...]``: why its third field is probably not
+    the time, and the columns that read the likely time instead; None when nothing is doubtful.
+
+    SNAP's signed networks hold ``source,target,rating,time``: read by position, the ratings
+    (-10..10) become the times and the Unix times an edge feature, and training runs at chance
+    level. So a third field with negative values or few (``FEW_TIMES``) distinct ones is doubtful
+    beside a later field that looks like Unix times: 1980-2100 in s, ms, us or ns, with many
+    distinct values (more than ``FEW_TIMES``, or 4 times as many as the third field). A third
+    field that looks like Unix times itself, or that a header names as the time, is not."""
+    v = table.values
+    named_t = table.header is not None and len(table.header) > 2 and _header_key(table.header[2]) in _HEADER_ROLES["t"]
+    if v.shape[1] < 4 or named_t or _epoch_unit(t) is not None:
+        return None
+    later = [i for i in range(3, v.shape[1]) if _epoch_unit(v[:, i]) is not None]  # min and max: cheap
+    if not later:
+        return None
+    distinct, negative = np.unique(t).size, bool(t.min() < 0)
+    if not (negative or distinct <= FEW_TIMES):
+        return None
+    for i in later:
+        col = table.column(i)
+        many = np.unique(col).size
+        if many > FEW_TIMES or many >= 4 * distinct:
+            unit = _epoch_unit(col)
+            first, last = (time.strftime("%Y-%m-%d", time.gmtime(float(x) / TIME_UNITS[unit]))
+                           for x in (col.min(), col.max()))
+            fields = ["src", "dst"] + ["feat"] * (v.shape[1] - 2)
+            fields[i] = "t"
+            why = (f"column 3, read as the time, holds {distinct:,} distinct value{'' if distinct == 1 else 's'}"
+                   f"{', some negative' if negative else ''} ({t.min()} .. {t.max()}), but column {i + 1} looks like "
+                   f"Unix times{'' if unit == 's' else ' in ' + unit} ({many:,} distinct values, {first} .. {last})")
+            return why, ",".join(fields)
     return None
 
 
@@ -1182,8 +1247,12 @@ def _source_size(origin: Path) -> int:
 
 def load_graph(path: str | Path | None = None, *, format: str = "auto", columns: str | None = None,
                bipartite: bool | None = None, strict_order: bool = False, cache: bool = True,
-               cache_dir: str | Path | None = None, name: str | None = None) -> TemporalGraph:
+               cache_dir: str | Path | None = None, name: str | None = None,
+               strict_columns: bool = True) -> TemporalGraph:
     """Read a temporal graph from ``path`` (or the embedded CollegeMsg stream when None).
+
+    ``strict_columns``: an edge list read by position whose third field is probably not the time
+    is an error (False: a warning), see ``_time_column_doubt``.
 
     Processed graphs are cached under ``cache_dir`` (``$TGDIST_CACHE`` or ``~/.cache/tgdist``) keyed
     by a hash of the source bytes and the reader options; the cache file is written atomically,
@@ -1199,13 +1268,14 @@ def load_graph(path: str | Path | None = None, *, format: str = "auto", columns:
     else:
         origin, data = existing(path), None
     try:
-        return _load(origin, data, format, columns, bipartite, strict_order, cache, cache_dir, name)
+        return _load(origin, data, format, columns, bipartite, strict_order, cache, cache_dir, name, strict_columns)
     except OSError as e:  # a TGL directory's file that cannot be read, an I/O error...
         raise DataError(f"{e.filename or origin}: cannot read ({e.strerror or e})") from None
 
 
 def _load(origin: Path, data: bytes | None, format: str, columns: str | None, bipartite: bool | None,
-          strict_order: bool, cache: bool, cache_dir: str | Path | None, name: str | None) -> TemporalGraph:
+          strict_order: bool, cache: bool, cache_dir: str | Path | None, name: str | None,
+          strict_columns: bool = True) -> TemporalGraph:
     fmt = "collegemsg" if data is not None else detect_format(origin) if format == "auto" else format
     if columns is not None and fmt != "edgelist":
         other = "" if fmt == "collegemsg" else " (data.format=edgelist reads it as an edge list)"
@@ -1214,7 +1284,8 @@ def _load(origin: Path, data: bytes | None, format: str, columns: str | None, bi
     if fmt == "native":
         return load_native(origin)
     gname = name or ("collegemsg" if fmt == "collegemsg" else file_stem(origin))
-    options = {"format": fmt, "columns": columns, "bipartite": bipartite, "strict": strict_order}
+    options = {"format": fmt, "columns": columns, "bipartite": bipartite, "strict": strict_order,
+               "strict_columns": strict_columns}  # a relaxed read's entry must not serve a strict one
     digest = _source_hash(origin, options)
     cache_file = Path(cache_dir or default_cache_dir()) / f"{gname}-{digest}.npz"
     if cache and cache_file.exists():
@@ -1240,7 +1311,7 @@ def _load(origin: Path, data: bytes | None, format: str, columns: str | None, bi
         elif fmt == "jodie":
             raw = _read_jodie(origin, _read_bytes(origin))
         elif fmt == "edgelist":
-            raw = _read_edgelist(origin, _read_bytes(origin), columns)
+            raw = _read_edgelist(origin, _read_bytes(origin), columns, strict_columns)
         else:
             raise DataError(f"format {fmt!r} is not readable from {origin}")
         graph = _finish(raw, name=gname, source_hash=digest, bipartite=bipartite, strict_order=strict_order,
