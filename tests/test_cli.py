@@ -71,7 +71,7 @@ def test_data_info_unsorted_warns_in_one_line(tmp_path, capsys):
                          "names only when the first data line has a name there)")),
     (b"1 2 3\n2 3 x\n", (":2: non-numeric field 'x' in column 3 (the third field is read as the time; name the "
                          "columns if it is elsewhere: data.columns, e.g. src,dst,_,t)")),
-    (b"1 2 3\n-4 2 4\n", ":2: source id -4 is negative"),
+    (b"1 2 3\n1.5 2 4\n", ":2: source id 1.5 is not an integer"),  # a negative id is an id like any other
     (b"1 2 nan\n", ":1: time nan is not a finite number"),
     (b"", ": file is empty"),
 ])

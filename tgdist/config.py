@@ -186,6 +186,9 @@ class DataConfig:
     columns: Optional[str] = None  # edge lists: e.g. "src,dst,feat,t" or "src,dst,t,_,_"
     bipartite: Optional[bool] = None  # null: from the format (JODIE files are bipartite)
     strict_order: bool = False  # unsorted times: error instead of a stable sort with a warning
+    # an edge list read by position whose third field is probably not the time (negative or few
+    # values, a later field that looks like Unix times) stops the read; false: a warning
+    strict_columns: bool = True
     cache: bool = True  # keep the parsed graph for the next run (invalidated when the file changes)
     cache_dir: Optional[str] = None  # null: $TGDIST_CACHE or ~/.cache/tgdist
     val_frac: float = 0.15  # chronological split: the last val_frac + test_frac of the events
@@ -241,7 +244,8 @@ def load_data(cfg: DataConfig):
         with warnings.catch_warnings(record=True) as caught:  # file:line report with a code line
             warnings.simplefilter("always", UserWarning)
             graph = tdata.load_graph(cfg.path, format=cfg.format, columns=cfg.columns, bipartite=cfg.bipartite,
-                                     strict_order=cfg.strict_order, cache=cfg.cache, cache_dir=cfg.cache_dir)
+                                     strict_order=cfg.strict_order, cache=cfg.cache, cache_dir=cfg.cache_dir,
+                                     strict_columns=cfg.strict_columns)
         for w in caught:
             log.warning("%s", w.message)
     if cfg.max_events is not None and cfg.max_events < graph.num_events:

@@ -49,7 +49,8 @@ log = logging.getLogger(__name__)
 # 3: ``%`` lines are comments (KONECT), not a header or data.
 # 4: edge-list columns are read by their header names when these name src, dst and t.
 # 5: header names matched without case, "_" or "-"; a JODIE header needs its time third.
-CACHE_VERSION = 5
+# 6: negative and wider-than-int64 node ids are read; a doubtful time column stops the read.
+CACHE_VERSION = 6
 FORMATS = ("auto", "edgelist", "jodie", "tgl", "native", "collegemsg")
 
 
@@ -78,7 +79,8 @@ class TemporalGraph:
     ``edge_feat`` float32 ``[num_events, edge_dim]`` or None; ``node_feat`` float32
     ``[num_nodes, node_dim]`` or None; ``label`` ``[num_events]`` (state / class label of the
     event, e.g. JODIE's ban label) or ``[num_events, num_classes]`` (multi-label) or None;
-    ``node_map`` ``[num_nodes]``: the original id of each node.
+    ``node_map`` ``[num_nodes]``: the original id of each node, exactly: int64, uint64 (ids beyond
+    int64), or strings (names; or negative ids and ids beyond int64 together, as decimal text).
     ``ext_roll``: optional ``[num_events]`` int8 split given by the source (0 train, 1 val, 2 test).
     ``node_labels``: optional node-classification labels at times (``NodeLabels``).
     """
@@ -355,7 +357,9 @@ class _Table:
     """A parsed numeric table: ``values [num_rows, num_cols]`` int64 (all integral) or float64.
 
     ``exact`` holds int64 copies of integral columns whose values exceed 2**53, where the float64
-    table would round them (e.g. nanosecond times next to a fractional feature column).
+    table would round them (e.g. nanosecond times next to a fractional feature column); ``wide``
+    the integral columns that int64 cannot hold (uint64, or Python ints when negative and above
+    2**63 - 1 values meet), exact for node ids (hashed 64-bit ids, say).
     """
 
     values: np.ndarray
@@ -364,6 +368,7 @@ class _Table:
     path: Path
     exact: dict[int, np.ndarray] = field(default_factory=dict)
     text: dict[int, np.ndarray] = field(default_factory=dict)  # string node ids (0 in ``values``)
+    wide: dict[int, np.ndarray] = field(default_factory=dict)
 
     def column(self, c: int) -> np.ndarray:
         return self.exact[c] if c in self.exact else self.values[:, c]
@@ -415,6 +420,7 @@ def _parse_table(path: Path, data: bytes, delimiter: str | None = "auto", usecol
     if text_cols:
         return _parse_mixed(path, body, lines, header, delimiter, usecols, text_cols)
     exact: dict[int, np.ndarray] = {}
+    wide: dict[int, np.ndarray] = {}
     try:
         values = np.loadtxt(body, dtype=np.int64, delimiter=delimiter, ndmin=2, usecols=usecols)
     except ValueError:
@@ -422,18 +428,36 @@ def _parse_table(path: Path, data: bytes, delimiter: str | None = "auto", usecol
             values = np.loadtxt(body, dtype=np.float64, delimiter=delimiter, ndmin=2, usecols=usecols)
         except ValueError as e:
             raise _locate_loadtxt_error(path, str(e), lines) from None
-        # Integral columns beyond float64's exact range are read again as int64 so that ids and
+        # Integral columns beyond float64's exact range are read again as integers so that ids and
         # times survive exactly.
         with np.errstate(invalid="ignore"):
             big = np.flatnonzero((np.abs(values) >= 2.0**53).any(axis=0) & (values == np.floor(values)).all(axis=0))
         for c in big.tolist():
+            use = [usecols[c] if usecols else c]
             try:
-                col = np.loadtxt(body, dtype=np.int64, delimiter=delimiter, ndmin=2,
-                                 usecols=[usecols[c] if usecols else c])
-                exact[c] = np.ascontiguousarray(col[:, 0])
-            except ValueError:
-                pass  # written with a fraction or exponent somewhere: float64 it is
-    return _Table(values, header, lines, path, exact)
+                exact[c] = np.ascontiguousarray(np.loadtxt(body, dtype=np.int64, delimiter=delimiter, ndmin=2,
+                                                           usecols=use)[:, 0])
+                continue
+            except ValueError:  # beyond int64 (hashed ids), or written with a fraction or exponent
+                pass
+            col = _exact_integers(np.loadtxt(body, dtype=str, delimiter=delimiter, ndmin=2, usecols=use)[:, 0])
+            if col is not None:  # else float64 it is
+                (exact if col.dtype == np.int64 else wide)[c] = col
+    return _Table(values, header, lines, path, exact, wide=wide)
+
+
+def _exact_integers(fields: np.ndarray) -> np.ndarray | None:
+    """Integer fields exactly: int64 when they fit, else uint64 when none is negative, else Python
+    ints (an object array); None when a field is not an integer (a fraction, an exponent)."""
+    for dtype in (np.int64, np.uint64):
+        try:
+            return np.ascontiguousarray(fields.astype(dtype))
+        except (ValueError, OverflowError):
+            pass
+    try:
+        return np.array([int(f) for f in fields.tolist()], dtype=object)
+    except ValueError:
+        return None
 
 
 def _is_comment(line: str) -> bool:
@@ -457,22 +481,25 @@ def _parse_mixed(path: Path, body: list[str], lines: np.ndarray, header, delimit
     except ValueError as e:
         raise _locate_loadtxt_error(path, str(e), lines) from None
     numeric = [c for c in range(raw.shape[1]) if c not in text_cols]
-    cols, integral = {}, True
+    cols, wide, integral = {}, {}, True
     for c in numeric:
+        ints = _exact_integers(raw[:, c])
+        if ints is not None and ints.dtype == np.int64:
+            cols[c] = ints
+            continue
+        integral = False
+        if ints is not None:
+            wide[c] = ints
         try:
-            cols[c] = raw[:, c].astype(np.int64)
+            cols[c] = raw[:, c].astype(np.float64)
         except ValueError:
-            integral = False
-            try:
-                cols[c] = raw[:, c].astype(np.float64)
-            except ValueError:
-                r = next(i for i, v in enumerate(raw[:, c]) if not _is_float(v))
-                raise _FieldError(path, lines[r], str(raw[r, c]), usecols[c] if usecols else c) from None
+            r = next(i for i, v in enumerate(raw[:, c]) if not _is_float(v))
+            raise _FieldError(path, lines[r], str(raw[r, c]), usecols[c] if usecols else c) from None
     values = np.zeros(raw.shape, np.int64 if integral else np.float64)
     for c, v in cols.items():
         values[:, c] = v
     exact = {c: v for c, v in cols.items() if not integral and v.dtype.kind == "i"}
-    return _Table(values, header, lines, path, exact, {c: raw[:, c] for c in text_cols if c < raw.shape[1]})
+    return _Table(values, header, lines, path, exact, {c: raw[:, c] for c in text_cols if c < raw.shape[1]}, wide)
 
 
 def _is_float(field: str) -> bool:
@@ -540,14 +567,13 @@ def _integral(table: _Table, col: int, what: str) -> np.ndarray:
 
 
 def _as_ids(table: _Table, col: int, what: str) -> np.ndarray:
+    """Node ids exactly as written: names (strings), int64, or wider integers (``_Table.wide``).
+    Ids are only labels, so negative ones and ones beyond int64 are ids like any other."""
     if col in table.text:
         return table.text[col]
-    v = _integral(table, col, f"{what} id")
-    neg = v < 0
-    if neg.any():
-        r = int(np.argmax(neg))
-        raise DataError(f"{table.path}:{table.lines[r]}: {what} id {v[r].item()} is negative")
-    return v
+    if col in table.wide:
+        return table.wide[col]
+    return _integral(table, col, f"{what} id")
 
 
 def _as_times(table: _Table, col: int, what: str = "time") -> np.ndarray:
@@ -572,10 +598,12 @@ def _check_finite(arr: np.ndarray, table: _Table, what: str) -> None:
 # Readers. Each returns a dict of raw columns; `_finish` validates, sorts and remaps.
 
 
-def _read_edgelist(path: Path, data: bytes, columns: str | None) -> dict:
+def _read_edgelist(path: Path, data: bytes, columns: str | None, strict_columns: bool = True) -> dict:
     """``columns`` names the fields in order: src, dst, t, feat (edge feature), label, or _ (skip).
 
-    Without it the layout is ``src dst t`` and any further numeric fields become edge features.
+    Without it the layout is ``src dst t`` and any further numeric fields become edge features;
+    a third field that is probably not the time (``_time_column_doubt``) is an error, or with
+    ``strict_columns=False`` a warning.
     """
     if columns is None and (named := _columns_from_header(data)):
         columns, guessed = named
@@ -622,6 +650,16 @@ def _read_edgelist(path: Path, data: bytes, columns: str | None) -> dict:
         out["edge_feat"] = feats
     if not columns:
         out["order_hint"] = _time_field_hint(table, out["t"])
+        doubt = _time_column_doubt(table, out["t"])
+        if doubt is not None:
+            why, names = doubt
+            other = f"\"data.columns='{names}'\" (tgdist data: --columns {names})"
+            if strict_columns:
+                keep = ",".join(["src", "dst", "t"] + ["feat"] * (ncol - 3))
+                raise DataError(f"{path}: {why}: name the columns, {other}, or set data.strict_columns=false "
+                                f"(tgdist data: --columns {keep}) to read column 3 as the time")
+            warnings.warn(f"{path}: {why}; column 3 is read as the time, as data.strict_columns=false asks ({other} "
+                          f"reads the other)", stacklevel=2)
     return out
 
 
@@ -647,7 +685,7 @@ def _columns_from_header(data: bytes) -> tuple[str, list[str]] | None:
     node ids. Other columns are edge features, as without a header."""
     head = data[:1 << 16].decode("utf-8", errors="replace").splitlines()
     first = next((ln for ln in head if ln.strip() and not _is_comment(ln)), "")
-    fields = [re.sub(r"[\s_-]", "", f.strip().strip("\"'").lower()) for f in _fields(first, "auto")]
+    fields = [_header_key(f) for f in _fields(first, "auto")]
     if not fields or any(_NUMERIC.match(f) for f in fields):
         return None
     roles = [next((r for r, names in _HEADER_ROLES.items() if f in names), "feat") for f in fields]
@@ -662,6 +700,11 @@ def _columns_from_header(data: bytes) -> tuple[str, list[str]] | None:
     if roles[:3] == ["src", "dst", "t"]:
         return None
     return ",".join(roles), ["source" if g == "src" else "destination" for g in guessed]
+
+
+def _header_key(name: str) -> str:
+    """A header name as ``_HEADER_ROLES`` holds it: lower case, unquoted, without spaces, "_" or "-"."""
+    return re.sub(r"[\s_-]", "", name.strip().strip("\"'").lower())
 
 
 def _columns_hint(column: int, columns: str | None) -> str:
@@ -704,6 +747,54 @@ def _time_field_hint(table, t: np.ndarray) -> str | None:
             names = ",".join(fields)
             return (f"field {i + 1} is in time order: if it holds the time, name the columns with "
                     f"\"data.columns='{names}'\" (tgdist data: --columns {names})")
+    return None
+
+
+FEW_TIMES = 100  # distinct values of a time column that are "few" beside a column that looks like Unix times
+
+
+def _epoch_unit(v: np.ndarray) -> str | None:
+    """The unit (s, ms, us, ns) in which every value of ``v`` lies where Unix times of 1980-2100
+    do, as ``epoch_time_unit`` tells them; None when they do not."""
+    if v.size == 0 or not np.isfinite(v).all():
+        return None
+    lo, hi = float(np.min(v)), float(np.max(v))
+    return next((unit for unit, per_s in TIME_UNITS.items() if 3.15e8 * per_s <= lo and hi <= 4.1e9 * per_s), None)
+
+
+def _time_column_doubt(table: _Table, t: np.ndarray) -> tuple[str, str] | None:
+    """For a file read by position, ``src dst t [feat...]``: why its third field is probably not
+    the time, and the columns that read the likely time instead; None when nothing is doubtful.
+
+    SNAP's signed networks hold ``source,target,rating,time``: read by position, the ratings
+    (-10..10) become the times and the Unix times an edge feature, and training runs at chance
+    level. So a third field with negative values or few (``FEW_TIMES``) distinct ones is doubtful
+    beside a later field that looks like Unix times: 1980-2100 in s, ms, us or ns, with many
+    distinct values (more than ``FEW_TIMES``, or 4 times as many as the third field). A third
+    field that looks like Unix times itself, or that a header names as the time, is not."""
+    v = table.values
+    named_t = table.header is not None and len(table.header) > 2 and _header_key(table.header[2]) in _HEADER_ROLES["t"]
+    if v.shape[1] < 4 or named_t or _epoch_unit(t) is not None:
+        return None
+    later = [i for i in range(3, v.shape[1]) if _epoch_unit(v[:, i]) is not None]  # min and max: cheap
+    if not later:
+        return None
+    distinct, negative = np.unique(t).size, bool(t.min() < 0)
+    if not (negative or distinct <= FEW_TIMES):
+        return None
+    for i in later:
+        col = table.column(i)
+        many = np.unique(col).size
+        if many > FEW_TIMES or many >= 4 * distinct:
+            unit = _epoch_unit(col)
+            first, last = (time.strftime("%Y-%m-%d", time.gmtime(float(x) / TIME_UNITS[unit]))
+                           for x in (col.min(), col.max()))
+            fields = ["src", "dst"] + ["feat"] * (v.shape[1] - 2)
+            fields[i] = "t"
+            why = (f"column 3, read as the time, holds {distinct:,} distinct value{'' if distinct == 1 else 's'}"
+                   f"{', some negative' if negative else ''} ({t.min()} .. {t.max()}), but column {i + 1} looks like "
+                   f"Unix times{'' if unit == 's' else ' in ' + unit} ({many:,} distinct values, {first} .. {last})")
+            return why, ",".join(fields)
     return None
 
 
@@ -848,6 +939,11 @@ def _finish(raw: dict, *, name: str, source_hash: str, bipartite: bool | None, s
         raise DataError(f"{raw['table'].path if raw.get('table') is not None else origin}: ext_roll is not non-decreasing in time order (train, then val, then test)")
 
     bip = raw.get("bipartite", False) if bipartite is None else bipartite
+    labelled = raw.get("node_labels")
+    if labelled is not None:
+        src, dst, labelled["node"] = _common_ids(src, dst, labelled["node"])
+    else:
+        src, dst = _common_ids(src, dst)
     if bip:
         users, src_new = np.unique(src, return_inverse=True)
         items, dst_new = np.unique(dst, return_inverse=True)
@@ -865,20 +961,38 @@ def _finish(raw: dict, *, name: str, source_hash: str, bipartite: bool | None, s
         nf = raw["node_feat_raw"]
         if bip and np.unique(node_map).size != node_map.size:
             raise DataError(f"{origin}: node features need one id space, but sources and destinations share ids in a bipartite remap")
+        if node_map.dtype.kind not in "iu" or node_map.min() < 0:  # the ids are row numbers here
+            raise DataError(f"{origin / 'node_features.pt'}: rows are indexed by node id, but node id {node_map.min()} "
+                            f"occurs in edges.csv")
         if node_map.max() >= nf.shape[0]:
             raise DataError(f"{origin / 'node_features.pt'}: has {nf.shape[0]} rows but node id {node_map.max()} occurs in edges.csv")
         node_feat = np.ascontiguousarray(nf[node_map], dtype=np.float32)
     node_labels = None
-    if raw.get("node_labels") is not None:
-        node_labels = _remap_node_labels(raw["node_labels"], node_map, t.dtype)
+    if labelled is not None:
+        node_labels = _remap_node_labels(labelled, node_map, t.dtype)
     label = raw.get("label")
     return TemporalGraph(
         src=np.ascontiguousarray(src_new), dst=np.ascontiguousarray(dst_new), t=np.ascontiguousarray(t),
-        num_nodes=num_nodes, node_map=node_map if node_map.dtype.kind == "U" else node_map.astype(np.int64),
+        num_nodes=num_nodes, node_map=node_map.astype(str) if node_map.dtype == object else node_map,
         edge_feat=None if raw.get("edge_feat") is None else np.ascontiguousarray(raw["edge_feat"], dtype=np.float32),
         node_feat=node_feat, label=None if label is None else np.ascontiguousarray(label),
         bipartite=bool(bip), num_src_nodes=int(num_src), ext_roll=raw.get("ext_roll"),
         name=name, source_hash=source_hash, node_labels=node_labels)
+
+
+def _common_ids(*ids: np.ndarray) -> list[np.ndarray]:
+    """Id columns in one type that holds every id exactly, so that equal ids become one node:
+    strings when a column holds names (numbers as their decimal text, as written), int64 when every
+    id fits, uint64 when none is negative, else Python ints (negative and beyond int64 together;
+    their ``node_map`` is their decimal text, as an .npz holds no Python objects)."""
+    kinds = {a.dtype.kind for a in ids}
+    if "U" in kinds:
+        return [a if a.dtype.kind == "U" else a.astype(str) for a in ids]
+    if kinds == {"i"}:
+        return list(ids)
+    if kinds <= {"i", "u"} and all(a.dtype.kind == "u" or a.size == 0 or a.min() >= 0 for a in ids):
+        return [a.astype(np.uint64) for a in ids]
+    return [a.astype(object) for a in ids]
 
 
 def _remap_node_labels(raw: dict, node_map: np.ndarray, time_dtype: np.dtype) -> NodeLabels:
@@ -886,7 +1000,7 @@ def _remap_node_labels(raw: dict, node_map: np.ndarray, time_dtype: np.dtype) ->
     table = raw["table"]
     order = np.argsort(node_map, kind="stable")
     sorted_ids = node_map[order]
-    if sorted_ids.size > 1 and (np.diff(sorted_ids) == 0).any():
+    if (sorted_ids[1:] == sorted_ids[:-1]).any():  # not np.diff, which strings do not have
         raise DataError(f"{table.path}: node ids are ambiguous because the bipartite sides share ids")
     pos = np.minimum(np.searchsorted(sorted_ids, raw["node"]), sorted_ids.size - 1)
     found = sorted_ids[pos] == raw["node"]
@@ -1133,8 +1247,12 @@ def _source_size(origin: Path) -> int:
 
 def load_graph(path: str | Path | None = None, *, format: str = "auto", columns: str | None = None,
                bipartite: bool | None = None, strict_order: bool = False, cache: bool = True,
-               cache_dir: str | Path | None = None, name: str | None = None) -> TemporalGraph:
+               cache_dir: str | Path | None = None, name: str | None = None,
+               strict_columns: bool = True) -> TemporalGraph:
     """Read a temporal graph from ``path`` (or the embedded CollegeMsg stream when None).
+
+    ``strict_columns``: an edge list read by position whose third field is probably not the time
+    is an error (False: a warning), see ``_time_column_doubt``.
 
     Processed graphs are cached under ``cache_dir`` (``$TGDIST_CACHE`` or ``~/.cache/tgdist``) keyed
     by a hash of the source bytes and the reader options; the cache file is written atomically,
@@ -1150,13 +1268,14 @@ def load_graph(path: str | Path | None = None, *, format: str = "auto", columns:
     else:
         origin, data = existing(path), None
     try:
-        return _load(origin, data, format, columns, bipartite, strict_order, cache, cache_dir, name)
+        return _load(origin, data, format, columns, bipartite, strict_order, cache, cache_dir, name, strict_columns)
     except OSError as e:  # a TGL directory's file that cannot be read, an I/O error...
         raise DataError(f"{e.filename or origin}: cannot read ({e.strerror or e})") from None
 
 
 def _load(origin: Path, data: bytes | None, format: str, columns: str | None, bipartite: bool | None,
-          strict_order: bool, cache: bool, cache_dir: str | Path | None, name: str | None) -> TemporalGraph:
+          strict_order: bool, cache: bool, cache_dir: str | Path | None, name: str | None,
+          strict_columns: bool = True) -> TemporalGraph:
     fmt = "collegemsg" if data is not None else detect_format(origin) if format == "auto" else format
     if columns is not None and fmt != "edgelist":
         other = "" if fmt == "collegemsg" else " (data.format=edgelist reads it as an edge list)"
@@ -1165,7 +1284,8 @@ def _load(origin: Path, data: bytes | None, format: str, columns: str | None, bi
     if fmt == "native":
         return load_native(origin)
     gname = name or ("collegemsg" if fmt == "collegemsg" else file_stem(origin))
-    options = {"format": fmt, "columns": columns, "bipartite": bipartite, "strict": strict_order}
+    options = {"format": fmt, "columns": columns, "bipartite": bipartite, "strict": strict_order,
+               "strict_columns": strict_columns}  # a relaxed read's entry must not serve a strict one
     digest = _source_hash(origin, options)
     cache_file = Path(cache_dir or default_cache_dir()) / f"{gname}-{digest}.npz"
     if cache and cache_file.exists():
@@ -1191,7 +1311,7 @@ def _load(origin: Path, data: bytes | None, format: str, columns: str | None, bi
         elif fmt == "jodie":
             raw = _read_jodie(origin, _read_bytes(origin))
         elif fmt == "edgelist":
-            raw = _read_edgelist(origin, _read_bytes(origin), columns)
+            raw = _read_edgelist(origin, _read_bytes(origin), columns, strict_columns)
         else:
             raise DataError(f"format {fmt!r} is not readable from {origin}")
         graph = _finish(raw, name=gname, source_hash=digest, bipartite=bipartite, strict_order=strict_order,
