@@ -1,5 +1,5 @@
 """Issue 23, point 5 through the real command line: the daemon names a dead trainer by its global
-rank."""
+rank, and a correctly quoted non-ASCII override is not blamed for another argument's error."""
 
 import re
 from pathlib import Path
@@ -35,3 +35,51 @@ def test_a_dead_trainer_of_memory_group_1_is_named_by_its_global_rank(tmp_path, 
     after = tree(tmp_path)
     assert {k: v for k, v in after.items() if not k.startswith("run")} == before  # the run's own folder aside
 
+
+QUOTED_RUN_DIR = "run_dir='runs/\u00f1and\u00fa'"
+
+
+@pytest.mark.parametrize("args, line", [
+    # the other argument is at fault: Hydra cannot read it (the quoted non-ASCII one was blamed)
+    ([QUOTED_RUN_DIR, "train.epochs=1=2"],
+     "cannot read the override 'train.epochs=1=2': Hydra reads = ~ spaces, quotes and non-ASCII letters in a value "
+     "only inside quotes: \"train.epochs='1=2'\""),
+    (['run_dir="runs/\u00f1and\u00fa"', "tra\u00f1n.epochs=1"],
+     "cannot read the override 'tra\u00f1n.epochs=1': 'tra\u00f1n.epochs' is not a key of tgdist's config; did you "
+     "mean 'train.epochs'?"),
+    (["--multirun", QUOTED_RUN_DIR, "train.epochs=1=2"],
+     "cannot read the override 'train.epochs=1=2': Hydra reads = ~ spaces, quotes and non-ASCII letters in a value "
+     "only inside quotes: \"train.epochs='1=2'\""),
+    # the other argument is at fault after reading: a typo, a value of the wrong type
+    (["data.name='Z\u00fcrich caf\u00e9'", "train.epochz=1"],
+     "Could not override 'train.epochz': Key 'epochz' not in 'TrainConfig'; did you mean 'train.epochs'?"),
+    ([QUOTED_RUN_DIR, "train.batch_size=abc"],
+     "Error merging override train.batch_size=abc: Value 'abc' of type 'str' could not be converted to Integer"),
+    # the non-ASCII argument is at fault: unquoted, or a key Hydra cannot read
+    (["run_dir=runs/\u00f1and\u00fa", "train.batch_size=abc"],
+     "cannot read the override 'run_dir=runs/\u00f1and\u00fa': Hydra reads = ~ spaces, quotes and non-ASCII letters "
+     "in a value only inside quotes: \"run_dir='runs/\u00f1and\u00fa'\""),
+    (["tra\u00f1n.epochs=1", QUOTED_RUN_DIR],
+     "cannot read the override 'tra\u00f1n.epochs=1': 'tra\u00f1n.epochs' is not a key of tgdist's config; did you "
+     "mean 'train.epochs'?"),
+    (["run_dir=x'\u00f1'", "train.epochs=1=2"], "Error parsing override 'run_dir=x'\u00f1''"),
+], ids=["bad-value", "non-ascii-key-after-double-quoted", "multirun", "typo", "wrong-type", "unquoted",
+        "non-ascii-key-first", "broken-quotes"])
+def test_the_error_names_the_argument_at_fault(tmp_path, args, line):
+    (tmp_path / "keep.txt").write_text("the user's file\n")
+    before = tree(tmp_path)
+    r = tgdist("train", *args, *QUICK, cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == [f"tgdist train: error: {line}"]
+    assert tree(tmp_path) == before
+
+
+def test_launch_names_the_argument_at_fault(tmp_path):
+    (tmp_path / "keep.txt").write_text("the user's file\n")
+    before = tree(tmp_path)
+    r = tgdist("launch", "--nproc", "2", "--", QUOTED_RUN_DIR, "train.epochs=1=2", "parallel.i=2", cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == [
+        "tgdist launch: error: cannot read the override 'train.epochs=1=2': Hydra reads = ~ spaces, quotes and "
+        "non-ASCII letters in a value only inside quotes: \"train.epochs='1=2'\""]
+    assert tree(tmp_path) == before
