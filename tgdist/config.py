@@ -354,7 +354,7 @@ def precheck_sweep(command: str, config_name: str, overrides: list[str], validat
     try:
         fixed = [o.input_line for o in OverridesParser.create().parse_overrides(overrides) if not o.is_sweep_override()]
     except OverrideParseException as e:
-        _exit_with(command, str(e).strip().splitlines()[0])
+        _exit_with(command, unreadable_override(e, config_name))
     hydra_cfg = _compose_or_exit(command, config_name, fixed, return_hydra_config=True, source=source).hydra
     if not str(hydra_cfg.sweeper.get("_target_", "")).endswith(".BasicSweeper"):
         return None
@@ -380,7 +380,7 @@ def sweep_jobs(command: str, config_name: str, overrides: list[str], validate: C
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
     except OverrideParseException as e:
-        print(f"{command}: error: {str(e).strip().splitlines()[0]}", file=sys.stderr)
+        print(f"{command}: error: {unreadable_override(e, config_name)}", file=sys.stderr)
         sys.exit(2)
     try:
         jobs = BasicSweeper.split_arguments(parsed, None)[0]
@@ -523,7 +523,7 @@ def checked_compose(overrides: list[str], config_name: str = "train", return_hyd
         _start_hydra(source)
         cfg = hcompose(config_name=source.name, overrides=overrides, return_hydra_config=return_hydra_config)
     except (HydraException, OmegaConfBaseException, ValueError) as e:  # ValueError: model=null, say
-        raise ConfigError(_hydra_error_line(e, overrides, config_name)) from None
+        raise ConfigError(_hydra_error_line(e, config_name)) from None
     finally:
         GlobalHydra.instance().clear()
     unresolved = _unresolvable(cfg)
@@ -578,9 +578,11 @@ def _unresolvable(cfg) -> str | None:
     return first_error(cfg, "")
 
 
-def _hydra_error_line(e: Exception, overrides: list[str], config_name: str) -> str:
+def _hydra_error_line(e: Exception, config_name: str) -> str:
     """One line for a Hydra composition error: its first line and cause, the options of a group,
     a quoting hint for a value Hydra could not parse, the key a typo most likely meant."""
+    if getattr(e, "override", None) is not None:  # OverrideParseException: it names the override it could not read
+        return unreadable_override(e, config_name)
     lines = str(e).strip().splitlines()
     first = lines[0].rstrip(".")
     in_file = re.match(r"In '([^']+)': \w+ raised while composing config:?$", first)
@@ -600,12 +602,6 @@ def _hydra_error_line(e: Exception, overrides: list[str], config_name: str) -> s
             break
     shown = ", ".join(o for o in options if not o.endswith("_schema"))
     msg = first + (f": {cause}" if cause else "") + (f" (options: {shown})" if shown else "")
-    unparsed = next((o for o in overrides if "=" in o and re.search(r"[=~\s'\"()<>;&|]|[^\x00-\x7f]",
-                                                                      o.split("=", 1)[1])), None)
-    if unparsed and re.match(r"(LexerNoViableAltException|mismatched input|extraneous input|no viable)", first):
-        key, _, value = unparsed.partition("=")
-        msg = (f"cannot read the override {unparsed!r}: Hydra reads = ~ spaces, quotes and non-ASCII letters in "
-               f"a value only inside quotes: \"{key}='{value}'\"")
     if first.startswith("Ambiguous value for argument"):  # a comma in a value, e.g. data.columns
         key, _, value = first.split("'")[1].partition("=")
         msg += f": quote a value with commas, \"{key}='{value}'\", or add --multirun to sweep over it"
@@ -617,6 +613,25 @@ def _hydra_error_line(e: Exception, overrides: list[str], config_name: str) -> s
     elif typo and (siblings := keys_under(typo.group(1).lstrip("+~").rpartition(".")[0], config_name)):
         msg += f"; its keys are {', '.join(siblings)}"
     return msg
+
+
+def unreadable_override(e: Exception, config_name: str) -> str:
+    """One line for Hydra's ``OverrideParseException``, about the override it names (the first
+    one it could not read: another that holds quotes or non-ASCII letters, correctly quoted, is
+    not at fault): a key outside Hydra's key syntax (a non-ASCII letter) with the key most likely
+    meant; a value that needs quotes with its quoted form; else Hydra's first line."""
+    override = e.override
+    key, eq, value = override.partition("=")
+    name = key.lstrip("+~")
+    if not re.fullmatch(r"[\w$./@-]+", name, re.ASCII):  # Hydra's keys: ASCII names joined by . / @
+        guesses = closest_keys(name, config_name)
+        return (f"cannot read the override {override!r}: {name!r} is not a key of tgdist's config"
+                + (f"; did you mean '{guesses[0]}'?" if guesses else ""))
+    if eq and "'" not in value and not value.startswith('"') and re.search(r"[=~\s\"()<>;&|]|[^\x00-\x7f]", value):
+        return (f"cannot read the override {override!r}: Hydra reads = ~ spaces, quotes and non-ASCII letters in "
+                f"a value only inside quotes: \"{key}='{value}'\"")
+    first = str(e).strip().splitlines()[0].rstrip(".")
+    return first if override in first else f"cannot read the override {override!r}: {first}"
 
 
 def unknown_added_key(overrides: list[str], config_name: str) -> str | None:

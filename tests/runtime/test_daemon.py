@@ -446,6 +446,38 @@ def test_timeout_names_the_trainer_the_daemon_waits_for():
 
 
 @pytest.mark.distributed
+def test_messages_name_trainers_by_their_global_ranks():
+    """Memory group 1 of a 2 x 1 x 2 layout holds ranks 2 and 3 (``first_rank=2``): every message
+    about its trainers names those ranks, the numbers the launcher and the user know."""
+    with start_daemon(1, 2, num_nodes=4, mem_dim=1, mail_dim=1, first_rank=2) as h:
+        m0, m1 = h.attach(0, timeout=0.5), h.attach(1, timeout=20)
+        with pytest.raises(TgdistError, match=rf"trainer rank 3 of memory group 1 is already attached \(pid "
+                                              rf"{os.getpid()}\)"):
+            h.attach(1, timeout=20)
+        m1.begin(0, reset=True)
+        m1.read(torch.tensor([0]))
+        with pytest.raises(TgdistError, match=r"load_state_dict at position 0: trainer rank\(s\) 3 already read"):
+            m0.load_state_dict(m0.state_dict())
+        m1.end()
+        m0.begin(0, reset=True)
+        m0.read(torch.tensor([0]))
+        m0.end()
+        m0.skip(1)
+        m0.begin(2)
+        with pytest.raises(TgdistError, match=rf"it is waiting for trainer rank 3 \(pid {os.getpid()}\) to post its "
+                                              rf"read or skip for position 1\)"):
+            m0.read(torch.tensor([0]))
+        m1.begin(5)
+        with pytest.raises(TgdistError, match=rf"memory daemon of group 1 \(pid {h.pid}\) stopped: trainer rank 3 "
+                                              rf"\(pid {os.getpid()}\) posted a request for position 5 while group 1 "
+                                              rf"serves position 1"):
+            m1.read(torch.tensor([0]))
+        m0.close()
+        m1.close()
+    assert segments(h.run_id) == []
+
+
+@pytest.mark.distributed
 def test_segments_are_private_and_unique_per_run():
     with start_daemon(0, 1, num_nodes=4, mem_dim=1, mail_dim=1) as a, \
             start_daemon(0, 1, num_nodes=4, mem_dim=1, mail_dim=1) as b:
@@ -528,11 +560,12 @@ WORKER = textwrap.dedent('''
     from tgdist.errors import TgdistError
     from tgdist.runtime.daemon import DaemonMemory, start_daemon
 
-    run_id, rank, mode, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    run_id, rank, mode, out, first_rank = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
     h = None
     try:
         if rank == 0:
-            h = start_daemon(0, 2, num_nodes=100, mem_dim=4, mail_dim=4, run_id=run_id, timeout=20)
+            h = start_daemon(0, 2, num_nodes=100, mem_dim=4, mail_dim=4, run_id=run_id, timeout=20,
+                             first_rank=first_rank)
             open(out + ".daemon", "w").write(str(h.pid))
             m = h.attach(0, timeout=20)
         else:
@@ -562,14 +595,15 @@ WORKER = textwrap.dedent('''
 
 
 @contextlib.contextmanager
-def launch_pair(tmp_path: Path, mode: str):
-    """Start two worker ranks; yields ``(run_id, out, procs)`` and kills any left running on exit."""
+def launch_pair(tmp_path: Path, mode: str, first_rank: int = 0):
+    """Start two worker ranks (the trainers of a group whose first global rank is ``first_rank``);
+    yields ``(run_id, out, procs)`` and kills any left running on exit."""
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
     run_id = new_run_id()
     out = str(tmp_path / "w")
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, str(script), run_id, str(r), mode, out], env=env,
+    procs = [subprocess.Popen([sys.executable, str(script), run_id, str(r), mode, out, str(first_rank)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
     try:
         yield run_id, out, procs
@@ -615,6 +649,21 @@ def test_sigkill_of_a_trainer_stops_the_group(tmp_path, victim):
     assert codes[victim] == -signal.SIGKILL and codes[other] == 3
     assert (f"rank {other} error: memory daemon of group 0 (pid {dpid}) stopped: trainer rank {victim} "
             f"(pid {vpid}) died" in outs[other][1]), outs[other][1]
+    assert_clean(run_id)
+
+
+@pytest.mark.distributed
+def test_a_dead_trainer_is_named_by_its_global_rank(tmp_path):
+    """The second trainer of memory group 1 in a 2 x 1 x 2 layout is rank 3: the daemon, which
+    numbered its trainers from 0 within the group, said "trainer rank 1 ... died"."""
+    with launch_pair(tmp_path, "run", first_rank=2) as (run_id, out, procs):
+        wait_files([out + ".ready0", out + ".ready1", out + ".daemon"], procs)
+        dpid, vpid = int(Path(out + ".daemon").read_text()), procs[1].pid
+        os.kill(vpid, signal.SIGKILL)
+        codes, outs = finish(procs)
+    assert codes == [3, -signal.SIGKILL]
+    assert (f"rank 0 error: memory daemon of group 0 (pid {dpid}) stopped: trainer rank 3 (pid {vpid}) died"
+            in outs[0][1]), outs[0][1]
     assert_clean(run_id)
 
 

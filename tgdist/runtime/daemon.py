@@ -83,7 +83,7 @@ MAGIC, VERSION = 0x7464697374, 1  # "tdist"
 (H_MAGIC, H_VERSION, H_PID, H_PID_START, H_READY, H_FATAL, H_STOPPED, H_SHUTDOWN, H_POSITION, H_PHASE,
  H_WAIT_RANK, H_WAIT_WHAT, H_GROUP, H_I, H_J, H_NUM_NODES, H_MEM_DIM, H_MAIL_DIM, H_MAILBOX, H_MAX_IDS,
  H_MAX_WRITE, H_MAX_MAIL, H_MAX_OPS, H_TRACE_CAP, H_TRACE_LEN, H_READS, H_SKIPS, H_WRITES, H_RESETS,
- H_READ_NS, H_WRITE_NS, H_READ_ROWS, H_WRITE_ROWS, H_IDLE_NS) = range(34)
+ H_READ_NS, H_WRITE_NS, H_READ_ROWS, H_WRITE_ROWS, H_IDLE_NS, H_FIRST_RANK) = range(35)
 NUM_H = 64
 # Status words of one trainer (int64). REQ fields are written by the trainer, DONE by the daemon.
 (C_PID, C_PID_START, C_STATE, C_RD_REQ, C_RD_KIND, C_RD_RESET, C_RD_LEN, C_RD_SLOT, C_RD_DONE, C_WR_REQ,
@@ -145,6 +145,9 @@ class DaemonSpec:
     owner_pid: int = 0
     owner_start: int = 0
     trainer_pids: List[int] = field(default_factory=list)
+    # Global rank of the group's trainer 0: messages name trainer r as rank first_rank + r, the
+    # number the launcher and the user know it by (a group's ranks are contiguous: Layout).
+    first_rank: int = 0
 
     def __post_init__(self) -> None:
         shm.check_name(f"tgdist-{self.run_id}")
@@ -155,6 +158,8 @@ class DaemonSpec:
         self.max_write = int(self.max_write or self.max_ids)
         self.max_mail = int(self.max_mail or self.max_write * self.mailbox_size)
         self.max_ops = int(self.max_ops or 16 + 2 * self.mailbox_size)
+        if int(self.first_rank) < 0:
+            raise ConfigError(f"memory daemon: first_rank must be >= 0, got {self.first_rank}")
         if self.trainer_pids and len(self.trainer_pids) != self.num_trainers:
             raise ConfigError(f"memory daemon: {len(self.trainer_pids)} trainer pids for {self.num_trainers} trainers")
 
@@ -335,6 +340,7 @@ class _Server:
         h[H_GROUP], h[H_I], h[H_J], h[H_NUM_NODES] = sp.group, sp.i, sp.j, sp.num_nodes
         h[H_MEM_DIM], h[H_MAIL_DIM], h[H_MAILBOX], h[H_MAX_IDS] = sp.mem_dim, sp.mail_dim, sp.mailbox_size, sp.max_ids
         h[H_MAX_WRITE], h[H_MAX_MAIL], h[H_MAX_OPS], h[H_TRACE_CAP] = sp.max_write, sp.max_mail, sp.max_ops, sp.trace
+        h[H_FIRST_RANK] = sp.first_rank
         h[H_POSITION] = -1
         self.p: int | None = None
         self.phase = PHASE_READ
@@ -367,9 +373,13 @@ class _Server:
             self.trace[n] = (kind, r, p)
             self.hdr[H_TRACE_LEN] = n + 1
 
+    def ranks(self, rs) -> str:
+        """The global ranks of group trainers ``rs``, comma-separated."""
+        return ", ".join(str(self.spec.first_rank + r) for r in rs)
+
     def who(self, r: int) -> str:
         pid = int(self.ctl[r, C_PID]) or (self.spec.trainer_pids[r] if self.spec.trainer_pids else 0)
-        return f"trainer rank {r} (pid {pid})" if pid else f"trainer rank {r}"
+        return f"trainer rank {self.ranks([r])}" + (f" (pid {pid})" if pid else "")
 
     # -- the loop ----------------------------------------------------------------------------
 
@@ -541,7 +551,7 @@ class _Server:
                 return False
             if kind == HOLD_LOAD and self.requesters:
                 status = 1
-                readers = ", ".join(map(str, sorted(self.requesters)))
+                readers = self.ranks(sorted(self.requesters))
                 _set_msg(self.msg, f"load_state_dict at position {self.p}: trainer rank(s) {readers} already read "
                                    f"that position; load the state before the other trainers post (behind a barrier)")
             else:
@@ -600,10 +610,9 @@ class _Server:
         if unattached:
             if sp.owner_pid and not shm.alive(sp.owner_pid, sp.owner_start):
                 raise _Fatal(f"the process that started the daemon (pid {sp.owner_pid}) died before "
-                             f"trainer rank(s) {', '.join(map(str, unattached))} attached")
+                             f"trainer rank(s) {self.ranks(unattached)} attached")
             if now - self.started > sp.timeout:
-                ranks = ", ".join(map(str, unattached))
-                raise _Fatal(f"trainer rank(s) {ranks} did not attach within {sp.timeout:g} s")
+                raise _Fatal(f"trainer rank(s) {self.ranks(unattached)} did not attach within {sp.timeout:g} s")
         # A trainer that detached before its part of this position blocks the group; that is an
         # error once a live trainer waits for the group to go on (else they may all be finishing).
         if self.held_by < 0:
@@ -752,10 +761,12 @@ def start_daemon(group: int, num_trainers: int | None = None, *, num_nodes: int,
                  mailbox_size: int = 1, i: int | None = None, j: int = 1, trainer_pids: list[int] | None = None,
                  max_ids: int | None = None, max_write: int | None = None, run_id: str | None = None,
                  timeout: float = 120.0, idle_timeout: float = 0.0, num_threads: int = 1, spin_us: float = 100.0,
-                 trace: int = 0, start_timeout: float = 120.0) -> DaemonHandle:
+                 trace: int = 0, start_timeout: float = 120.0, first_rank: int = 0) -> DaemonHandle:
     """Start the memory daemon of ``group`` (``python -m tgdist.runtime.daemon``) and wait until its
     segments are ready. Call it from the group's local rank 0; the other ranks attach with
     ``DaemonMemory(run_id, group, rank)`` (``run_id`` must reach them, e.g. by a broadcast).
+    ``first_rank``: the global rank of the group's trainer 0, so that messages name trainers by
+    their global ranks.
 
     ``num_trainers = i * j`` (or give ``trainer_pids``); ``i`` defaults to ``num_trainers // j``.
     """
@@ -771,7 +782,7 @@ def start_daemon(group: int, num_trainers: int | None = None, *, num_nodes: int,
                       mail_dim=mail_dim, mailbox_size=mailbox_size, max_ids=max_ids or 0, max_write=max_write or 0,
                       timeout=timeout, idle_timeout=idle_timeout, num_threads=num_threads, spin_us=spin_us, trace=trace,
                       owner_pid=os.getpid(), owner_start=shm.start_time(os.getpid()),
-                      trainer_pids=list(trainer_pids or []))
+                      trainer_pids=list(trainer_pids or []), first_rank=first_rank)
     stale = sweep_stale()  # a run whose daemon and trainers were all SIGKILLed could not remove its own
     if stale:
         log.warning("removed %d shared-memory segment%s of an earlier run whose processes are all dead: %s", len(stale),
@@ -836,7 +847,7 @@ class _Conn:
                 pass
             if handle is not None and handle.poll() is not None:
                 raise RunFailure(f"memory daemon of group {group} exited with code {handle.poll()} before trainer "
-                                  f"rank {rank} attached")
+                                  f"rank {handle.spec.first_rank + rank} attached")
             if time.monotonic() > deadline:
                 raise RunFailure(f"no memory daemon for run {run_id} group {group} appeared within "
                                   f"{attach_timeout:g} s ({shm.SHM_DIR}/{prefix}ctl)")
@@ -850,6 +861,7 @@ class _Conn:
         if not 0 <= rank < self.R:
             seg.close()
             raise ConfigError(f"trainer rank {rank} outside memory group {group} of {self.R} trainers")
+        self.first_rank = int(h[H_FIRST_RANK])
         self.N, self.mem_dim, self.mail_dim, self.S = (int(h[k]) for k in
                                                        (H_NUM_NODES, H_MEM_DIM, H_MAIL_DIM, H_MAILBOX))
         self.max_ids, self.max_write, self.max_mail, self.max_ops = (int(h[k]) for k in
@@ -876,9 +888,10 @@ class _Conn:
         self.bell = shm.Doorbell(bells[rank + 1, :1])
         self.dpid, self.dstart = int(h[H_PID]), int(h[H_PID_START])
         if self.row[C_STATE] != 0:
-            self.close()
-            raise RunFailure(f"trainer rank {rank} of memory group {group} is already attached "
-                              f"(pid {self.row[C_PID]})")
+            holder = int(self.row[C_PID])
+            self.close(detach=False)  # the row is the other process's: a detach would end its attachment
+            raise RunFailure(f"trainer rank {self.first_rank + rank} of memory group {group} is already attached "
+                              f"(pid {holder})")
         self.row[C_PID], self.row[C_PID_START] = os.getpid(), shm.start_time(os.getpid())
         self.row[C_STATE] = ATTACHED
 
@@ -940,8 +953,8 @@ class _Conn:
         if what not in _WHAT or r < 0:
             return "it is busy"
         pid = int(self.ctl[r, C_PID])
-        return (f"it is waiting for trainer rank {r}{f' (pid {pid})' if pid else ''} to post its {_WHAT[what]} "
-                f"for position {int(self.hdr[H_POSITION])}")
+        return (f"it is waiting for trainer rank {self.first_rank + r}{f' (pid {pid})' if pid else ''} to post its "
+                f"{_WHAT[what]} for position {int(self.hdr[H_POSITION])}")
 
     def command(self, kind: int, what: str, timeout: float | None = None) -> int:
         row = self.row
@@ -1029,7 +1042,8 @@ class DaemonMemory(MemoryStore):
 
     def _open(self, position: int, slot: int | None, reset: bool) -> None:
         if self._finished:
-            raise RunFailure(f"trainer rank {self.rank} called finish(): it takes no part in positions any more")
+            raise RunFailure(f"trainer rank {self._conn.first_rank + self.rank} called finish(): it takes no part in "
+                             f"positions any more")
         slot = position % self.j if slot is None else slot
         if not 0 <= slot < self.j:
             raise ConfigError(f"read slot {slot} outside the {self.j} slots of memory group {self.group}")
@@ -1130,8 +1144,8 @@ class DaemonMemory(MemoryStore):
 
     def _begin_write(self, what: str) -> None:
         if not self.writes:
-            raise RunFailure(f"trainer rank {self.rank} is in epoch-parallel subgroup {self.jj} and may not "
-                              f"{what} (DistTGL 3.2.2: only subgroup 0 writes)")
+            raise RunFailure(f"trainer rank {self._conn.first_rank + self.rank} is in epoch-parallel subgroup "
+                             f"{self.jj} and may not {what} (DistTGL 3.2.2: only subgroup 0 writes)")
         if self._p is None:
             self._explicit = False
             self._open(self._next_auto, None, False)

@@ -443,7 +443,7 @@ def _attach_daemon(trainer: Trainer, cfg: DictConfig, layout: Layout, rank: int,
         max_ids = cfg.memory.max_ids or read_bound(trainer.batch_size, num_neg, fanouts, g.num_nodes)
         handle = start_daemon(kk, layout.group_size, i=layout.i, j=layout.j, num_nodes=g.num_nodes, mem_dim=m.mem_dim,
                               mail_dim=m.mail_dim, mailbox_size=m.mailbox_size, trainer_pids=pids, max_ids=max_ids,
-                              timeout=cfg.memory.timeout, num_threads=cfg.memory.num_threads)
+                              timeout=cfg.memory.timeout, num_threads=cfg.memory.num_threads, first_rank=rank)
         run_id = handle.run_id
     run_id = collectives.broadcast_object(run_id, src=layout.memory_group_ranks(kk)[0], group=group,
                                           name="daemon_setup")
