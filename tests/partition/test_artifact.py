@@ -108,3 +108,50 @@ def test_heatmap_png(tmp_path):
     pytest.importorskip("matplotlib")
     out = _save(tmp_path / "p", residuals={"range": np.array([[0, 2], [0, 0]]), "interval": np.zeros((2, 2))})
     assert (out / "residual.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_metadata_records_the_checksum_of_every_data_file(tmp_path):
+    import hashlib
+
+    out = _save(tmp_path / "p")
+    sums = json.loads((out / "metadata.json").read_text())["sha256"]
+    for name in ("maps.npz", "comm.npz", "measures.json"):
+        assert sums[name] == hashlib.sha256((out / name).read_bytes()).hexdigest()
+    assert sums["metadata.json"] == artifact._content_digest(json.loads((out / "metadata.json").read_text()))
+    # its own layout is free (re-indented); its content is not
+    meta = json.loads((out / "metadata.json").read_text())
+    (out / "metadata.json").write_text(json.dumps(meta))
+    assert artifact.load(out).num_parts == 2
+
+
+@pytest.mark.parametrize("name", ["maps.npz", "comm.npz", "measures.json", "metadata.json"])
+def test_changed_bytes_are_refused_in_one_line(tmp_path, name):
+    """What still parses and passes the file's own checks: a swapped owner in consistent maps, a
+    changed count in C or in the measures, another seed in the metadata."""
+    out = _save(tmp_path / "p")
+    if name == "maps.npz":
+        other = DualHashMap.from_assignment(np.array([1, 0, 0, 1]), 2)
+        np.savez(out / name, **{k: getattr(other, k) for k in artifact.MAP_KEYS})
+    elif name == "comm.npz":
+        np.savez(out / name, owner=np.array([0, 1, 1, 1]))
+    else:
+        text = (out / name).read_text()
+        (out / name).write_text(text.replace('"ok": 1', '"ok": 2') if name == "measures.json"
+                                else text.replace('"num_parts": 2,', '"num_parts": 2, "seed": 7,'))
+    with pytest.raises(DataError) as e:
+        artifact.load(out)
+    assert str(e.value).startswith(f"{out / name}: checksum mismatch, the file is corrupt (expected sha256 ")
+    assert str(e.value).endswith("...); re-run tgdist partition to make the artifact again")
+    assert "\n" not in str(e.value)
+
+
+def test_an_artifact_from_before_checksums_loads(tmp_path):
+    out = _save(tmp_path / "p")
+    meta = json.loads((out / "metadata.json").read_text())
+    del meta["sha256"]
+    (out / "metadata.json").write_text(json.dumps(meta))
+    (out / "measures.json").write_text('{"ok": 2}')  # unchecked: nothing records what it held
+    assert artifact.load(out).measures == {"ok": 2}
+    (out / "metadata.json").write_text(json.dumps({**meta, "sha256": "abc"}))
+    with pytest.raises(DataError, match="metadata.json: its checksum record is damaged, the file is corrupt; re-run"):
+        artifact.load(out)

@@ -270,6 +270,38 @@ def test_a_truncated_cache_entry_is_ignored_without_leaking_its_file(tmp_path, c
         load_graph(path, format="native")
 
 
+def test_a_corrupt_cache_entry_is_read_again_from_the_source(tmp_path, cache_dir, caplog):
+    """Whole but with changed bytes (which parsed: the graph had other events): refused by its
+    checksum, with a warning naming it, and written again from the source."""
+    path = write(tmp_path / "e.txt", "".join(f"{i % 7} {i % 5 + 7} {i}\n" for i in range(200)))
+    g = load_graph(path)
+    entry = next(cache_dir.glob("e-*.npz"))
+    data = bytearray(entry.read_bytes())
+    at = data.index(b"\x07\x00\x00\x00\x00\x00\x00\x00")  # an int64 7 of the events: an id or a time
+    data[at] = 3
+    entry.write_bytes(data)
+    with caplog.at_level("WARNING", logger="tgdist.runtime.data"):
+        h = load_graph(path)
+    assert "ignoring cache entry " + str(entry) + ": checksum mismatch, the file is corrupt (expected sha256 " in caplog.text
+    assert caplog.text.rstrip().endswith("...); reading the source again")
+    assert h.src.tolist() == g.src.tolist() and h.dst.tolist() == g.dst.tolist()
+    assert tdata.checksum.verify(entry) is not None  # written again, intact
+    entry.write_bytes(data)
+    with pytest.raises(DataError, match=f"^{re.escape(str(entry))}: checksum mismatch, the file is corrupt"):
+        load_graph(entry)  # a .npz named as the data is the user's own: refused
+
+
+def test_a_cache_entry_from_before_checksums_is_used(tmp_path, cache_dir, monkeypatch):
+    path = write(tmp_path / "a.txt", "1 2 1\n2 3 2\n")
+    g = load_graph(path)
+    entry = next(cache_dir.glob("a-*.npz"))
+    data = bytearray(entry.read_bytes()[:-78])
+    data[-2:] = b"\0\0"  # as np.savez wrote it: no zip comment
+    entry.write_bytes(data)
+    monkeypatch.setattr(tdata, "_read_edgelist", None)  # from the cache
+    assert load_graph(path).src.tolist() == g.src.tolist()
+
+
 def test_edgelist_forced_bipartite(tmp_path):
     g = load_graph(write(tmp_path / "a.txt", "7 7 1\n8 7 2\n"), bipartite=True)
     assert g.bipartite and g.num_src_nodes == 2 and g.num_nodes == 3

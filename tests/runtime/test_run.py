@@ -330,6 +330,84 @@ def test_unreadable_checkpoint_names_the_cause_in_one_line(tmp_path):
         assert "\n" not in msg and "weights_only" not in msg and len(msg) < 300
 
 
+def _flip(path: Path, at: int, n: int = 16) -> None:
+    data = bytearray(path.read_bytes())
+    data[at:at + n] = bytes(b ^ 0xFF for b in data[at:at + n])
+    path.write_bytes(data)
+
+
+def _mismatch(path: Path) -> str:
+    import hashlib
+
+    data = path.read_bytes()
+    return (f"{path}: checksum mismatch, the file is corrupt (expected sha256 {data[-64:].decode()[:12]}..., found "
+            f"{hashlib.sha256(data[:-64]).hexdigest()[:12]}...)")
+
+
+def test_a_corrupt_checkpoint_is_refused_before_the_run_directory_is_made(tmp_path):
+    _, d = run(tmp_path, "a", ["train.epochs=1"])
+    last = d / "checkpoints" / "last.pt"
+    _flip(last, last.stat().st_size // 2)
+    with pytest.raises(ConfigError) as e:
+        run(tmp_path, "b", ["train.epochs=2", f"train.resume={d}"])
+    assert str(e.value) == f"{_mismatch(last)}; resume from another checkpoint or start afresh"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a"]
+
+
+def test_a_checkpoint_from_before_checksums_resumes(tmp_path):
+    """A file without the seal (what torch.save wrote before checksums: no zip comment) is read
+    unchecked, to the same results as the sealed one."""
+    full, _ = run(tmp_path, "full", ["train.epochs=2"])
+    _, d = run(tmp_path, "a", ["train.epochs=1"])
+    last = d / "checkpoints" / "last.pt"
+    data = bytearray(last.read_bytes()[:-78])
+    data[-2:] = b"\0\0"  # the archive's comment length, 0 as torch writes it
+    last.write_bytes(data)
+    assert torch.load(last, weights_only=True)["position"]["epoch"] == 1
+    resumed, _ = run(tmp_path, "b", ["train.epochs=2", f"train.resume={d}"])
+    assert metrics(resumed) == metrics(full)
+
+
+def test_a_parallel_checkpoint_is_checked_with_the_files_beside_it(tmp_path):
+    """last.pt names its iteration directory, which holds every rank's file and every memory
+    group's copy: each must be there and intact before any rank starts."""
+    d = tmp_path / "p"
+    cfg = compose(SMALL + ["train.epochs=1", "parallel.i=2", f"train.resume={d}"])
+    it = d / "checkpoints" / "it00000003"
+    checkpoint.atomic_save({"format": 1, "config": checkpoint.identity(cfg), "iteration": 3, "epochs": 1,
+                            "dir": it.name, "model": {}, "optimizer": {}}, d / "checkpoints" / "last.pt")
+    for name in ("rank-0.pt", "rank-1.pt", "memory-0.pt"):
+        checkpoint.atomic_save({"x": torch.arange(1000)}, it / name)
+    path, state = checkpoint.check_resume(cfg, parallel=True)
+    assert state["iteration"] == 3 and checkpoint.parts(path, state, cfg) == [it / "rank-0.pt", it / "rank-1.pt",
+                                                                              it / "memory-0.pt"]
+    assert checkpoint.read_part(it / "rank-1.pt")["x"].sum() == 499500
+    _flip(it / "memory-0.pt", 2000)
+    with pytest.raises(ConfigError) as e:
+        checkpoint.check_resume(cfg, parallel=True)
+    assert str(e.value) == f"{_mismatch(it / 'memory-0.pt')}; resume from another checkpoint or start afresh"
+    with pytest.raises(ConfigError, match="checksum mismatch"):
+        checkpoint.read_part(it / "memory-0.pt")
+    (it / "rank-1.pt").unlink()
+    with pytest.raises(ConfigError) as e:
+        checkpoint.check_resume(cfg, parallel=True)
+    assert str(e.value) == (f"{it / 'rank-1.pt'}: missing, so the parallel checkpoint beside it is incomplete; "
+                            f"resume from another checkpoint or start afresh")
+
+
+def test_a_failed_seal_names_the_checkpoint_and_leaves_no_temp_file(tmp_path, monkeypatch):
+    import errno
+
+    def full_disk(path):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+
+    monkeypatch.setattr(checkpoint.checksum, "seal", full_disk)
+    with pytest.raises(OSError) as e:
+        checkpoint.atomic_save({"x": 1}, tmp_path / "last.pt")
+    assert (e.value.errno, e.value.filename) == (errno.ENOSPC, str(tmp_path / "last.pt"))
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_reusing_a_run_directory_warns(tmp_path, caplog):
     run(tmp_path, "a", ["train.epochs=1"])
     assert "already holds a run" not in caplog.text

@@ -10,11 +10,15 @@ Layout of ``<out_dir>/``:
   * ``residual.png``: the residual heatmaps (when matplotlib is installed).
 
 Everything is written into a hidden sibling directory first and renamed at the end, so a failed
-run leaves nothing half-written.
+run leaves nothing half-written. ``metadata.json`` records the SHA-256 of every data file (the PNG
+aside) and of its own content under ``sha256``; ``load`` refuses a file that does not match in one
+line. An artifact written before checksums has no ``sha256`` and loads unchecked, as before.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import os
 import shutil
@@ -26,12 +30,15 @@ from typing import Callable, Mapping, Optional
 
 import numpy as np
 
+from tgdist import checksum
 from tgdist.errors import ConfigError, DataError
 from tgdist.partition.idmap import DualHashMap
 
 FORMAT = "tgdist-partition"
 FORMAT_VERSION = 1
 MAP_KEYS = ("trainer_of", "local_of", "offsets", "global_of")
+CHECKED = ("maps.npz", "comm.npz", "measures.json")  # the files whose SHA-256 metadata.json records
+_AGAIN = "re-run tgdist partition to make the artifact again"
 
 
 @dataclass
@@ -97,8 +104,10 @@ def save(out_dir: str | Path, *, maps: DualHashMap, metadata: dict, measures: di
                 if warn is not None:
                     warn("matplotlib is not installed (pip install 'tgdist[plot]'): no residual.png")
         # metadata last: an artifact with metadata.json is complete
-        (tmp / "metadata.json").write_text(json.dumps({"format": FORMAT, "format_version": FORMAT_VERSION, **metadata},
-                                                      indent=1) + "\n")
+        meta = {"format": FORMAT, "format_version": FORMAT_VERSION, **metadata}
+        sums = {name: checksum.sha256_file(tmp / name) for name in CHECKED}
+        meta["sha256"] = {**sums, "metadata.json": _content_digest(json.loads(json.dumps(meta)))}
+        (tmp / "metadata.json").write_text(json.dumps(meta, indent=1) + "\n")
         old = None
         if out.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
@@ -134,9 +143,13 @@ def load(path: str | Path, *, source_hash: Optional[str] = None, num_nodes: Opti
     if meta.get("format") != FORMAT or meta.get("format_version") != FORMAT_VERSION:
         raise DataError(f"{meta_file}: not a {FORMAT} v{FORMAT_VERSION} artifact "
                         f"(format {meta.get('format')!r} v{meta.get('format_version')!r})")
+    sums = _recorded_sums(meta, meta_file)
     check_metadata(meta, p, source_hash=source_hash, num_nodes=num_nodes, num_parts=num_parts)
+    # each file is read once; what its own checks find wrong (cut short, inconsistent) is named
+    # first, and the checksum catches the rest (a changed id that still makes consistent maps)
     try:
-        with np.load(p / "maps.npz") as z:
+        data = (p / "maps.npz").read_bytes()
+        with np.load(io.BytesIO(data)) as z:
             maps = DualHashMap(*(np.asarray(z[k], dtype=np.int64) for k in MAP_KEYS))
     except (OSError, KeyError, ValueError, zipfile.BadZipFile, EOFError) as e:
         raise DataError(f"{p / 'maps.npz'}: unreadable partition maps ({e})") from None
@@ -147,13 +160,43 @@ def load(path: str | Path, *, source_hash: Optional[str] = None, num_nodes: Opti
         maps.check()
     except ConfigError as e:
         raise DataError(f"{p / 'maps.npz'}: {e}") from None
+    _check_sum(p / "maps.npz", sums, hashlib.sha256(data).hexdigest())
     measures = {}
     if (p / "measures.json").exists():
         try:
-            measures = json.loads((p / "measures.json").read_text())
+            data = (p / "measures.json").read_bytes()
+            measures = json.loads(data)
         except (OSError, ValueError) as e:
             raise DataError(f"{p / 'measures.json'}: unreadable ({e})") from None
+        _check_sum(p / "measures.json", sums, hashlib.sha256(data).hexdigest())
+    if (p / "comm.npz").exists():  # not read here, but the artifact's record of C, read by its users
+        _check_sum(p / "comm.npz", sums, checksum.sha256_file(p / "comm.npz"))
     return Partition(path=p, metadata=meta, maps=maps, measures=measures)
+
+
+def _content_digest(meta: dict) -> str:
+    """The SHA-256 of ``metadata.json``'s content but its ``sha256`` record, in a canonical form
+    (what a flipped byte changes, not its layout)."""
+    rest = {k: v for k, v in meta.items() if k != "sha256"}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True).encode()).hexdigest()
+
+
+def _recorded_sums(meta: dict, meta_file: Path) -> dict | None:
+    """The checksums ``metadata.json`` records, once its own content is checked against its
+    record; None for an artifact written before checksums (loaded unchecked)."""
+    sums = meta.get("sha256")
+    if sums is None:
+        return None
+    if not isinstance(sums, dict) or not all(isinstance(v, str) for v in sums.values()):
+        raise DataError(f"{meta_file}: its checksum record is damaged, the file is corrupt; {_AGAIN}")
+    _check_sum(meta_file, sums, _content_digest(meta), name="metadata.json")
+    return sums
+
+
+def _check_sum(path: Path, sums: dict | None, found: str, name: str | None = None) -> None:
+    expected = None if sums is None else sums.get(name or path.name)
+    if expected is not None and expected != found:
+        raise DataError(f"{checksum.Corrupt(path, expected, found)}; {_AGAIN}")
 
 
 def check_metadata(meta: dict, path: Path, *, source_hash: Optional[str] = None, num_nodes: Optional[int] = None,

@@ -1,8 +1,10 @@
 """Checkpoints: model, optimizer, node memory and mails, RNG states and the position in the run.
 
-Loading uses ``torch.load(weights_only=True)``; a checkpoint written under a different config
-(data, model, sampler or training settings that change the results) is refused with the keys
-that differ.
+Every file is sealed with a SHA-256 of its bytes (``tgdist.checksum``) and checked against it
+before ``torch.load(weights_only=True)`` parses it: a corrupt file is refused in one line. Files
+without a checksum, written by tgdist before checksums, load as before. A checkpoint written under
+a different config (data, model, sampler or training settings that change the results) is refused
+with the keys that differ.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from tgdist import checksum
 from tgdist.errors import ConfigError
 
 # Settings that do not change what is computed, so a resumed run may change them.
@@ -64,9 +67,10 @@ def _np_state(st) -> dict:
 
 
 def atomic_save(obj, path: str | Path) -> Path:
-    """``torch.save`` to a temp file renamed into place: a crash never leaves a truncated file.
-    The temp file of a process killed while it wrote ``path`` (SIGKILL, out of memory: no handler
-    runs) is removed here; every checkpoint file has one writer, so it is nobody else's."""
+    """``torch.save`` to a temp file, sealed with its checksum and renamed into place: a crash
+    never leaves a truncated file, and a corrupt one is refused when read. The temp file of a
+    process killed while it wrote ``path`` (SIGKILL, out of memory: no handler runs) is removed
+    here; every checkpoint file has one writer, so it is nobody else's."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
@@ -75,9 +79,12 @@ def atomic_save(obj, path: str | Path) -> Path:
     os.close(fd)
     try:
         torch.save(obj, tmp)
+        checksum.seal(tmp)
         os.replace(tmp, path)
     except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename == tmp:  # the seal's write: name the checkpoint, not its temp file
+            raise OSError(e.errno, e.strerror, str(path)) from None
         if isinstance(e, RuntimeError) and ("PytorchStreamWriter" in str(e) or "inline_container" in str(e)):
             # torch's zip writer reports a failed write (a full disk, a quota) without its errno
             free = shutil.disk_usage(path.parent).free
@@ -164,13 +171,28 @@ def _reason(e: Exception) -> str:
     return text.split(". ", 1)[0][:160] or "no detail"  # the first sentence; the rest is advice
 
 
+_ELSEWHERE = "resume from another checkpoint or start afresh"
+
+
+def verify(path: str | Path) -> None:
+    """Refuse a checkpoint file whose bytes do not match its checksum, in one line, before it is
+    parsed (a file without a checksum, from before checksums, is accepted; see ``tgdist.checksum``)."""
+    try:
+        checksum.verify(path)
+    except checksum.Corrupt as e:
+        raise ConfigError(f"{e}; {_ELSEWHERE}") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: not a readable tgdist checkpoint ({e.strerror or e})") from None
+
+
 def read(path: str | Path, parallel: bool, map_location=None, mmap: bool = False) -> dict:
-    """A checkpoint's state (``weights_only``), refused in one line when it is unreadable or of
-    the other kind: a single-process run's (model, optimizer, memory, RNG, position) or a parallel
-    run's ``last.pt`` (model, optimizer, iteration; memory copies and read slots beside it)."""
+    """A checkpoint's state (``weights_only``), refused in one line when it is corrupt, unreadable
+    or of the other kind: a single-process run's (model, optimizer, memory, RNG, position) or a
+    parallel run's ``last.pt`` (model, optimizer, iteration; memory copies and read slots beside it)."""
+    verify(path)
     try:
         state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
-    except Exception as e:  # corrupt or foreign file
+    except Exception as e:  # a foreign file, or one from before checksums that is cut short
         if mmap:  # mmap's own complaint (not a zip file) would hide what is wrong with it
             return read(path, parallel, map_location)
         raise ConfigError(f"{path}: not a readable tgdist checkpoint ({type(e).__name__}: {_reason(e)})") from None
@@ -185,6 +207,30 @@ def read(path: str | Path, parallel: bool, map_location=None, mmap: bool = False
     return state
 
 
+def parts(path: Path, state: dict, cfg: DictConfig) -> list[Path]:
+    """The files a parallel checkpoint ``last.pt`` (``path``, ``state``) holds beside it, in its
+    iteration directory: every rank's RNG and read slots and every memory group's copy."""
+    d = path.parent / state["dir"]
+    p = cfg.parallel
+    return [*(d / f"rank-{r}.pt" for r in range(p.i * p.j * p.k)), *(d / f"memory-{kk}.pt" for kk in range(p.k))]
+
+
+def verify_part(path: Path) -> None:
+    """One line when a file of a parallel checkpoint is missing or corrupt."""
+    if not path.is_file():
+        raise ConfigError(f"{path}: missing, so the parallel checkpoint beside it is incomplete; {_ELSEWHERE}")
+    verify(path)
+
+
+def read_part(path: Path) -> dict:
+    """A file of a parallel checkpoint (see ``parts``), checked, on the CPU."""
+    verify_part(path)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise ConfigError(f"{path}: not a readable tgdist checkpoint ({type(e).__name__}: {_reason(e)})") from None
+
+
 def check_epochs(path, state: dict, epochs: int) -> None:
     """A parallel run resumes only with the ``train.epochs`` it started with."""
     if state.get("epochs", epochs) != epochs:  # the schedule of every iteration depends on it
@@ -195,12 +241,15 @@ def check_epochs(path, state: dict, epochs: int) -> None:
 def check_resume(cfg: DictConfig, parallel: bool) -> tuple[Path, dict]:
     """What resuming from ``train.resume`` checks, without building anything (the data is
     checked by ``check_data`` once it is read): ``tgdist launch`` runs it before starting any
-    process, so a mismatch is one line, not one per rank. Returns the path and the state."""
+    process, so a mismatch is one line, not one per rank. Every file is checked against its
+    checksum, a parallel checkpoint's files beside ``last.pt`` too. Returns the path and the state."""
     path = find(cfg.train.resume)
     state = read(path, parallel, map_location="cpu", mmap=True)
     check_config(path, state.get("config", {}), cfg, content_checked="data" in state)
     if parallel:
         check_epochs(path, state, cfg.train.epochs)
+        for part in parts(path, state, cfg):
+            verify_part(part)
     return path, state
 
 

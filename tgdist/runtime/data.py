@@ -40,7 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tgdist.errors import DataError
+from tgdist import checksum
+from tgdist.errors import DataError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -1048,7 +1049,8 @@ def unwritable(folder: Path) -> str | None:
 
 
 def save_native(graph: TemporalGraph, path: str | Path, notes: list[str] | None = None) -> Path:
-    """Write ``graph`` as an uncompressed .npz, atomically (a temp file renamed into place).
+    """Write ``graph`` as an uncompressed .npz, atomically (a temp file renamed into place), sealed
+    with its checksum (``tgdist.checksum``), which ``load_native`` checks before parsing it.
 
     A crash or an error while writing leaves no file at ``path`` and no temporary file behind.
     ``notes``: warnings given while reading the source, repeated whenever the cache entry is used.
@@ -1066,6 +1068,7 @@ def save_native(graph: TemporalGraph, path: str | Path, notes: list[str] | None 
     try:
         with os.fdopen(fd, "wb") as f:
             np.savez(f, meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8), **arrays)
+        checksum.seal(tmp)
         os.chmod(tmp, 0o644)  # mkstemp creates 0600; a cache or data file is meant to be shared
         os.replace(tmp, path)
     except BaseException:
@@ -1111,7 +1114,9 @@ def save_edgelist(graph: TemporalGraph, path: str | Path, chunk: int = 1 << 20) 
 
 
 def load_native(path: str | Path) -> TemporalGraph:
-    """Read a graph written by ``save_native`` (any version up to ``CACHE_VERSION``)."""
+    """Read a graph written by ``save_native`` (any version up to ``CACHE_VERSION``), refused as
+    corrupt when its bytes do not match its checksum (a file written before checksums, or by
+    another program's ``np.savez``, has none and is read unchecked)."""
     return _read_native(path)[0]
 
 
@@ -1119,6 +1124,7 @@ def _read_native(path: str | Path) -> tuple[TemporalGraph, list[str]]:
     """``load_native``, and the notes stored with the graph."""
     path = Path(path)
     try:  # the file opened here: np.load leaves its own open when the archive is truncated
+        checksum.verify(path)  # before NumPy parses it
         with open(path, "rb") as f:
             if f.read(4) != _ZIP_MAGIC:  # else numpy takes it for a pickle and suggests unpickling it
                 raise DataError(f"{path}: not a readable tgdist .npz graph (not a zip archive)")
@@ -1295,6 +1301,8 @@ def _load(origin: Path, data: bytes | None, format: str, columns: str | None, bi
             for note in notes:  # what reading the source said (unsorted events, a likely time column)
                 warnings.warn(note, stacklevel=2)
             return g
+        except checksum.Corrupt as e:  # written whole, then damaged (a bad disk, a stray write)
+            log.warning("ignoring cache entry %s; reading the source again", first_line(e))
         except DataError:
             log.warning("ignoring unreadable cache entry %s", cache_file)
     start = time.perf_counter()

@@ -250,10 +250,10 @@ class ParallelRun:
         tr.optimizer.load_state_dict(state["optimizer"])
         shared = hasattr(tr.memory, "begin")  # the daemon holds one copy per group: its writer loads it
         if not shared or (self.ii == 0 and self.jj == 0):
-            tr.memory.load_state_dict(torch.load(d / f"memory-{self.kk}.pt", weights_only=True))
+            tr.memory.load_state_dict(checkpoint.read_part(d / f"memory-{self.kk}.pt"))
         if shared:
             collectives.barrier(self.groups.get("memory"), name="checkpoint")
-        mine = torch.load(d / f"rank-{self.rank}.pt", weights_only=True)
+        mine = checkpoint.read_part(d / f"rank-{self.rank}.pt")
         torch.set_rng_state(mine["torch_rng"])
         self.losses = [tuple(x) for x in mine["losses"]]
         self.slots = {int(slot): tr.prepare(v["lo"], v["hi"], v["neg"].numpy(), read=MemoryRead(**v["read"]))
