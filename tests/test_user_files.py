@@ -1,22 +1,34 @@
 """End to end through the real command line (and torchrun): a run never deletes or overwrites what
-it did not write, and bad input ends in one line, exit 2, with nothing else changed on disk."""
+it did not write, bad input ends in one line with exit 2 and nothing else changed on disk, and
+wrong input is not trained on silently (issue 23)."""
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
+import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from tests.partition.test_cli import _events, _run as partition
 from tests.runtime.test_parallel import torchrun_cmd
 from tests.test_train_cli import QUICK, _interrupt_when, tgdist
+from tgdist import checksum
+from tgdist.errors import DataError
+from tgdist.partition import artifact
+from tgdist.partition.idmap import DualHashMap
+from tgdist.runtime import shm
+from tgdist.runtime.data import load_native
 
 SMALL = ["data.max_events=1500", "model.mem_dim=16", "model.time_dim=8", "train.num_threads=1", "sampler.num_threads=1",
          "train.progress=false", "train.num_neg_eval=4", "train.batch_size=100", "train.epochs=1"]
@@ -181,3 +193,341 @@ def test_tgdist_launch_refuses_a_folder_of_other_files_before_starting_ranks(tmp
         f"empty directory, or train.overwrite=true to write into it (its config.yaml, metrics.jsonl, summary.json, "
         f"train.log and checkpoints/ would be replaced)"]
     assert tree(tmp_path) == before
+
+
+# --------------------------------------------------------------------------------------------------
+# The daemon names a dead trainer by its global rank; an override error blames the argument at fault.
+
+
+def tree_misc(root: Path) -> dict[str, tuple[int, int]]:
+    """Every path under ``root`` with its size and modification time: what a command changed."""
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*"))}
+
+
+@pytest.mark.distributed
+def test_a_dead_trainer_of_memory_group_1_is_named_by_its_global_rank(tmp_path, monkeypatch):
+    """parallel.k=2 with daemon memory: rank 1 is the only trainer of memory group 1, and its
+    daemon said "trainer rank 0 (pid N) died" when rank 1 was killed."""
+    (tmp_path / "keep.txt").write_text("the user's file\n")
+    before = tree_misc(tmp_path)
+    monkeypatch.setenv("TGDIST_FAULT_KILL", "1:2")  # rank 1 SIGKILLs itself at iteration 2
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    r = tgdist("launch", "--nproc", "2", "--", *QUICK, "train.epochs=2", "parallel.k=2", "memory.backend=daemon",
+               "train.num_threads=1", "sampler.num_threads=1", f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert r.returncode == 128 + 9, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert lines[-1] == "tgdist launch: rank 1 was killed by signal 9; rank 0 stopped by torchrun", r.stderr
+    died = [m for ln in lines if (m := re.fullmatch(r"tgdist memory daemon of group 1 \(pid \d+\): trainer rank "
+                                                     r"(\d+) \(pid (\d+)\) died", ln))]
+    assert [m.group(1) for m in died] == ["1"], r.stderr
+    assert shm.list_segments(f"tgdist-{died[0].group(2)}-") == []  # group 1's run id starts with its starter's pid
+    after = tree_misc(tmp_path)
+    assert {k: v for k, v in after.items() if not k.startswith("run")} == before  # the run's own folder aside
+
+
+QUOTED_RUN_DIR = "run_dir='runs/\u00f1and\u00fa'"
+
+
+@pytest.mark.parametrize("args, line", [
+    # the other argument is at fault: Hydra cannot read it (the quoted non-ASCII one was blamed)
+    ([QUOTED_RUN_DIR, "train.epochs=1=2"],
+     "cannot read the override 'train.epochs=1=2': Hydra reads = ~ spaces, quotes and non-ASCII letters in a value "
+     "only inside quotes: \"train.epochs='1=2'\""),
+    (['run_dir="runs/\u00f1and\u00fa"', "tra\u00f1n.epochs=1"],
+     "cannot read the override 'tra\u00f1n.epochs=1': 'tra\u00f1n.epochs' is not a key of tgdist's config; did you "
+     "mean 'train.epochs'?"),
+    (["--multirun", QUOTED_RUN_DIR, "train.epochs=1=2"],
+     "cannot read the override 'train.epochs=1=2': Hydra reads = ~ spaces, quotes and non-ASCII letters in a value "
+     "only inside quotes: \"train.epochs='1=2'\""),
+    # the other argument is at fault after reading: a typo, a value of the wrong type
+    (["data.name='Z\u00fcrich caf\u00e9'", "train.epochz=1"],
+     "Could not override 'train.epochz': Key 'epochz' not in 'TrainConfig'; did you mean 'train.epochs'?"),
+    ([QUOTED_RUN_DIR, "train.batch_size=abc"],
+     "Error merging override train.batch_size=abc: Value 'abc' of type 'str' could not be converted to Integer"),
+    # the non-ASCII argument is at fault: unquoted, or a key Hydra cannot read
+    (["run_dir=runs/\u00f1and\u00fa", "train.batch_size=abc"],
+     "cannot read the override 'run_dir=runs/\u00f1and\u00fa': Hydra reads = ~ spaces, quotes and non-ASCII letters "
+     "in a value only inside quotes: \"run_dir='runs/\u00f1and\u00fa'\""),
+    (["tra\u00f1n.epochs=1", QUOTED_RUN_DIR],
+     "cannot read the override 'tra\u00f1n.epochs=1': 'tra\u00f1n.epochs' is not a key of tgdist's config; did you "
+     "mean 'train.epochs'?"),
+    (["run_dir=x'\u00f1'", "train.epochs=1=2"], "Error parsing override 'run_dir=x'\u00f1''"),
+], ids=["bad-value", "non-ascii-key-after-double-quoted", "multirun", "typo", "wrong-type", "unquoted",
+        "non-ascii-key-first", "broken-quotes"])
+def test_the_error_names_the_argument_at_fault(tmp_path, args, line):
+    (tmp_path / "keep.txt").write_text("the user's file\n")
+    before = tree_misc(tmp_path)
+    r = tgdist("train", *args, *QUICK, cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == [f"tgdist train: error: {line}"]
+    assert tree_misc(tmp_path) == before
+
+
+def test_launch_names_the_argument_at_fault(tmp_path):
+    (tmp_path / "keep.txt").write_text("the user's file\n")
+    before = tree_misc(tmp_path)
+    r = tgdist("launch", "--nproc", "2", "--", QUOTED_RUN_DIR, "train.epochs=1=2", "parallel.i=2", cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == [
+        "tgdist launch: error: cannot read the override 'train.epochs=1=2': Hydra reads = ~ spaces, quotes and "
+        "non-ASCII letters in a value only inside quotes: \"train.epochs='1=2'\""]
+    assert tree_misc(tmp_path) == before
+
+
+# --------------------------------------------------------------------------------------------------
+# Checksums: a corrupt checkpoint, partition artifact or cache entry.
+
+
+def corrupted(path: Path, how: str, at: int | None = None) -> bytes:
+    """``path`` with 64 bytes inverted or 16 bytes changed at ``at`` (its middle by default);
+    returns the bytes it had."""
+    data = path.read_bytes()
+    bad = bytearray(data)
+    at = len(data) // 2 if at is None else at
+    if how == "invert 64":
+        bad[at:at + 64] = bytes(b ^ 0xFF for b in bad[at:at + 64])
+    else:
+        bad[at:at + 16] = bytes((b + 1) % 256 for b in bad[at:at + 16])
+    path.write_bytes(bad)
+    return data
+
+
+def mismatch(path: Path) -> str:
+    """What the checksum line says about a sealed file whose digits are intact."""
+    data = path.read_bytes()
+    expected, found = data[-64:].decode(), hashlib.sha256(data[:-64]).hexdigest()
+    return (f"{path}: checksum mismatch, the file is corrupt (expected sha256 {expected[:12]}..., found "
+            f"{found[:12]}...)")
+
+
+def tree_checksums(root: Path) -> dict:
+    """Every file's bytes and every folder under ``root``."""
+    return {p: p.read_bytes() if p.is_file() else None for p in sorted(root.rglob("*"))}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """A 1-epoch run on the tiny embedded data, its checkpoint sealed."""
+    root = tmp_path_factory.mktemp("run")
+    r = tgdist("train", *QUICK, f"run_dir={root / 'r'}", cwd=root)
+    assert r.returncode == 0, r.stderr
+    return root / "r"
+
+
+@pytest.mark.parametrize("how", ["invert 64", "change 16"])
+def test_a_corrupt_checkpoint_is_refused_in_one_line_and_nothing_changes(tmp_path, finished_run, how):
+    """Before checksums, 64 inverted bytes resumed with exit 0 and null metrics, 16 changed bytes
+    shifted the loss in its 8th digit."""
+    run = tmp_path / "r"
+    shutil.copytree(finished_run, run)
+    last = run / "checkpoints" / "last.pt"
+    assert checksum.verify(last) is not None  # sealed
+    corrupted(last, how)
+    before = tree_checksums(tmp_path)
+    r = tgdist("train", *QUICK, "train.epochs=2", f"train.resume={run}", cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        f"tgdist train: error: {mismatch(last)}; resume from another checkpoint or start afresh"]
+    assert tree_checksums(tmp_path) == before
+
+
+def test_an_intact_checkpoint_still_resumes(tmp_path, finished_run):
+    run = tmp_path / "r"
+    shutil.copytree(finished_run, run)
+    r = tgdist("train", *QUICK, "train.epochs=2", f"train.resume={run}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert [json.loads(x)["epoch"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [0, 1]
+    assert checksum.verify(run / "checkpoints" / "last.pt") is not None
+
+
+def test_a_corrupt_cache_entry_is_read_again_from_the_source(tmp_path):
+    """With a warning naming the entry; the run trains on the source's events, to the results of
+    a run that found the entry intact, and the entry is written again, intact."""
+    events = _events(tmp_path / "events.txt", n=1200, nodes=60)
+    data = ["data=file", f"data.path={events}", f"data.cache_dir={tmp_path / 'cache'}"]
+    first = tgdist("train", *QUICK, *data, f"run_dir={tmp_path / 'a'}", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    (entry,) = (tmp_path / "cache").iterdir()
+    intact = corrupted(entry, "invert 64")
+    line = mismatch(entry)
+    again = tgdist("train", *QUICK, *data, f"run_dir={tmp_path / 'b'}", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert f"ignoring cache entry {line}; reading the source again" in again.stderr
+    a, b = (json.loads(r.stdout.strip().splitlines()[-1]) for r in (first, again))
+    for key in ("loss", "val_ap", "test_ap", "test_mrr", "traversed_events"):
+        assert a[key] == b[key], key
+    assert checksum.verify(entry) is not None and len(entry.read_bytes()) == len(intact)  # written again, intact
+
+
+@pytest.fixture(scope="module")
+def partition_artifact(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("partition")
+    events = _events(root / "events.txt")
+    r = partition(root, "data=file", f"data.path={events}", "data.name=tiny", "partition.num_parts=3",
+                  "partition.batch_size=30", "partition.out_dir=parts/tiny")
+    assert r.returncode == 0, r.stderr
+    return root / "parts" / "tiny"
+
+
+def _refused(out: Path, name: str, expected: str, found: str) -> None:
+    with pytest.raises(DataError) as e:
+        artifact.load(out)
+    assert str(e.value) == (f"{out / name}: checksum mismatch, the file is corrupt (expected sha256 {expected[:12]}..., "
+                            f"found {found[:12]}...); re-run tgdist partition to make the artifact again")
+
+
+def test_a_corrupt_partition_artifact_is_refused_in_one_line(tmp_path, partition_artifact):
+    """``tgdist partition`` writes it; training does not read artifacts yet, so they are loaded
+    here as their users do (``tgdist.partition.artifact.load``). Each file of the artifact."""
+    out = tmp_path / "tiny"
+    shutil.copytree(partition_artifact, out)
+    sums = json.loads((out / "metadata.json").read_text())["sha256"]
+    assert set(sums) == {"maps.npz", "comm.npz", "measures.json", "metadata.json"}
+    for name, how in [("comm.npz", "invert 64"), ("comm.npz", "change 16")]:
+        intact = corrupted(out / name, how)
+        _refused(out, name, sums[name], hashlib.sha256((out / name).read_bytes()).hexdigest())
+        (out / name).write_bytes(intact)
+    # maps made for another assignment, consistent in themselves
+    intact = (out / "maps.npz").read_bytes()
+    with np.load(out / "maps.npz") as z:
+        other = DualHashMap.from_assignment(np.roll(z["trainer_of"], 1), 3)
+    np.savez(out / "maps.npz", **{k: getattr(other, k) for k in artifact.MAP_KEYS})
+    _refused(out, "maps.npz", sums["maps.npz"], hashlib.sha256((out / "maps.npz").read_bytes()).hexdigest())
+    (out / "maps.npz").write_bytes(intact)
+    # a number changed in the JSON files: still valid JSON, silently other values before checksums
+    for name, key in [("measures.json", '"capacity": '), ("metadata.json", '"imbalance": 0.0')]:
+        text = (out / name).read_text()
+        digit = text.index(key) + len(key)
+        (out / name).write_text(text[:digit] + str(int(text[digit]) % 9 + 1) + text[digit + 1:])
+        if name == "measures.json":
+            found = hashlib.sha256((out / name).read_bytes()).hexdigest()
+        else:
+            found = artifact._content_digest(json.loads((out / name).read_text()))
+        _refused(out, name, sums[name], found)
+        (out / name).write_text(text)
+    assert artifact.load(out).num_parts == 3
+
+
+@pytest.mark.distributed
+def test_a_corrupt_file_of_a_parallel_checkpoint_is_refused_before_any_rank_starts(tmp_path):
+    """A 2-process run leaves last.pt and, in its iteration directory, rank-0.pt, rank-1.pt and
+    memory-0.pt; ``tgdist launch`` checks them all and refuses a corrupt or missing one in one line."""
+    from tests.runtime.test_parallel import SMALL, torchrun
+
+    common = [*SMALL, "train.batch_size=100", "parallel.i=2", "train.num_neg_eval=4", "train.epochs=1"]
+    torchrun(2, "-m", "tgdist.train", *common, f"run_dir={tmp_path / 'a'}", cwd=tmp_path)
+    ckpt = tmp_path / "a" / "checkpoints"
+    (it,) = [p for p in ckpt.iterdir() if p.is_dir()]
+    assert sorted(p.name for p in it.iterdir()) == ["memory-0.pt", "rank-0.pt", "rank-1.pt"]
+    before = tree_checksums(tmp_path)
+
+    def launch():
+        return subprocess.run([sys.executable, "-m", "tgdist", "launch", "--", *common, f"train.resume={tmp_path / 'a'}",
+                               f"run_dir={tmp_path / 'b'}"], capture_output=True, text=True, timeout=120,
+                              cwd=tmp_path, check=False)
+
+    for path in (ckpt / "last.pt", it / "rank-1.pt", it / "memory-0.pt"):
+        intact = corrupted(path, "change 16")
+        r = launch()
+        assert r.returncode == 2 and r.stderr == (f"tgdist launch: error: {mismatch(path)}; resume from another "
+                                                  f"checkpoint or start afresh\n"), r.stderr
+        path.write_bytes(intact)
+    (it / "rank-1.pt").rename(tmp_path / "away.pt")
+    r = launch()
+    assert r.returncode == 2 and r.stderr == (f"tgdist launch: error: {it / 'rank-1.pt'}: missing, so the parallel "
+                                              f"checkpoint beside it is incomplete; resume from another checkpoint or "
+                                              f"start afresh\n"), r.stderr
+    (tmp_path / "away.pt").rename(it / "rank-1.pt")
+    assert tree_checksums(tmp_path) == before
+
+
+# --------------------------------------------------------------------------------------------------
+# Columns that are probably wrong; node ids that are only labels.
+
+
+EPOCH = 1_289_241_911  # 2010-11-08, where SNAP's bitcoin-otc starts
+
+
+def tree_data(*roots: Path) -> dict[str, bytes]:
+    """Every file under ``roots`` with its bytes, and every folder (as None): what a command may
+    not change."""
+    return {str(p): (p.read_bytes() if p.is_file() else None) for root in roots for p in sorted(root.rglob("*"))}
+
+
+def snap_csv(path: Path, n: int = 400) -> Path:
+    """SNAP's signed-network layout, ``source,target,rating,time``: ratings -10..10, Unix times
+    out of order (so no "field in time order" hint can help)."""
+    rng = np.random.default_rng(0)
+    times = EPOCH + rng.permutation(n) * 3_600
+    rows = [f"{rng.integers(1, 40)},{rng.integers(1, 40)},{i % 21 - 10},{t}" for i, t in enumerate(times)]
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def doubt_line(path, distinct: int, first: str, last: str, many: str) -> str:
+    return (f"tgdist train: error: {path}: column 3, read as the time, holds {distinct} distinct values, some negative "
+            f"(-10 .. 10), but column 4 looks like Unix times ({many} distinct values, {first} .. {last}): name the "
+            f"columns, \"data.columns='src,dst,feat,t'\" (tgdist data: --columns src,dst,feat,t), or set "
+            f"data.strict_columns=false (tgdist data: --columns src,dst,t,feat) to read column 3 as the time")
+
+
+def test_a_rating_read_as_the_time_stops_the_run_in_one_line(tmp_path, cache_dir):
+    snap_csv(tmp_path / "otc.csv")
+    before = tree_data(tmp_path, cache_dir)
+    r = tgdist("train", "data=file", "data.path=otc.csv", *QUICK, cwd=tmp_path)  # the default runs/ folder
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [doubt_line("otc.csv", 21, "2010-11-08", "2010-11-25", "400")]
+    assert tree_data(tmp_path, cache_dir) == before  # no run directory, no cache entry
+
+
+def test_the_suggested_columns_train(tmp_path):
+    snap_csv(tmp_path / "otc.csv")
+    r = tgdist("train", "data=file", "data.path=otc.csv", "data.columns='src,dst,feat,t'", *QUICK,
+               f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["data"] == "otc" and summary["traversed_events"] == 280  # 70% of 400, times read as times
+    assert "column 3, read as the time" not in r.stderr
+
+
+def test_strict_columns_false_trains_with_a_warning(tmp_path):
+    snap_csv(tmp_path / "otc.csv")
+    r = tgdist("train", "data=file", "data.path=otc.csv", "data.strict_columns=false", *QUICK,
+               f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    warning = ("[WARNING] otc.csv: column 3, read as the time, holds 21 distinct values, some negative (-10 .. 10), "
+               "but column 4 looks like Unix times (400 distinct values, 2010-11-08 .. 2010-11-25); column 3 is read "
+               "as the time, as data.strict_columns=false asks")
+    assert warning in r.stderr and warning in (tmp_path / "run" / "train.log").read_text()
+
+
+def test_the_shared_bitcoin_otc_by_position_stops_and_as_configured_trains(tmp_path, cache_dir, datasets_dir):
+    path = datasets_dir / "bitcoin-otc" / "soc-sign-bitcoinotc.csv.gz"
+    before = tree_data(tmp_path, cache_dir)
+    r = tgdist("train", "data=file", f"data.path={path}", *QUICK, cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [doubt_line(path, 20, "2010-11-08", "2016-01-25", "35,592")]
+    assert tree_data(tmp_path, cache_dir) == before
+    # configs/data/bitcoin_otc.yaml names the columns: no stop (epochs=0: evaluation only, enough to read it)
+    quick = [a for a in QUICK if not a.startswith("train.epochs=")]
+    r = tgdist("train", "data=bitcoin_otc", *quick, "train.epochs=0", f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["data"] == "bitcoin_otc"
+    assert "column 3, read as the time" not in r.stderr
+
+
+def test_ids_beyond_int64_and_negative_ids_train_and_are_kept_exactly(tmp_path):
+    rng = np.random.default_rng(1)
+    ids = [2**64 - 1, 2**63, 2**63 + 12345, -1, -(2**63), 0, 17]  # hashed uint64 ids and negative ones
+    rows = [(ids[rng.integers(len(ids))], ids[rng.integers(len(ids))], t) for t in range(300)]
+    (tmp_path / "hashed.csv").write_text("".join(f"{s},{d},{t}\n" for s, d, t in rows))
+    r = tgdist("train", "data=file", "data.path=hashed.csv", f"data.cache_dir={tmp_path / 'cache'}", *QUICK,
+               f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["traversed_events"] == 210
+    [entry] = (tmp_path / "cache").iterdir()  # the graph the run trained on
+    g = load_native(entry)
+    # negative and beyond int64 together: the decimal text of each id, exactly as written
+    assert g.node_map.tolist() == [str(i) for i in sorted(set(ids))]
+    assert g.node_map[g.src].tolist() == [str(s) for s, _, _ in rows]
+    assert g.node_map[g.dst].tolist() == [str(d) for _, d, _ in rows]

@@ -81,8 +81,13 @@ def _hydra_main(cfg: DictConfig) -> None:
     _paths_from_the_launch_directory(cfg)
     if _private is None and (Path(HydraConfig.get().runtime.cwd) / cfg.run_dir).resolve() != run_dir.resolve():
         cfg.run_dir = str(run_dir)  # config.yaml names where the run went: a sweep's job, a config's hydra.run.dir
-    if _claimed and _run_dir is not None and _run_dir.resolve() != run_dir.resolve():
-        remove_empty_dirs([_run_dir, *_new_parents])  # claimed for the default name, which hydra.run.dir replaced
+    if _private is None and _run_dir is not None and _run_dir.resolve() != run_dir.resolve():
+        # a config's hydra.run.dir replaced the directory claimed here: give that back, and take
+        # Hydra's as found (its start-up files aside), never removing it
+        if rundir.release(_run_dir):
+            remove_empty_dirs(_new_parents)
+        rundir.claim(run_dir, cfg.train.overwrite, made=False,
+                     before=frozenset(p.name for p in run_dir.iterdir()) - {".hydra", "train.log"})
     try:
         summary = run(cfg, run_dir if _private is None else None)  # None: rank 0's, told when the ranks meet
     except TgdistError as e:
