@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def parse() -> argparse.Namespace:
-    # common imports numpy only: tgdist.runtime.shm must be imported after --no-futex is read
+    # common imports numpy only: tgdist.memory.shm must be imported after --no-futex is read
     from common import at_least
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -63,13 +63,13 @@ def parse() -> argparse.Namespace:
 def main() -> None:
     a = parse()
     if a.no_futex:
-        os.environ["TGDIST_NO_FUTEX"] = "1"  # before tgdist.runtime.shm is imported; the daemon inherits it
+        os.environ["TGDIST_NO_FUTEX"] = "1"  # before tgdist.memory.shm is imported; the daemon inherits it
     import torch
     from common import emit, machine, note
 
-    from tgdist.runtime import shm
-    from tgdist.runtime.daemon import start_daemon
-    from tgdist.runtime.memory import LocalMemory
+    from tgdist.memory import shm
+    from tgdist.memory.daemon import start_daemon
+    from tgdist.memory.store import LocalMemory
 
     torch.set_num_threads(a.threads)
     g = torch.Generator().manual_seed(a.seed)

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 import tgdist  # noqa: F401
-from tgdist.runtime.data import load_graph
+from tgdist.data.graph import load_graph
 
 from common import DATASETS, at_least, emit, machine, run_main  # noqa: E402
 

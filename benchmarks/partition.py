@@ -62,7 +62,7 @@ def peak_mib() -> float:
 
 
 def load(name: str):
-    from tgdist.runtime.data import chronological_split, load_graph
+    from tgdist.data.graph import chronological_split, load_graph
     path = DATASETS / FILES[name]
     if not path.exists():
         return None, None
@@ -136,14 +136,14 @@ def child(case: str, events: int) -> dict:
 
     from tgdist.partition import access, measures
     from tgdist.partition import methods as pm
-    from tgdist.runtime.data import chronological_split
+    from tgdist.data.graph import chronological_split
 
     out = {"case": case, "rss_after_imports_mib": peak_mib()}
     t0 = time.perf_counter()
     if case == "synthetic":
-        from tgdist.runtime.synthetic import generate
+        from tgdist.data.synthetic import generate
         g = generate(events, **SYNTH)
-        out["graph"] = {"generator": "tgdist.runtime.synthetic.generate", "num_events": events, **SYNTH}
+        out["graph"] = {"generator": "tgdist.data.synthetic.generate", "num_events": events, **SYNTH}
     else:
         g, _ = load(case)
     split = chronological_split(g)
@@ -201,7 +201,7 @@ def main() -> int:
     if args.child:
         print(json.dumps(child(args.child, args.synthetic_events)), flush=True)
         return 0
-    from tgdist.runtime import kernels
+    from tgdist.kernels import graph
     kernels.set_threads(0)
     started = time.perf_counter()
     result = {"benchmark": "partition", "machine": machine(),

@@ -58,14 +58,14 @@ def reset_peak_rss() -> bool:
 
 
 def load(name: str, args) -> tuple:
-    from tgdist.runtime.data import load_graph
+    from tgdist.data.graph import load_graph
     start = time.perf_counter()
     if name == "wikipedia":
         g = load_graph(DATASETS / "wikipedia" / "wikipedia.csv.gz", cache=False)
     elif name == "sfhh":
         g = load_graph(DATASETS / "sociopatterns-copresence" / "tij_pres_SFHH.txt.zip", cache=False)
     elif name == "synthetic":
-        from tgdist.runtime.synthetic import generate
+        from tgdist.data.synthetic import generate
         g = generate(args.synthetic_events, args.synthetic_nodes, seed=0)
     else:
         raise SystemExit(f"unknown dataset {name!r}")
@@ -80,7 +80,7 @@ def batches(g, batch: int, neg: np.ndarray, first: int, last: int):
 
 
 def time_sampler(g, tcsr, strategy, fanouts, threads, neg, args) -> dict:
-    from tgdist.runtime.sampler import TemporalSampler
+    from tgdist.data.sampler import TemporalSampler
     s = TemporalSampler(tcsr, fanouts=fanouts, strategy=strategy, seed=0, num_threads=threads)
     first = 0
     # warm-up (numba compile or cache load) on the first batch, outside the clock
@@ -131,7 +131,7 @@ def numpy_recent(tcsr, key, span, tmin, roots, root_t, k):
 
 def time_numpy_baseline(g, tcsr, neg, args, hops: int) -> dict:
     import torch
-    from tgdist.runtime.sampler import TemporalSampler
+    from tgdist.data.sampler import TemporalSampler
     tmin = int(g.t.min())
     span = int(g.t.max()) - tmin + 2
     node_of_entry = np.repeat(np.arange(tcsr.num_nodes, dtype=np.int64), np.diff(tcsr.indptr))
@@ -161,8 +161,8 @@ def time_numpy_baseline(g, tcsr, neg, args, hops: int) -> dict:
 
 
 def time_reference(g, neg, args) -> dict:
-    """The plain reference sampler (tgdist.runtime.reference): a scan of all events per root."""
-    from tgdist.runtime import reference
+    """The plain reference sampler (tgdist.kernels.reference): a scan of all events per root."""
+    from tgdist.kernels import reference
     n = args.reference_events
     s = g.num_events // 2
     roots = np.concatenate([g.src[s:s + n], g.dst[s:s + n], neg[s:s + n]])
@@ -176,7 +176,7 @@ def time_reference(g, neg, args) -> dict:
 
 def run_one(name: str, args) -> dict:
     import torch  # noqa: F401  (imported before measuring, as a trainer would have it)
-    from tgdist.runtime.sampler import TCSR, NegativeSampler
+    from tgdist.data.sampler import TCSR, NegativeSampler
     log(f"{name}: loading")
     g, load_s = load(name, args)
     graph_bytes = sum(a.nbytes for a in (g.src, g.dst, g.t))

@@ -21,7 +21,7 @@ from common import DATA_FILES, DATASETS, at_least, emit, machine, note, run_main
 
 from tgdist.runtime import trainer
 from tgdist.runtime.build import build_trainer, compose
-from tgdist.runtime.data import load_graph
+from tgdist.data.graph import load_graph
 
 
 class PhaseClock:

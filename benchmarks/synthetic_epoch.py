@@ -14,7 +14,7 @@ import time
 from common import at_least, emit, machine, note, peak_rss_mib, run_main
 
 from tgdist.runtime.build import build_trainer, compose
-from tgdist.runtime.synthetic import generate
+from tgdist.data.synthetic import generate
 
 
 def main():

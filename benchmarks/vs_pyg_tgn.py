@@ -30,9 +30,9 @@ import torch.nn.functional as F
 from common import DATA_FILES, DATASETS, at_least, emit, machine, note, peak_rss_mib, require, run_main
 
 from tgdist.runtime.build import build_trainer, compose
-from tgdist.runtime.data import chronological_split, load_graph
+from tgdist.data.graph import chronological_split, load_graph
 from tgdist.runtime.metrics import average_precision, roc_auc
-from tgdist.runtime.sampler import NegativeSampler
+from tgdist.data.sampler import NegativeSampler
 
 
 # ------------------------------------------------------------------------------------------------
@@ -247,7 +247,7 @@ def main():
     torch.set_num_threads(args.threads)
     graph = load_graph(DATASETS / DATA_FILES[args.data])
     if args.max_events:
-        from tgdist.runtime.data import subset
+        from tgdist.data.graph import subset
         graph = subset(graph, args.max_events)
     split = chronological_split(graph)
     res = {"machine": machine(), "data": graph.describe(), "threads": args.threads, "device": args.device}

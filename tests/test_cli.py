@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from tgdist import cli
-from tgdist.runtime import data as tdata
-from tgdist.runtime.data import load_graph
-from tgdist.runtime.synthetic import generate
+from tgdist.data import graph as tdata
+from tgdist.data.graph import load_graph
+from tgdist.data.synthetic import generate
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

@@ -27,8 +27,8 @@ from tgdist import checksum
 from tgdist.errors import DataError
 from tgdist.partition import artifact
 from tgdist.partition.idmap import DualHashMap
-from tgdist.runtime import shm
-from tgdist.runtime.data import load_native
+from tgdist.memory import shm
+from tgdist.data.graph import load_native
 
 SMALL = ["data.max_events=1500", "model.mem_dim=16", "model.time_dim=8", "train.num_threads=1", "sampler.num_threads=1",
          "train.progress=false", "train.num_neg_eval=4", "train.batch_size=100", "train.epochs=1"]

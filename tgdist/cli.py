@@ -16,7 +16,7 @@ from tgdist.errors import TgdistError
 
 COMMANDS = {
     "train": ("tgdist.train", "train a model: tgdist train [hydra overrides], e.g. model=jodie data.path=FILE"),
-    "data": ("tgdist.runtime.datacli", "inspect a data set or write a synthetic one: tgdist data --help"),
+    "data": ("tgdist.data.cli", "inspect a data set or write a synthetic one: tgdist data --help"),
     "partition": ("tgdist.partition.cli", "partition node memory across trainers: tgdist partition [overrides]"),
     "plan": ("tgdist.launcher.planner", "choose i x j x k for a cluster: tgdist plan --help"),
     "launch": ("tgdist.launcher.launch", "run torchrun on this machine: tgdist launch --help"),
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tgdist: error: unknown command {name!r}{hint}\n\n{usage()}", file=sys.stderr)
         return 2
     if name in ("data", "partition"):  # train installs it itself (not in ranks); launch forwards signals
-        from tgdist.runtime.interrupts import terminate_as_interrupt
+        from tgdist.kernels.interrupts import terminate_as_interrupt
 
         terminate_as_interrupt()
     sys.argv = [f"tgdist {name}", *argv[1:]]
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
         return 128 + signal.SIGPIPE
     except (KeyboardInterrupt, Exception) as e:  # Ctrl-C, SIGTERM: one line and the shell's 128 + N
-        from tgdist.runtime import interrupts
+        from tgdist.kernels import interrupts
 
         if not interrupts.caused_by_interrupt(e):
             raise

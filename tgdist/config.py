@@ -45,7 +45,7 @@ def data_name(path, default: str) -> str:
     (``events.csv.gz`` -> ``events``), else ``default`` (used as ``${data_name:${.path},NAME}``)."""
     if path is None:
         return default
-    from tgdist.runtime.data import file_stem
+    from tgdist.data.graph import file_stem
 
     return file_stem(str(path)) or default
 
@@ -213,7 +213,7 @@ def check_data_source(cfg: DataConfig) -> None:
     """The data a ``DataConfig`` names is there, in a format tgdist reads (``tgdist launch`` and
     sweeps check it before starting, ``load_data`` before reading)."""
     from tgdist.errors import ConfigError
-    from tgdist.runtime.data import FORMATS, existing
+    from tgdist.data.graph import FORMATS, existing
 
     if cfg.format not in (*FORMATS, "synthetic"):
         raise ConfigError(f"data.format={cfg.format!r} is not a format; choose one of {', '.join(FORMATS)}, synthetic")
@@ -234,11 +234,11 @@ def check_data_source(cfg: DataConfig) -> None:
 
 def load_data(cfg: DataConfig):
     """Build the ``TemporalGraph`` a ``DataConfig`` describes."""
-    from tgdist.runtime import data as tdata
+    from tgdist.data import graph as tdata
 
     check_data_source(cfg)
     if cfg.format == "synthetic":
-        from tgdist.runtime.synthetic import generate
+        from tgdist.data.synthetic import generate
         graph = generate(**vars(cfg.synthetic)) if not hasattr(cfg.synthetic, "_metadata") else generate(**dict(cfg.synthetic))
     else:  # the reader's warnings become log lines (stderr and the run's train.log), not Python's
         with warnings.catch_warnings(record=True) as caught:  # file:line report with a code line

@@ -63,9 +63,9 @@ def _remove_if_empty_run(run_dir: Path) -> None:
 
 @hydra.main(version_base=None, config_path=config_dir(), config_name="train")
 def _hydra_main(cfg: DictConfig) -> None:
-    from tgdist.launcher.world import detect
-    from tgdist.runtime.interrupts import caused_by_interrupt, hold_interrupts_during_compiles, stopped
-    from tgdist.runtime.jit import announce_compiles
+    from tgdist.distributed.world import detect
+    from tgdist.kernels.interrupts import caused_by_interrupt, hold_interrupts_during_compiles, stopped
+    from tgdist.kernels.jit import announce_compiles
     from tgdist.runtime.run import run
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)  # a rank's private directory on ranks but 0
@@ -199,7 +199,7 @@ def _check_run_parent(run_dir: Path) -> None:
     system is full (Hydra would fail later with a traceback). An existing ``run_dir`` is probed
     itself; otherwise only the parent, removed again if it was made: ``run_dir`` may name the
     time, which Hydra resolves again when it makes the directory."""
-    from tgdist.runtime.data import unwritable
+    from tgdist.data.graph import unwritable
 
     try:
         exists = run_dir.exists()
@@ -236,8 +236,8 @@ def main() -> None:
         print(f"tgdist train: error: {why}", file=sys.stderr)
         sys.exit(2)
     try:
-        from tgdist.launcher.world import detect
-        from tgdist.runtime.interrupts import terminate_as_interrupt
+        from tgdist.distributed.world import detect
+        from tgdist.kernels.interrupts import terminate_as_interrupt
 
         if detect().world_size == 1:  # ranks keep SIGTERM's default (terminate_as_interrupt)
             terminate_as_interrupt()
@@ -252,7 +252,7 @@ def main() -> None:
         print(f"tgdist train: error: {e}", file=sys.stderr)
         sys.exit(getattr(e, "exit_code", 2))
     except KeyboardInterrupt as e:
-        from tgdist.runtime.interrupts import stopped
+        from tgdist.kernels.interrupts import stopped
 
         if _run_dir is not None:
             _remove_if_empty_run(_run_dir)
@@ -283,7 +283,7 @@ def _main() -> None:
     """Check the overrides (and the run directory) before Hydra starts, then hand over to it."""
     global _sweep_dir, _sweep_size, _swept, _run_dir, _claimed, _private
     from tgdist.config import claim_directory, override_value, quoted
-    from tgdist.launcher.world import detect
+    from tgdist.distributed.world import detect
     from tgdist.runtime.build import precheck
 
     if os.environ.get("TORCHELASTIC_RUN_ID") and sys.platform.startswith("linux"):

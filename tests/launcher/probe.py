@@ -1,6 +1,6 @@
 """A tiny distributed program the launcher tests start under torchrun, srun, sbatch and mpiexec.
 
-It resolves the world with ``tgdist.launcher.world.detect()``, validates a layout against it, and
+It resolves the world with ``tgdist.distributed.world.detect()``, validates a layout against it, and
 with ``--groups`` builds the named process groups (gloo) and averages each rank's number over every
 group. One JSON object per rank, ``{"world": {...}, "groups": {name: [ranks, mean]}, ...}``, on stdout
 or as ``rank<N>.json`` in ``--out``; ``"leaked"`` lists the groups still alive after ``destroy()``
@@ -28,9 +28,9 @@ def main() -> int:
     ap.add_argument("--out", default=None, help="write rank<N>.json here instead of stdout (ranks share stdout)")
     args = ap.parse_args()
 
-    from tgdist.launcher import collectives as C
-    from tgdist.launcher.schedule import Layout
-    from tgdist.launcher.world import GROUP_NAMES, ProcessGroups, detect, validate
+    from tgdist.distributed import collectives as C
+    from tgdist.distributed.schedule import Layout
+    from tgdist.distributed.world import GROUP_NAMES, ProcessGroups, detect, validate
 
     world = detect()
     if args.sleep:

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tgdist.launcher.schedule import Layout
+from tgdist.distributed.schedule import Layout
 
 from .helpers import PROBE, expected_mean, read_ranks, run
 

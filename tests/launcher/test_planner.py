@@ -9,8 +9,8 @@ import pytest
 from tgdist.cli import main as cli_main
 from tgdist.errors import ConfigError
 from tgdist.launcher import planner
-from tgdist.launcher.schedule import Layout
-from tgdist.launcher.world import WorldInfo, validate
+from tgdist.distributed.schedule import Layout
+from tgdist.distributed.world import WorldInfo, validate
 from tgdist.runtime.build import compose
 from tgdist.runtime.build import validate as check_settings
 

@@ -8,7 +8,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from tgdist.errors import DataError
-from tgdist.launcher import collectives
+from tgdist.distributed import collectives
 
 from .helpers import free_port
 

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from tgdist.launcher.schedule import Layout
-from tgdist.launcher.world import slurm_port
+from tgdist.distributed.schedule import Layout
+from tgdist.distributed.world import slurm_port
 
 from .helpers import PROBE, REPO, expected_mean, read_ranks
 

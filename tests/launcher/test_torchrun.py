@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tgdist.launcher.schedule import Layout
+from tgdist.distributed.schedule import Layout
 
 from .helpers import expected_mean, free_port, read_ranks, run_all, torchrun_cmd
 

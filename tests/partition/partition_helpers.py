@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tgdist.runtime.data import TemporalGraph
+from tgdist.data.graph import TemporalGraph
 
 
 def planted_weights(num_nodes: int, num_parts: int, seed: int, *, hot_frac: float = 0.05, aligned: bool = False,

@@ -9,7 +9,7 @@ import pytest
 
 from tgdist.errors import ConfigError
 from tgdist.partition import artifact
-from tgdist.runtime.data import load_graph
+from tgdist.data.graph import load_graph
 
 
 def _events(path, n=400, nodes=30, seed=0):

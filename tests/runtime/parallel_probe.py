@@ -6,9 +6,9 @@ import sys
 
 import torch
 
-from tgdist.launcher import collectives
-from tgdist.launcher.schedule import Layout
-from tgdist.launcher.world import ProcessGroups, detect
+from tgdist.distributed import collectives
+from tgdist.distributed.schedule import Layout
+from tgdist.distributed.world import ProcessGroups, detect
 from tgdist.runtime.build import build_trainer, compose
 from tgdist.runtime.distributed import ParallelRun, ReplicatedMemory
 

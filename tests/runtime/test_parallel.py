@@ -238,7 +238,7 @@ def test_sigkill_of_the_memory_daemon_then_resume(tmp_path):
         while not (tmp_path / "cut" / "checkpoints" / "last.pt").exists():
             assert proc.poll() is None and time.monotonic() < deadline, "no checkpoint before the run ended"
             time.sleep(0.05)
-        [daemon] = [pid for pid, cmdline in _descendants(proc.pid) if "tgdist.runtime.daemon" in cmdline]
+        [daemon] = [pid for pid, cmdline in _descendants(proc.pid) if "tgdist.memory.daemon" in cmdline]
         os.kill(daemon, signal.SIGKILL)
         killed = time.monotonic()
         out, err = proc.communicate(timeout=60)

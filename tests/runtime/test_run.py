@@ -99,8 +99,8 @@ def test_uniform_sampling_in_evaluation_does_not_change_training(tmp_path):
 def test_resume_checks_the_data_by_content(tmp_path):
     """The same path holding other data is refused in one line (it crashed on a size mismatch,
     or resumed silently with as many nodes); the same data elsewhere resumes."""
-    from tgdist.runtime.data import save_native
-    from tgdist.runtime.synthetic import generate
+    from tgdist.data.graph import save_native
+    from tgdist.data.synthetic import generate
 
     data = tmp_path / "d.npz"
     save_native(generate(1500, 60, seed=1), data)
@@ -528,7 +528,7 @@ def test_a_missing_shared_data_set_says_where_it_was_looked_for(tmp_path, monkey
 
 
 def test_epoch_time_units_are_told_by_their_size():
-    from tgdist.runtime.data import epoch_time_unit
+    from tgdist.data.graph import epoch_time_unit
 
     t = np.array([1_082_040_961, 1_098_777_142])  # CollegeMsg: Unix seconds, 2004
     assert [epoch_time_unit(t * f) for f in (1, 10**3, 10**6, 10**9)] == ["s", "ms", "us", "ns"]
@@ -541,7 +541,7 @@ def test_millisecond_times_give_the_model_the_same_seconds(tmp_path):
     """CollegeMsg written in Unix milliseconds: ``data.time_unit=auto`` hands the model the times
     and gaps of the seconds file (to float32 rounding), so the time encoding sees the same inputs;
     ``data.time_unit=s`` reads the milliseconds as they are."""
-    from tgdist.runtime.data import TemporalGraph, load_graph, subset
+    from tgdist.data.graph import TemporalGraph, load_graph, subset
 
     g = subset(load_graph(None), 1500)
     ms = TemporalGraph(**{**{f.name: getattr(g, f.name) for f in dataclasses.fields(g)}, "t": g.t * 1000})
@@ -615,7 +615,7 @@ def _labelled_graph(kind: str, num_events: int = 3000, seed: int = 0):
     destinations d with d % 3 == s % 3), which link prediction learns. ``node``: an event's label is
     1 when its source is in community 0; ``edge``: three multi-label classes, the community;
     ``classes``: the community as one integer column with values -2, 3 and 8."""
-    from tgdist.runtime.data import TemporalGraph
+    from tgdist.data.graph import TemporalGraph
 
     rng = np.random.default_rng(seed)
     src = rng.integers(0, 30, num_events)
@@ -654,7 +654,7 @@ def test_downstream_classification_learns_labels(tmp_path, task, kind):
 def _node_labelled_graph(num_events: int = 3000, seed: int = 0):
     """``_labelled_graph``'s communities, labelled the TGL way: node labels at times (a source is 1
     in community 0), no label per event."""
-    from tgdist.runtime.data import NodeLabels
+    from tgdist.data.graph import NodeLabels
 
     g = _labelled_graph("node", num_events, seed)
     rng = np.random.default_rng(seed + 1)
@@ -777,7 +777,7 @@ def test_node_task_on_node_labels_at_times(tmp_path):
     """TGL ``labels.csv``: labels of nodes at times, not of events. Each is embedded from the
     events before its time and split by time with the events; the decoder learns them."""
     from tgdist.runtime.build import build_trainer
-    from tgdist.runtime.data import chronological_split, label_ranges
+    from tgdist.data.graph import chronological_split, label_ranges
 
     g = _node_labelled_graph()
     cfg = compose(SMALL + ["train.epochs=1", "model.static_memory=true", "model.static_pretrain_epochs=40",
@@ -794,7 +794,7 @@ def test_node_task_on_node_labels_at_times(tmp_path):
 def test_downstream_metrics_of_a_part_without_labels_or_with_one_class_are_null(tmp_path, caplog):
     """Not 0.0 as if measured, and not NaN, which is not JSON: null, with a warning naming why."""
     from tgdist.runtime.build import build_trainer
-    from tgdist.runtime.data import NodeLabels, chronological_split, label_ranges
+    from tgdist.data.graph import NodeLabels, chronological_split, label_ranges
 
     g = _node_labelled_graph()
     split = chronological_split(g)
@@ -828,7 +828,7 @@ def test_downstream_metrics_of_a_part_without_labels_or_with_one_class_are_null(
 def test_a_one_class_part_of_a_binary_edge_label_reports_null_f1(tmp_path, caplog):
     """As the node task: a 0/1 edge label that is 0 throughout the val part has no F1 (it was 0.0,
     as if the model had been scored and failed)."""
-    from tgdist.runtime.data import chronological_split
+    from tgdist.data.graph import chronological_split
 
     g = _labelled_graph("node")
     split = chronological_split(g)
@@ -868,7 +868,7 @@ def test_node_labels_at_times_are_checked_before_training():
 
 
 def test_class_targets():
-    from tgdist.runtime.data import MAX_CLASSES, class_targets
+    from tgdist.data.graph import MAX_CLASSES, class_targets
 
     y, classes = class_targets(np.array([0, 1, 1]))
     assert y.tolist() == [[0], [1], [1]] and classes is None

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from tgdist.runtime.data import TemporalGraph, chronological_split
-from tgdist.runtime.memory import LocalMemory, mail_rounds
-from tgdist.runtime.models import HopTables, TemporalAttentionLayer, build_model, use_cpu_kernels
-from tgdist.runtime.sampler import TCSR, NegativeSampler, TemporalSampler
+from tgdist.data.graph import TemporalGraph, chronological_split
+from tgdist.memory.store import LocalMemory, mail_rounds
+from tgdist.models.modules import HopTables, TemporalAttentionLayer, build_model, use_cpu_kernels
+from tgdist.data.sampler import TCSR, NegativeSampler, TemporalSampler
 from tgdist.runtime.trainer import Trainer, memory_for
 
 
@@ -110,8 +110,8 @@ def test_mails_at_tied_timestamps_are_applied():
 def test_gru_and_rnn_updaters_equal_hand_computation(own_memory_in_mail, monkeypatch):
     """Both cell paths: any mail (general products) and TGN's mails, whose first half is the
     memory being updated (merged own-memory products, models._CellUpdater)."""
-    from tgdist.runtime.memory import MemoryRead
-    from tgdist.runtime.models import GRUUpdater, RNNUpdater
+    from tgdist.memory.store import MemoryRead
+    from tgdist.models.modules import GRUUpdater, RNNUpdater
 
     merged = []
     for cls in (GRUUpdater, RNNUpdater):
@@ -164,7 +164,7 @@ def test_mail_delivery_in_one_write_equals_rounds_of_ring_appends(keep):
     """``LocalMemory.deliver_mails`` writes every kept delivery at once; it leaves the rings, their
     times and heads exactly as ``keep`` rounds of ``write_mail`` do, over batches that wrap the
     rings, give some recipients more mails than a ring keeps, and order deliveries by time."""
-    from tgdist.runtime.memory import MemoryStore
+    from tgdist.memory.store import MemoryStore
 
     gen = torch.Generator().manual_seed(0)
     one, rounds = (LocalMemory(num_nodes=30, mem_dim=1, mail_dim=3, mailbox_size=4) for _ in range(2))

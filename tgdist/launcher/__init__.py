@@ -1,29 +1,3 @@
-"""Where a run executes and how its processes are organised (DESIGN.md "Launch", "Parallel training").
-
-- ``schedule``: the pure i x j x k schedule of DistTGL (which events, negatives, memory copy and
-  write duty for every rank and iteration) and learning-rate scaling;
-- ``world``: the launcher's environment read once (torchrun, srun, MPI or a single process), the
-  layout checked against it, and the named process groups;
-- ``collectives``: the collective helpers that count the bytes they send;
-- ``planner``: DistTGL's choice of (i, j, k) for a cluster (``tgdist plan``);
-- ``launch``: torchrun on this machine (``tgdist launch``).
-
-Importing this package does not import torch.
-"""
-
-from tgdist.launcher.schedule import Layout, Step, num_global_batches, num_iterations, scaled_lr, step
-from tgdist.launcher.world import ProcessGroups, WorldInfo, detect, get_group, validate
-
-__all__ = [
-    "Layout",
-    "Step",
-    "num_global_batches",
-    "num_iterations",
-    "scaled_lr",
-    "step",
-    "ProcessGroups",
-    "WorldInfo",
-    "detect",
-    "get_group",
-    "validate",
-]
+"""Process starters, the layer above the runtime: ``tgdist launch`` (torchrun on this machine),
+the torchrun wrapper that stops ranks with their agent, and DistTGL's choice of (i, j, k) for a
+cluster (``tgdist plan``). Where a run executes and its process groups are ``tgdist.distributed``."""

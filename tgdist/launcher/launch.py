@@ -211,9 +211,9 @@ def _check_world(args: argparse.Namespace, cfg, nproc: int) -> None:
     """The layout against the world torchrun will start (the memory backend's needs, epochs a
     multiple of j x k), as every rank checks it at start-up: one line here instead of one per
     rank after each has imported torch and read the data."""
-    from tgdist.launcher.schedule import Layout
-    from tgdist.launcher.world import WorldInfo
-    from tgdist.launcher.world import validate as validate_world
+    from tgdist.distributed.schedule import Layout
+    from tgdist.distributed.world import WorldInfo
+    from tgdist.distributed.world import validate as validate_world
     from tgdist.runtime.distributed import memory_backend
 
     layout = Layout(cfg.parallel.i, cfg.parallel.j, cfg.parallel.k)
@@ -227,7 +227,7 @@ def _check_world(args: argparse.Namespace, cfg, nproc: int) -> None:
         import logging
 
         from tgdist.config import load_data
-        from tgdist.runtime.data import chronological_split
+        from tgdist.data.graph import chronological_split
 
         quiet = logging.getLogger("tgdist")
         level, quiet.level = quiet.level, logging.ERROR  # the ranks report the reader's warnings themselves

@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     if "OMP_NUM_THREADS" not in os.environ:
         # torchrun would set 1 with a banner; tgdist sets each rank's threads itself (its share of the
         # machine's CPUs, train.num_threads=0), so the banner would only mislead
-        from tgdist.runtime.kernels import cpu_mask
+        from tgdist.kernels.graph import cpu_mask
 
         nproc = int(args.nproc_per_node) if str(args.nproc_per_node).isdigit() else 1
         os.environ["OMP_NUM_THREADS"] = str(max(1, len(cpu_mask()) // max(1, nproc)))
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
 def _sweep_stale_segments() -> None:
     """Remove the shared memory of daemon runs whose processes are all dead (a rank and its
     daemon killed together cannot remove their own); segments of live runs are kept."""
-    from tgdist.runtime.daemon import sweep_stale
+    from tgdist.memory.daemon import sweep_stale
 
     stale = sweep_stale()
     if stale:

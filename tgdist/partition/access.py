@@ -26,8 +26,8 @@ import numpy as np
 
 from tgdist.errors import ConfigError
 from tgdist.partition import kernels
-from tgdist.runtime.data import TemporalGraph
-from tgdist.runtime.sampler import TCSR, NegativeSampler, TemporalSampler
+from tgdist.data.graph import TemporalGraph
+from tgdist.data.sampler import TCSR, NegativeSampler, TemporalSampler
 
 WEIGHTS = ("dedup", "raw")
 

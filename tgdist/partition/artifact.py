@@ -59,7 +59,7 @@ def check_out_dir(out: Path, overwrite: bool) -> None:
     """One line when ``out`` cannot take an artifact: something is there (``overwrite`` replaces
     only an earlier artifact, never a data file or a folder of other things) or its folder cannot
     be written. ``tgdist partition`` checks before the long work, ``save`` again before writing."""
-    from tgdist.runtime.data import unwritable
+    from tgdist.data.graph import unwritable
 
     if out.exists() or out.is_symlink():
         if not overwrite:

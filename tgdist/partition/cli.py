@@ -65,7 +65,7 @@ def out_dir_of(job: PartitionJob) -> Path:
 
 def run(job: PartitionJob) -> Path:
     """The whole command on a composed config; returns the artifact directory."""
-    from tgdist.runtime.data import chronological_split
+    from tgdist.data.graph import chronological_split
 
     p = job.partition
     validate(p)
@@ -135,8 +135,8 @@ def run(job: PartitionJob) -> Path:
 
 @hydra.main(version_base=None, config_path=config_dir(), config_name="partition_job")
 def _hydra_main(cfg) -> None:
-    from tgdist.runtime.interrupts import hold_interrupts_during_compiles
-    from tgdist.runtime.jit import announce_compiles
+    from tgdist.kernels.interrupts import hold_interrupts_during_compiles
+    from tgdist.kernels.jit import announce_compiles
 
     hold_interrupts_during_compiles("tgdist partition")  # Ctrl-C inside a numba compile crashes at exit
     announce_compiles("tgdist partition")

@@ -1,1 +1,1 @@
-"""Data, sampling, models, memory stores, trainer and pipelines."""
+"""The trainer step, the training loops, checkpoints, metrics, run directories and downstream tasks."""

@@ -15,9 +15,10 @@ from omegaconf import DictConfig, OmegaConf
 from tgdist import version_line
 from tgdist.config import check_data_source, load_data
 from tgdist.errors import ConfigError
-from tgdist.launcher.schedule import LR_SCALING_MODES, Layout, passes_per_group
-from tgdist.runtime import checkpoint, kernels
-from tgdist.runtime.data import (
+from tgdist.distributed.schedule import LR_SCALING_MODES, Layout, passes_per_group
+from tgdist.runtime import checkpoint
+from tgdist.kernels import graph
+from tgdist.data.graph import (
     TIME_UNITS,
     TemporalGraph,
     chronological_split,
@@ -25,8 +26,8 @@ from tgdist.runtime.data import (
     label_classes,
     label_ranges,
 )
-from tgdist.runtime.models import build_model, use_cpu_kernels
-from tgdist.runtime.sampler import TCSR, NegativeSampler, TemporalSampler
+from tgdist.models.modules import build_model, use_cpu_kernels
+from tgdist.data.sampler import TCSR, NegativeSampler, TemporalSampler
 from tgdist.runtime.trainer import Trainer, memory_for, time_scale
 
 log = logging.getLogger(__name__)

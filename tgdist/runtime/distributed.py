@@ -1,6 +1,6 @@
 """DistTGL's i x j x k parallel training as a controlled change of the single-process loop.
 
-Every rank runs ``Trainer.prepare`` / ``Trainer.compute`` on the slice ``tgdist.launcher.schedule``
+Every rank runs ``Trainer.prepare`` / ``Trainer.compute`` on the slice ``tgdist.distributed.schedule``
 gives it. What changes, and why results stay comparable:
 - gradients are summed over all ranks and divided by the number of ranks active in the iteration
   (idle ranks of the epoch-parallel tail contribute zeros), then every rank takes the same optimizer
@@ -34,11 +34,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from tgdist.config import model_tag
 from tgdist.errors import ConfigError
-from tgdist.launcher import collectives
-from tgdist.launcher.schedule import Layout, num_iterations, scaled_lr, step
+from tgdist.distributed import collectives
+from tgdist.distributed.schedule import Layout, num_iterations, scaled_lr, step
 from tgdist.runtime import checkpoint, rundir
-from tgdist.runtime.kernels import cpu_mask
-from tgdist.runtime.memory import LocalMemory, MemoryRead, MemoryStore
+from tgdist.kernels.graph import cpu_mask
+from tgdist.memory.store import LocalMemory, MemoryRead, MemoryStore
 from tgdist.runtime.trainer import Trainer, memory_for
 
 log = logging.getLogger(__name__)
@@ -310,7 +310,7 @@ def run_parallel(cfg: DictConfig, run_dir) -> dict:
     """Train with ``cfg.parallel`` under torchrun / SLURM / MPI; returns the summary (rank 0's).
     Every rank writes into rank 0's ``run_dir``, told once the ranks meet (a default name holds
     the time, which each rank would read off its own clock); the others may pass None."""
-    from tgdist.launcher.world import ProcessGroups, detect, disagreement, validate
+    from tgdist.distributed.world import ProcessGroups, detect, disagreement, validate
     from tgdist.runtime.build import build_trainer
     from tgdist.runtime.run import Run, jsonable, pretrain_static
 
@@ -430,7 +430,7 @@ def _downstream_alone(trainer: Trainer, cfg: DictConfig) -> dict:
 def _attach_daemon(trainer: Trainer, cfg: DictConfig, layout: Layout, rank: int, groups):
     """Start the memory daemon of this rank's group (on its first rank) and attach every trainer of
     the group to it. Returns the handle on the starting rank, None elsewhere."""
-    from tgdist.runtime.daemon import DaemonMemory, read_bound, start_daemon
+    from tgdist.memory.daemon import DaemonMemory, read_bound, start_daemon
 
     ii, jj, kk = layout.coords(rank)
     group = groups.get("memory")

@@ -20,9 +20,9 @@ from tgdist.config import model_tag
 from tgdist.errors import ConfigError
 from tgdist.runtime import checkpoint, rundir
 from tgdist.runtime.build import build_trainer, check_labels, validate
-from tgdist.runtime.data import NodeLabels, class_targets, label_ranges
+from tgdist.data.graph import NodeLabels, class_targets, label_ranges
 from tgdist.runtime.metrics import f1_multilabel, roc_auc
-from tgdist.runtime.models import MLPClassifier
+from tgdist.models.modules import MLPClassifier
 from tgdist.runtime.trainer import SIDE_STREAMS, Progress, Trainer
 
 log = logging.getLogger(__name__)
@@ -328,14 +328,14 @@ class _Stop(Exception):
 def is_parallel(cfg: DictConfig) -> bool:
     """Parallel layout requested, started by torchrun / SLURM / MPI with several processes, or node
     memory in a daemon process (which the parallel runner starts and stops, also for 1 x 1 x 1)."""
-    from tgdist.launcher.world import detect
+    from tgdist.distributed.world import detect
 
     return ((cfg.parallel.i, cfg.parallel.j, cfg.parallel.k) != (1, 1, 1) or detect().world_size > 1
             or cfg.memory.backend == "daemon")
 
 
 def run(cfg: DictConfig, run_dir: str | Path) -> dict:
-    from tgdist.launcher.world import detect
+    from tgdist.distributed.world import detect
 
     start = time.perf_counter()
     if is_parallel(cfg):

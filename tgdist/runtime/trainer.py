@@ -18,12 +18,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tgdist.runtime import jit, kernels
-from tgdist.runtime.data import Split, TemporalGraph
-from tgdist.runtime.memory import LocalMemory, MemoryStore
+from tgdist.kernels import jit, graph
+from tgdist.data.graph import Split, TemporalGraph
+from tgdist.memory.store import LocalMemory, MemoryStore
 from tgdist.runtime.metrics import average_precision, reciprocal_ranks, roc_auc
-from tgdist.runtime.models import EmbedInput, HopTables, TemporalModel
-from tgdist.runtime.sampler import NegativeSampler, TemporalSampler
+from tgdist.models.modules import EmbedInput, HopTables, TemporalModel
+from tgdist.data.sampler import NegativeSampler, TemporalSampler
 
 log = logging.getLogger(__name__)
 

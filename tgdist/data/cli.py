@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tgdist.config import DataConfig, SyntheticConfig, key_notes
 from tgdist.errors import ConfigError, TgdistError, log_warnings_as_lines
-from tgdist.runtime import data as tdata
+from tgdist.data import graph as tdata
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -96,7 +96,7 @@ def _in_flags(message: str) -> str:
 
 
 def synth(args: argparse.Namespace) -> int:
-    from tgdist.runtime.synthetic import generate
+    from tgdist.data.synthetic import generate
 
     if not args.out.strip():
         raise ConfigError("--out is empty; give a file name such as synthetic.npz")
@@ -146,8 +146,8 @@ def synth(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tgdist.runtime.interrupts import hold_interrupts_during_compiles
-    from tgdist.runtime.jit import announce_compiles
+    from tgdist.kernels.interrupts import hold_interrupts_during_compiles
+    from tgdist.kernels.jit import announce_compiles
 
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     log_warnings_as_lines("tgdist data")

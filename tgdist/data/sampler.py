@@ -13,9 +13,9 @@ import numpy as np
 import torch
 
 from tgdist.errors import ConfigError
-from tgdist.runtime import kernels
-from tgdist.runtime.data import TemporalGraph
-from tgdist.runtime.reference import splitmix64
+from tgdist.kernels import graph
+from tgdist.data.graph import TemporalGraph
+from tgdist.kernels.reference import splitmix64
 
 
 @dataclass

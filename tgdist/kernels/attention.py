@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-from tgdist.runtime.kernels import torch_threads_kept
+from tgdist.kernels.graph import torch_threads_kept
 
 # Reassociation lets LLVM vectorise the dot products; no NaN/inf assumptions are made. Rows are
 # handled as 1-d slices through the small helpers below: indexing 3-d arrays element by element in

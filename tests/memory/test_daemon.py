@@ -1,5 +1,5 @@
 """DistTGL's memory daemon: equivalence with LocalMemory, the served order, faults and clean-up,
-segment names and permissions, state round trips (tgdist/runtime/daemon.py)."""
+segment names and permissions, state round trips (tgdist/memory/daemon.py)."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from tgdist.errors import ConfigError, TgdistError
-from tgdist.runtime import shm
-from tgdist.runtime.daemon import ctl_layout, new_run_id, read_bound, segment_names, start_daemon, sweep_stale
-from tgdist.runtime.memory import LocalMemory
+from tgdist.memory import shm
+from tgdist.memory.daemon import ctl_layout, new_run_id, read_bound, segment_names, start_daemon, sweep_stale
+from tgdist.memory.store import LocalMemory
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -503,7 +503,7 @@ def test_sweep_removes_only_dead_families():
     """A family is kept while its daemon, an attached trainer or the rank that started the daemon
     (its pid opens the run id) is alive: a daemon still starting has made its segments but not
     yet written its pid, and another run's sweep removed them then (the daemon's start timed out)."""
-    from tgdist.runtime import daemon as d
+    from tgdist.memory import daemon as d
 
     for starter in (os.getpid(), 2 ** 22 + 12346):  # this process, then no such process
         run_id = f"{starter}-{new_run_id().split('-')[1]}"
@@ -530,7 +530,7 @@ def test_a_new_daemon_removes_the_segments_of_dead_runs(caplog):
     """A rank and its daemon SIGKILLed together leave their segments; the next daemon removes
     them (and ``tgdist launch`` does when its ranks end), keeping live runs' segments."""
     from tgdist.launcher import torchrun
-    from tgdist.runtime import daemon as d
+    from tgdist.memory import daemon as d
 
     dead = f"{2 ** 22 + 12347}-{new_run_id().split('-')[1]}"  # started by no such process
     names = segment_names(dead, 0, 1)
@@ -540,7 +540,7 @@ def test_a_new_daemon_removes_the_segments_of_dead_runs(caplog):
     hdr[d.H_PID] = 2 ** 22 + 12345  # no such process
     del hdr
     seg.close()
-    with caplog.at_level("WARNING", logger="tgdist.runtime.daemon"):
+    with caplog.at_level("WARNING", logger="tgdist.memory.daemon"):
         h = start_daemon(0, 1, num_nodes=4, mem_dim=1, mail_dim=1, timeout=20)
     try:
         assert segments(dead) == [] and segments(h.spec.run_id) != []
@@ -558,7 +558,7 @@ def test_a_new_daemon_removes_the_segments_of_dead_runs(caplog):
 WORKER = textwrap.dedent('''
     import sys, time, torch
     from tgdist.errors import TgdistError
-    from tgdist.runtime.daemon import DaemonMemory, start_daemon
+    from tgdist.memory.daemon import DaemonMemory, start_daemon
 
     run_id, rank, mode, out, first_rank = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
     h = None

@@ -13,9 +13,9 @@ A third run with a sampler that lets each root see its own event shows the test 
 import numpy as np
 import torch
 
-from tgdist.runtime.data import TemporalGraph, chronological_split
-from tgdist.runtime.models import build_model
-from tgdist.runtime.sampler import TCSR, NegativeSampler, TemporalSampler
+from tgdist.data.graph import TemporalGraph, chronological_split
+from tgdist.models.modules import build_model
+from tgdist.data.sampler import TCSR, NegativeSampler, TemporalSampler
 from tgdist.runtime.trainer import Trainer, memory_for
 
 NUM_SRC, NUM_DST = 40, 4

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from tgdist.errors import ConfigError
-from tgdist.runtime import reference, synthetic
-from tgdist.runtime.data import load_graph, save_native
-from tgdist.runtime.synthetic import generate
+from tgdist.kernels import reference
+from tgdist.data import synthetic
+from tgdist.data.graph import load_graph, save_native
+from tgdist.data.synthetic import generate
 
 
 @pytest.mark.parametrize("bipartite", [False, True])

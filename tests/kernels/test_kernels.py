@@ -1,11 +1,11 @@
-"""Numba kernels against their NumPy references (tgdist.runtime.reference) on random graphs."""
+"""Numba kernels against their NumPy references (tgdist.kernels.reference) on random graphs."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from tgdist.runtime import kernels, reference
+from tgdist.kernels import graph, reference
 
 
 def random_graph(seed: int, num_events: int = 300, num_nodes: int = 30, isolated: int = 5, time_values: int = 40,
@@ -245,7 +245,7 @@ def test_set_threads():
 def test_more_numba_threads_than_numba_has_is_warned(caplog):
     import numba
 
-    from tgdist.runtime.kernels import set_threads
+    from tgdist.kernels.graph import set_threads
 
     limit = numba.config.NUMBA_NUM_THREADS
     before = numba.get_num_threads()

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-from tgdist.runtime.kernels import torch_threads_kept
+from tgdist.kernels.graph import torch_threads_kept
 
 _TWO_OVER_PI = 2.0 / math.pi
 _PI_OVER_2_HI = 1.5707963267341256  # pi/2 in two parts: k * hi is exact for |k| < 2**27

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from tgdist import version_line
-from tgdist.launcher import collectives
+from tgdist.distributed import collectives
 from tgdist.runtime import distributed
 
 QUICK = ["data.max_events=1200", "model.mem_dim=16", "model.time_dim=8", "train.epochs=1", "train.batch_size=100",

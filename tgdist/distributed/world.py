@@ -35,7 +35,7 @@ from datetime import timedelta
 from typing import Mapping
 
 from tgdist.errors import ConfigError, RunFailure, first_line
-from tgdist.launcher.schedule import Layout, num_global_batches, passes_per_group, segment_bounds
+from tgdist.distributed.schedule import Layout, num_global_batches, passes_per_group, segment_bounds
 
 log = logging.getLogger(__name__)
 
@@ -530,7 +530,7 @@ class ProcessGroups:
         torchrun: ``env://`` (workers join the agent's store that torchrun's c10d rendezvous set up);
         SLURM / MPI: ``tcp://master_addr:master_port`` with rank 0 hosting the store.
         With one process nothing is initialised, every group is the world of one (``get`` returns
-        None) and the collective helpers of ``tgdist.launcher.collectives`` return their input.
+        None) and the collective helpers of ``tgdist.distributed.collectives`` return their input.
         """
         import torch
         import torch.distributed as dist

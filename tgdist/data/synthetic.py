@@ -29,9 +29,9 @@ from typing import Callable
 import numpy as np
 
 from tgdist.errors import ConfigError
-from tgdist.runtime import kernels
-from tgdist.runtime.data import TemporalGraph
-from tgdist.runtime.reference import splitmix64
+from tgdist.kernels import graph
+from tgdist.data.graph import TemporalGraph
+from tgdist.kernels.reference import splitmix64
 
 # Bump when the same parameters would produce a different stream.
 GENERATOR_VERSION = 1

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from tgdist.errors import ConfigError
-from tgdist.launcher import collectives as C
-from tgdist.launcher import world as W
-from tgdist.launcher.schedule import Layout
+from tgdist.distributed import collectives as C
+from tgdist.distributed import world as W
+from tgdist.distributed.schedule import Layout
 
 from .helpers import free_port
 
@@ -208,7 +208,7 @@ def test_byte_counter():
 
 
 def test_disagreement_names_the_keys_and_the_first_rank():
-    from tgdist.launcher.world import disagreement
+    from tgdist.distributed.world import disagreement
 
     same = {"train.lr": "0.1", "parallel.k": "2"}
     assert disagreement([same, dict(same), dict(same)], "configs") is None
@@ -223,9 +223,9 @@ def test_ranks_that_do_not_meet_fail_in_one_line_and_rank_0_says_it_waits(caplog
     from datetime import timedelta
 
     from tgdist.errors import RunFailure
-    from tgdist.launcher.world import ProcessGroups, WorldInfo, _waiting_notice
+    from tgdist.distributed.world import ProcessGroups, WorldInfo, _waiting_notice
 
-    with caplog.at_level("WARNING", logger="tgdist.launcher.world"), \
+    with caplog.at_level("WARNING", logger="tgdist.distributed.world"), \
             _waiting_notice(0, 2, "host:1", timedelta(seconds=600), first=0.05):
         time.sleep(0.3)
     assert "rank 0: still waiting for the other ranks (2 in all) to meet at host:1 after 0 s; gives up after 600 s" \

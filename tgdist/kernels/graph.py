@@ -202,7 +202,7 @@ def organize(ids):
 
 
 # ------------------------------------------------------------------------------------------
-# Synthetic event streams (tgdist.runtime.synthetic)
+# Synthetic event streams (tgdist.data.synthetic)
 
 
 @njit(inline="always")

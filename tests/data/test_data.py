@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from tgdist.errors import DataError
-from tgdist.runtime import data as tdata
+from tgdist.data import graph as tdata
 from tgdist.runtime.build import build_trainer, compose
-from tgdist.runtime.data import (
+from tgdist.data.graph import (
     NodeLabels,
     TemporalGraph,
     chronological_split,
@@ -200,7 +200,7 @@ def test_data_columns_mistakes_are_refused(tmp_path, cache_dir):
 
 
 def test_ids_beyond_int64_written_as_floats_are_named(tmp_path, cache_dir):
-    """Integers beyond int64 are ids like any other (tests/runtime/test_columns.py); a float
+    """Integers beyond int64 are ids like any other (tests/data/test_columns.py); a float
     written with an exponent cannot be read back exactly."""
     with pytest.raises(DataError, match=r"big.txt:1: source id 1.8446744073709552e\+19 does not fit in a 64-bit"):
         load_graph(write(tmp_path / "big.txt", "1.8446744073709552e19 1 3\n1 2 4\n"))
@@ -280,7 +280,7 @@ def test_a_corrupt_cache_entry_is_read_again_from_the_source(tmp_path, cache_dir
     at = data.index(b"\x07\x00\x00\x00\x00\x00\x00\x00")  # an int64 7 of the events: an id or a time
     data[at] = 3
     entry.write_bytes(data)
-    with caplog.at_level("WARNING", logger="tgdist.runtime.data"):
+    with caplog.at_level("WARNING", logger="tgdist.data.graph"):
         h = load_graph(path)
     assert "ignoring cache entry " + str(entry) + ": checksum mismatch, the file is corrupt (expected sha256 " in caplog.text
     assert caplog.text.rstrip().endswith("...); reading the source again")
@@ -650,13 +650,13 @@ def test_cache_key_covers_content_and_options(tmp_path, cache_dir):
 def test_a_large_source_is_announced_before_it_is_parsed(tmp_path, cache_dir, caplog, monkeypatch, cache):
     path = write(tmp_path / "a.txt", "1 2 1\n2 3 2\n")
     monkeypatch.setattr(tdata, "_source_size", lambda origin: 300 << 20)
-    with caplog.at_level("INFO", logger="tgdist.runtime.data"):
+    with caplog.at_level("INFO", logger="tgdist.data.graph"):
         load_graph(path, cache=cache)
     first = caplog.records[0].getMessage()
     assert first == f"reading {path} (300 MiB)" + ("; the parsed graph is cached for later runs" if cache else "")
     caplog.clear()
     monkeypatch.undo()
-    with caplog.at_level("INFO", logger="tgdist.runtime.data"):
+    with caplog.at_level("INFO", logger="tgdist.data.graph"):
         load_graph(write(tmp_path / "b.txt", "1 2 1\n2 3 2\n"))
     assert not any(r.getMessage().startswith("reading") for r in caplog.records)  # small: read at once
 
@@ -935,7 +935,7 @@ def test_warnings_are_not_errors_by_default(tmp_path):
 
 def test_describe_names_the_labels_a_classification_task_would_learn():
     """``tgdist data info`` (and a run's data line) says whether train.task=node|edge has labels."""
-    from tgdist.runtime.data import TemporalGraph
+    from tgdist.data.graph import TemporalGraph
 
     def graph(label):
         return TemporalGraph(src=np.array([0, 1]), dst=np.array([1, 2]), t=np.array([0, 1]), num_nodes=3,

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from tgdist.runtime import cpu_ops
-from tgdist.runtime.models import (
+from tgdist.kernels import cpu_ops
+from tgdist.models.modules import (
     HopTables,
     TemporalAttentionLayer,
     TimeEncoder,
@@ -249,8 +249,8 @@ def test_cpu_cell_equals_the_torch_cell(name, edge_dim, own):
     """The CPU cells (GRU: hand-written backward) give the torch formulation's updated memory and
     parameter gradients (float64 run as the accuracy yardstick), for any mail and for TGN's mails,
     which start with the memory they update (``own``: merged products)."""
-    from tgdist.runtime.memory import MemoryRead
-    from tgdist.runtime.models import build_model
+    from tgdist.memory.store import MemoryRead
+    from tgdist.models.modules import build_model
 
     torch.manual_seed(3)
     n, d = 500, 16
@@ -280,8 +280,8 @@ def test_apan_projected_mailbox_attention_equals_the_plain_formulation():
     formulation's updated memory and parameter gradients (float64 run as the yardstick), with
     partly filled mailboxes and nodes without mail. The key bias is left out (it cancels in the
     softmax): its gradient is exactly 0, where the plain formulation's is rounding noise."""
-    from tgdist.runtime.memory import MemoryRead
-    from tgdist.runtime.models import build_model
+    from tgdist.memory.store import MemoryRead
+    from tgdist.models.modules import build_model
 
     torch.manual_seed(5)
     n, d, slots = 400, 16, 4

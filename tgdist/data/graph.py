@@ -1134,7 +1134,7 @@ def _read_native(path: str | Path) -> tuple[TemporalGraph, list[str]]:
                     raise DataError(f"{path}: a NumPy .npz, but not a tgdist graph (it has no 'meta' array; it "
                                     f"holds {', '.join(z.files[:6]) or 'nothing'}): write the events as a text edge "
                                     f"list, or build a TemporalGraph in Python and save it with "
-                                    f"tgdist.runtime.data.save_native")
+                                    f"tgdist.data.graph.save_native")
                 meta = json.loads(bytes(z["meta"]).decode())
                 arrays = {k: z[k] for k in (*_ARRAYS, *_LABEL_ARRAYS) if k in z.files}
     except DataError:

@@ -1,4 +1,4 @@
-"""Ctrl-C while numba compiles is held until the compile ends (tgdist/runtime/interrupts.py).
+"""Ctrl-C while numba compiles is held until the compile ends (tgdist/kernels/interrupts.py).
 
 Each case runs in its own process: a numba listener sends SIGINT to the process as soon as the
 compile of a fresh (uncached) kernel starts, so the signal lands inside numba every time.
@@ -13,7 +13,7 @@ SCRIPT = textwrap.dedent("""
     import numpy as np
     from numba import njit
     from numba.core import event
-    from tgdist.runtime.interrupts import hold_interrupts_during_compiles, terminate_as_interrupt
+    from tgdist.kernels.interrupts import hold_interrupts_during_compiles, terminate_as_interrupt
 
     hold, times, sig = sys.argv[1] == "hold", int(sys.argv[2]), getattr(signal, sys.argv[3])
     terminate_as_interrupt()
@@ -92,7 +92,7 @@ def test_termination_signals_keep_an_ignore_and_name_their_exit_code():
 
     import signal
 
-    from tgdist.runtime.interrupts import Terminated, stopped
+    from tgdist.kernels.interrupts import Terminated, stopped
 
     assert stopped(KeyboardInterrupt()) == ("interrupted", 130)
     assert stopped(Terminated(signal.SIGTERM)) == ("stopped by SIGTERM", 143)
@@ -115,7 +115,7 @@ def test_a_second_ctrl_c_stops_at_once():
 def test_errors_caused_by_ctrl_c_count_as_interrupts():
     """Ctrl-C inside a Python callback of numba's compiled code reaches the caller as a SystemError
     caused by the KeyboardInterrupt (seen on a kernel's first call, in ``_numba_unpickle``)."""
-    from tgdist.runtime.interrupts import caused_by_interrupt
+    from tgdist.kernels.interrupts import caused_by_interrupt
 
     def callback_error():
         try:

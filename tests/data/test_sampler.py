@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from tgdist.errors import ConfigError
-from tgdist.runtime import kernels, reference
-from tgdist.runtime.data import TemporalGraph
-from tgdist.runtime.sampler import TCSR, NegativeSampler, TemporalSampler
+from tgdist.kernels import graph, reference
+from tgdist.data.graph import TemporalGraph
+from tgdist.data.sampler import TCSR, NegativeSampler, TemporalSampler
 
 
 def make_graph(src, dst, t, num_nodes=None, **kw) -> TemporalGraph:

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from tgdist.errors import DataError
-from tgdist.runtime import data as tdata
-from tgdist.runtime.data import load_graph, load_native, save_native
+from tgdist.data import graph as tdata
+from tgdist.data.graph import load_graph, load_native, save_native
 
 EPOCH = 1_289_241_911  # 2010-11-08, where SNAP's bitcoin-otc starts
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from numba import njit
 
-from tgdist.runtime import jit
+from tgdist.kernels import jit
 from tgdist.runtime.build import build_trainer, compose
 
 

@@ -72,8 +72,8 @@ import numpy as np
 import torch
 
 from tgdist.errors import ConfigError, RunFailure, TgdistError
-from tgdist.runtime import shm
-from tgdist.runtime.memory import LocalMemory, MemoryRead, MemoryStore
+from tgdist.memory import shm
+from tgdist.memory.store import LocalMemory, MemoryRead, MemoryStore
 
 log = logging.getLogger(__name__)
 
@@ -762,7 +762,7 @@ def start_daemon(group: int, num_trainers: int | None = None, *, num_nodes: int,
                  max_ids: int | None = None, max_write: int | None = None, run_id: str | None = None,
                  timeout: float = 120.0, idle_timeout: float = 0.0, num_threads: int = 1, spin_us: float = 100.0,
                  trace: int = 0, start_timeout: float = 120.0, first_rank: int = 0) -> DaemonHandle:
-    """Start the memory daemon of ``group`` (``python -m tgdist.runtime.daemon``) and wait until its
+    """Start the memory daemon of ``group`` (``python -m tgdist.memory.daemon``) and wait until its
     segments are ready. Call it from the group's local rank 0; the other ranks attach with
     ``DaemonMemory(run_id, group, rank)`` (``run_id`` must reach them, e.g. by a broadcast).
     ``first_rank``: the global rank of the group's trainer 0, so that messages name trainers by
@@ -795,7 +795,7 @@ def start_daemon(group: int, num_trainers: int | None = None, *, num_nodes: int,
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env["OMP_NUM_THREADS"] = str(max(1, num_threads))
-    proc = subprocess.Popen([sys.executable, "-m", "tgdist.runtime.daemon", "--spec", json.dumps(asdict(spec))],
+    proc = subprocess.Popen([sys.executable, "-m", "tgdist.memory.daemon", "--spec", json.dumps(asdict(spec))],
                             stdin=subprocess.DEVNULL, env=env)
     handle = DaemonHandle(spec, proc)
     deadline = time.monotonic() + start_timeout
@@ -1296,7 +1296,7 @@ class DaemonMemory(MemoryStore):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m tgdist.runtime.daemon",
+    ap = argparse.ArgumentParser(prog="python -m tgdist.memory.daemon",
                                  description="tgdist memory daemon (started by the runtime, not by hand)")
     ap.add_argument("--spec", required=True, help="DaemonSpec as JSON")
     a = ap.parse_args(argv)

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tgdist.runtime import cpu_ops
-from tgdist.runtime.memory import MemoryRead
+from tgdist.kernels import cpu_ops
+from tgdist.memory.store import MemoryRead
 
 
 class TimeEncoder(nn.Module):
@@ -323,7 +323,7 @@ class TemporalAttentionLayer(nn.Module):
         # CPU (float32): numba kernels that never materialise per-pair rows and never project each
         # distinct time gap (attention_kernels.py), and ReLU, dropout and LayerNorm in one pass
         # (cpu_ops.py); GPU and fused=False: the torch formulation below. Both give the same
-        # values and gradients (tests/runtime/test_cpu_ops.py).
+        # values and gradients (tests/kernels/test_cpu_ops.py).
         self.fused = True
 
     def forward(self, h_query: torch.Tensor, kv_node: torch.Tensor, hop: HopTables,
@@ -363,7 +363,7 @@ class TemporalAttentionLayer(nn.Module):
         (attention_kernels.py): ``q_h . W_h x = (W_h^T q_h) . x`` for the scores and
         ``sum_j p_j W_h x_j = W_h sum_j p_j x_j`` for the values, both linear maps without bias.
         ``q`` is per table row; its projections are too, gathered to the roots by ``index``."""
-        from tgdist.runtime.attention_kernels import fused_attention
+        from tgdist.kernels.attention import fused_attention
 
         heads, dh = self.num_heads, q.shape[1] // self.num_heads
         qh = q.view(q.shape[0], heads, dh).transpose(0, 1)  # [H, rows, dh]
