@@ -23,11 +23,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+from common import DATASETS, at_least, emit, machine, run_main  # noqa: E402
 
 import tgdist  # noqa: F401
 from tgdist.data.graph import load_graph
-
-from common import DATASETS, at_least, emit, machine, run_main  # noqa: E402
 
 SOURCES = [
     ("wikipedia", "wikipedia/wikipedia.csv.gz", {}),

@@ -134,9 +134,9 @@ def child(case: str, events: int) -> dict:
     """One timing case, run in its own process: ``wikipedia`` or ``synthetic``."""
     import numpy as np
 
+    from tgdist.data.graph import chronological_split
     from tgdist.partition import access, measures
     from tgdist.partition import methods as pm
-    from tgdist.data.graph import chronological_split
 
     out = {"case": case, "rss_after_imports_mib": peak_mib()}
     t0 = time.perf_counter()
@@ -201,7 +201,7 @@ def main() -> int:
     if args.child:
         print(json.dumps(child(args.child, args.synthetic_events)), flush=True)
         return 0
-    from tgdist.kernels import graph
+    from tgdist.kernels import graph as kernels
     kernels.set_threads(0)
     started = time.perf_counter()
     result = {"benchmark": "partition", "machine": machine(),

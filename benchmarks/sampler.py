@@ -26,8 +26,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-
 from common import DATASETS, at_least, emit, machine, run_main  # noqa: E402
 
 CONFIGS = [("recent", [10]), ("recent", [10, 10]), ("uniform", [10]), ("uniform", [10, 10])]
@@ -131,6 +129,7 @@ def numpy_recent(tcsr, key, span, tmin, roots, root_t, k):
 
 def time_numpy_baseline(g, tcsr, neg, args, hops: int) -> dict:
     import torch
+
     from tgdist.data.sampler import TemporalSampler
     tmin = int(g.t.min())
     span = int(g.t.max()) - tmin + 2
@@ -176,6 +175,7 @@ def time_reference(g, neg, args) -> dict:
 
 def run_one(name: str, args) -> dict:
     import torch  # noqa: F401  (imported before measuring, as a trainer would have it)
+
     from tgdist.data.sampler import TCSR, NegativeSampler
     log(f"{name}: loading")
     g, load_s = load(name, args)

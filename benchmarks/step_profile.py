@@ -19,9 +19,9 @@ from collections import defaultdict
 import torch
 from common import DATA_FILES, DATASETS, at_least, emit, machine, note, run_main
 
+from tgdist.data.graph import load_graph
 from tgdist.runtime import trainer
 from tgdist.runtime.build import build_trainer, compose
-from tgdist.data.graph import load_graph
 
 
 class PhaseClock:

@@ -13,8 +13,8 @@ import time
 
 from common import at_least, emit, machine, note, peak_rss_mib, run_main
 
-from tgdist.runtime.build import build_trainer, compose
 from tgdist.data.synthetic import generate
+from tgdist.runtime.build import build_trainer, compose
 
 
 def main():

@@ -29,11 +29,10 @@ import torch
 import torch.nn.functional as F
 from common import DATA_FILES, DATASETS, at_least, emit, machine, note, peak_rss_mib, require, run_main
 
-from tgdist.runtime.build import build_trainer, compose
 from tgdist.data.graph import chronological_split, load_graph
-from tgdist.runtime.metrics import average_precision, roc_auc
 from tgdist.data.sampler import NegativeSampler
-
+from tgdist.runtime.build import build_trainer, compose
+from tgdist.runtime.metrics import average_precision, roc_auc
 
 # ------------------------------------------------------------------------------------------------
 # PyG side

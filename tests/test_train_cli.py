@@ -372,8 +372,8 @@ def test_help_lists_this_commands_groups(tmp_path):
 
 
 def test_help_documents_every_key(tmp_path):
-    from tgdist.config import TrainApp, annotate, key_notes, schema_keys
-    from tgdist.partition.config import PartitionJob
+    from tgdist.cli.overrides import annotate, schema_keys
+    from tgdist.config import PartitionJob, TrainApp, key_notes
 
     for schema in (TrainApp, PartitionJob):
         notes, keys = key_notes(schema), schema_keys(schema)
@@ -521,7 +521,7 @@ def test_runs_started_in_one_second_get_their_own_directories(tmp_path):
 
 
 def test_claiming_a_run_directory_is_atomic_and_numbered(tmp_path):
-    from tgdist.config import claim_directory
+    from tgdist.runtime.rundir import claim_directory
 
     base = tmp_path / "deep" / "run"
     assert [claim_directory(base) for _ in range(3)] == [base, tmp_path / "deep" / "run-2", tmp_path / "deep" / "run-3"]
@@ -542,7 +542,7 @@ def test_sweep_inside_a_parallel_job_is_refused(tmp_path):
 
 def test_misspelt_keys_get_a_suggestion():
     """In-process: the suggestions of ``closest_keys`` (the CLI tests above show them in messages)."""
-    from tgdist.config import closest_keys
+    from tgdist.cli.overrides import closest_keys
 
     assert closest_keys("train.epoch", "train") == ["train.epochs"]  # a sibling, spelt close
     assert closest_keys("data.synthetic.numevents", "train") == ["data.synthetic.num_events"]
@@ -557,7 +557,7 @@ def test_misspelt_keys_get_a_suggestion():
 
 def test_unknown_key_without_a_close_spelling_lists_its_group(capsys):
     """No key spelt like ``sampler.num_neighbors``: the message lists the keys ``sampler`` has."""
-    from tgdist.config import _compose_or_exit, keys_under
+    from tgdist.cli.overrides import _compose_or_exit, keys_under
 
     assert keys_under("sampler", "train") == ["strategy", "fanouts", "num_threads", "both_directions", "seed"]
     assert keys_under("nosuchgroup", "train") == [] and keys_under("", "train") == []

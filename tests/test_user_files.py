@@ -20,15 +20,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.partition.test_cli import _events, _run as partition
+from tests.partition.test_cli import _events
+from tests.partition.test_cli import _run as partition
 from tests.runtime.test_parallel import torchrun_cmd
 from tests.test_train_cli import QUICK, _interrupt_when, tgdist
 from tgdist import checksum
+from tgdist.data.graph import load_native
 from tgdist.errors import DataError
+from tgdist.memory import shm
 from tgdist.partition import artifact
 from tgdist.partition.idmap import DualHashMap
-from tgdist.memory import shm
-from tgdist.data.graph import load_native
 
 SMALL = ["data.max_events=1500", "model.mem_dim=16", "model.time_dim=8", "train.num_threads=1", "sampler.num_threads=1",
          "train.progress=false", "train.num_neg_eval=4", "train.batch_size=100", "train.epochs=1"]

@@ -6,15 +6,13 @@ the config is composed, before any work starts (STYLE.md 3).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
-from collections.abc import Callable
-from typing import Any, List, Optional
-
 import logging
 import os
 import re
 import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
@@ -98,53 +96,6 @@ def key_notes(schema: type, prefix: str = "") -> dict[str, str]:
     return notes
 
 
-def annotate(yaml_text: str, notes: dict[str, str], width: int = 100) -> str:
-    """``yaml_text`` (``OmegaConf.to_yaml``) with each key's note: after the value when the line
-    stays within ``width`` columns, else as comment lines above the key."""
-    import textwrap
-
-    out, path = [], []  # path: (indent, key) of the enclosing mappings
-    for line in yaml_text.splitlines():
-        m = re.match(r"( *)([\w.-]+):(.*)$", line)
-        if not m:
-            out.append(line)
-            continue
-        indent = len(m.group(1))
-        while path and path[-1][0] >= indent:
-            path.pop()
-        key = ".".join([k for _, k in path] + [m.group(2)])
-        path.append((indent, m.group(2)))
-        note = notes.get(key)
-        if note and len(line) + 4 + len(note) <= width:
-            out.append(f"{line}  # {note}")
-        elif note:
-            pad = " " * indent
-            out += textwrap.wrap(note, width, initial_indent=pad + "# ", subsequent_indent=pad + "# ")
-            out.append(line)
-        else:
-            out.append(line)
-    return "\n".join(out)
-
-
-def print_help(command: str, config_name: str, overrides: list[str], source: ConfigSource | None = None) -> None:
-    """``--help`` of a Hydra command: the ``hydra.help`` template of its config, where
-    ``$CONFIG`` is the composed config (with ``overrides``) and each key's documentation."""
-    from omegaconf import open_dict
-
-    global _help_roots
-    full = _compose_or_exit(command, config_name, overrides, return_hydra_config=True, source=source)
-    if source is not None:  # a pkg:// primary is tgdist's own or a package's: no folder to list
-        _help_roots = tuple(r for r in (source.primary, source.extra) if r and not r.startswith("pkg://"))
-    try:
-        template = str(full.hydra.help.template)
-    finally:
-        _help_roots = ()
-    with open_dict(full):
-        del full["hydra"]
-    notes = key_notes(_schema_for(config_name))
-    print(template.replace("$CONFIG", annotate(OmegaConf.to_yaml(full), notes) + "\n").rstrip())
-
-
 def model_tag(name: str, num_layers: int) -> str:
     """The model as run names and summaries show it: ``tgn``, or ``tgn-2layer`` for TGN with a
     second attention layer (``model=tgat2``), so the two do not look alike
@@ -212,8 +163,8 @@ class SamplerConfig:
 def check_data_source(cfg: DataConfig) -> None:
     """The data a ``DataConfig`` names is there, in a format tgdist reads (``tgdist launch`` and
     sweeps check it before starting, ``load_data`` before reading)."""
-    from tgdist.errors import ConfigError
     from tgdist.data.graph import FORMATS, existing
+    from tgdist.errors import ConfigError
 
     if cfg.format not in (*FORMATS, "synthetic"):
         raise ConfigError(f"data.format={cfg.format!r} is not a format; choose one of {', '.join(FORMATS)}, synthetic")
@@ -251,449 +202,6 @@ def load_data(cfg: DataConfig):
     if cfg.max_events is not None and cfg.max_events < graph.num_events:
         graph = tdata.subset(graph, cfg.max_events)
     return graph
-
-
-@dataclass(frozen=True)
-class ConfigSource:
-    """Where a command's Hydra config is read from: its primary config ``name`` in the
-    ``primary`` directory (tgdist's ``configs/`` unless ``--config-path`` names another), and a
-    user's ``--config-dir``, searched after it (Hydra's order). The command's typed schema does
-    not change with it: a user's config extends tgdist's (``defaults: [train, _self_]``)."""
-
-    name: str
-    primary: str
-    extra: str | None = None
-
-    @classmethod
-    def of(cls, args, config_name: str, app_file: str) -> ConfigSource:
-        """The source Hydra's ``@hydra.main`` in ``app_file`` reads for these parsed flags
-        (a relative ``--config-path`` is relative to that file, as Hydra has it)."""
-        primary = config_dir()
-        if args.config_path is not None:
-            given = args.config_path
-            primary = given if os.path.isabs(given) or given.startswith("pkg://") else \
-                os.path.normpath(os.path.join(os.path.dirname(os.path.realpath(app_file)), given))
-        extra = os.path.abspath(args.config_dir) if args.config_dir is not None else None
-        return cls(args.config_name or config_name, primary, extra)
-
-
-def precheck_overrides(command: str, config_name: str, argv: list[str], source: ConfigSource | None = None):
-    """Compose once to turn a config error (a misspelt key, an unknown group option) into one line
-    and exit code 2, instead of Hydra's multi-line report. Returns the composed config (None when
-    ``argv`` holds flags, which are Hydra's to read)."""
-    if any(a.startswith("-") for a in argv):
-        return None
-    return _compose_or_exit(command, config_name, argv, source=source)
-
-
-def precheck_command(command: str, config_name: str, argv: list[str], validate: Callable[[Any], None],
-                     app_file: str):
-    """What a Hydra command checks before Hydra starts. Parses the flags as Hydra would (a bad flag
-    exits 2 with argparse's message), then checks the overrides against the config the flags name
-    (``ConfigSource``; ``app_file`` holds the command's ``@hydra.main``): composed once for a run,
-    or, with ``--multirun``, every job composed and passed to ``validate`` (see
-    ``precheck_sweep``). Returns ``(args, cfg, sweep_dir)``: ``cfg`` is the composed config of a
-    run (None for sweeps), and both are None for a rerun or shell completion, left to Hydra."""
-    from hydra._internal.utils import get_args_parser
-
-    if {"--version", "-V"} & set(argv):  # tgdist's, not Hydra's, wherever the flag stands
-        from tgdist import version_line
-
-        print(version_line())
-        raise SystemExit(0)
-    args = get_args_parser().parse_args(argv)
-    if args.shell_completion:  # Hydra's script would complete a command named by its second word
-        _exit_with(command, "shell completion (-sc) is not supported: Hydra's completion script completes a "
-                            "program run without a subcommand, and tgdist's commands sit under one program")
-    if args.experimental_rerun:
-        return args, None, None
-    logging_group = next((k for k in ("hydra/job_logging", "hydra/hydra_logging")
-                          if override_value(args.overrides, k) is not None), None)
-    if logging_group:  # configs/hydra/default.yaml sets these blocks itself, after the group's option
-        key = logging_group.replace("/", ".")
-        _exit_with(command, f"{logging_group}=...: tgdist sets {key} itself, so another option would be ignored; "
-                            f"set its keys instead (e.g. {key}.root.level=WARNING)")
-    if override_value(args.overrides, "hydra.mode") == "MULTIRUN" and not args.multirun:
-        _exit_with(command, "hydra.mode=MULTIRUN: sweep with --multirun (-m), which checks every job before "
-                            "the first starts")
-    source = ConfigSource.of(args, config_name, app_file)
-    if args.multirun and (args.cfg or args.info is not None or args.run):
-        flag = "--cfg" if args.cfg else "--info" if args.info is not None else "--run"
-        _exit_with(command, f"--multirun and {flag} do not go together: {flag} is for one run "
-                            f"(give it one value of each swept key)")
-    if args.help and not args.hydra_help:  # the keys with their documentation, not Hydra's bare listing
-        overrides = sweep_jobs(command, config_name, args.overrides, None)[0][0] if args.multirun else args.overrides
-        print_help(command, config_name, overrides, source)
-        raise SystemExit(0)
-    if args.multirun and not args.hydra_help:
-        return args, None, precheck_sweep(command, config_name, args.overrides, validate, source)
-    return args, precheck_overrides(command, config_name, args.overrides, source), None
-
-
-@dataclass
-class Sweep:
-    """A ``--multirun`` checked before Hydra starts: its directory (resolved once; the default
-    names the time, which Hydra would resolve again), its jobs (the overrides of each) and the
-    keys it sweeps, which an error in a job names it by."""
-
-    dir: str
-    jobs: list[list[str]]
-    swept: list[str]
-
-
-def precheck_sweep(command: str, config_name: str, overrides: list[str], validate: Callable[[Any], None],
-                   source: ConfigSource | None = None) -> Sweep | None:
-    """For ``--multirun``: compose and validate every job of the sweep (``sweep_jobs``) before Hydra
-    makes the sweep directory, so a bad value fails in one line with exit 2 before any job runs,
-    rather than in job N after the jobs before it. The jobs are those of Hydra's basic sweeper:
-    the config's ``hydra.sweeper.params``, then the command line's overrides. None when a sweeper
-    plugin (``hydra/sweeper=optuna``, once its config is found) is left to expand the sweep."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import OverrideParseException
-
-    try:
-        fixed = [o.input_line for o in OverridesParser.create().parse_overrides(overrides) if not o.is_sweep_override()]
-    except OverrideParseException as e:
-        _exit_with(command, unreadable_override(e, config_name))
-    hydra_cfg = _compose_or_exit(command, config_name, fixed, return_hydra_config=True, source=source).hydra
-    if not str(hydra_cfg.sweeper.get("_target_", "")).endswith(".BasicSweeper"):
-        return None
-    params = [f"{k}={v}" for k, v in (hydra_cfg.sweeper.get("params") or {}).items()]
-    jobs, swept = sweep_jobs(command, config_name, params + list(overrides), validate, source)
-    return Sweep(str(hydra_cfg.sweep.dir), jobs, swept)
-
-
-def sweep_jobs(command: str, config_name: str, overrides: list[str], validate: Callable[[Any], None] | None,
-               source: ConfigSource | None = None) -> tuple[list[list[str]], list[str]]:
-    """The jobs of a sweep as Hydra's basic sweeper expands it (lists ``a,b``, ``range(...)``,
-    ``choice(...)``; one job per combination) and the swept keys. With ``validate``, every job is
-    composed and validated first; an error is one line on stderr and exit code 2, naming the job
-    when the swept values cause it."""
-    import sys
-
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException, OverrideParseException
-
-    from tgdist.errors import ConfigError, DataError
-
-    try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-    except OverrideParseException as e:
-        print(f"{command}: error: {unreadable_override(e, config_name)}", file=sys.stderr)
-        sys.exit(2)
-    try:
-        jobs = BasicSweeper.split_arguments(parsed, None)[0]
-    except HydraException as e:  # interval(a, b): a range to sample, which only a sweeper plugin does
-        bad = next((o.input_line for o in parsed if o.is_sweep_override() and not o.is_discrete_sweep()), None)
-        msg = (f"{bad}: Hydra's basic sweeper runs lists (a,b,c), range(...) and choice(...); interval(...) "
-               f"needs a sweeper plugin (e.g. pip install hydra-optuna-sweeper, then hydra/sweeper=optuna)" if bad
-               else str(e).strip().splitlines()[0])
-        print(f"{command}: error: {msg}", file=sys.stderr)
-        sys.exit(2)
-    swept = [o.get_key_element() for o in parsed if o.is_sweep_override()]
-    if validate is None:
-        return jobs, swept
-    _compose_or_exit(command, config_name, [a for a in jobs[0] if a.partition("=")[0] not in swept], source=source)
-    failed = []  # (job number, swept values, message)
-    for num, job in enumerate(jobs):
-        where = swept_values(job, swept)
-        cfg = _compose_or_exit(command, config_name, job, where=f"sweep job #{num}: {where}" if where else "",
-                               source=source)
-        try:
-            validate(cfg)
-        except (ConfigError, DataError) as e:
-            failed.append((num, where, str(e)))
-    if failed:
-        num, where, msg = failed[0]
-        if len(failed) < len(jobs) or len({m for _, _, m in failed}) > 1:  # the swept values cause it
-            msg += f" (sweep job #{num}: {where})"
-        print(f"{command}: error: {msg}", file=sys.stderr)
-        sys.exit(2)
-    return jobs, swept
-
-
-def swept_values(job: list[str], swept: list[str]) -> str:
-    """The overrides of ``job`` that the sweep varies, e.g. ``model=jodie parallel.i=2``."""
-    return " ".join(a for a in job if a.partition("=")[0] in swept)
-
-
-def claim_directory(path: Path) -> Path:
-    """Make ``path``, or ``path-2``, ``-3``... where it exists, and return the one made. Default
-    run and sweep directories name the second they start, so runs started together (``for s in 0 1
-    2; do tgdist train train.seed=$s & done``) would share one and overwrite each other's files;
-    making a directory is atomic, so each gets its own. Directories the user names are used as
-    given, not through this."""
-    from tgdist.errors import ConfigError
-
-    made = [p for p in path.parents if not p.exists()]  # deepest first, removed again on failure
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        for n in range(1, 10_000):
-            candidate = path if n == 1 else path.with_name(f"{path.name}-{n}")
-            try:
-                candidate.mkdir()
-                return candidate
-            except FileExistsError:
-                continue
-    except OSError as e:  # a read-only working directory, a name too long for the file system
-        remove_empty_dirs(made)
-        raise ConfigError(f"cannot make the directory {path} ({e.strerror or e}); name another with run_dir= "
-                          f"(hydra.sweep.dir= for a sweep)") from None
-    raise ConfigError(f"{path}: 10,000 directories of this name exist; name one yourself")
-
-
-def remove_empty_dirs(folders: list[Path]) -> None:
-    """Remove ``folders`` (deepest first) that a command made and left empty; stops at the first
-    that holds something (another run may have started in it meanwhile)."""
-    for folder in folders:
-        try:
-            folder.rmdir()
-        except OSError:
-            break
-
-
-def override_value(overrides: list[str], key: str) -> str | None:
-    """The value ``overrides`` give ``key`` (``key=V``, ``+key=V``, ``++key=V``, ``~key``), or None."""
-    return next((a.partition("=")[2] for a in overrides if a.partition("=")[0].lstrip("+~") == key), None)
-
-
-def quoted(value: str) -> str:
-    """``value`` as a quoted Hydra override value (any path: spaces, brackets, commas)."""
-    if "'" not in value:
-        return f"'{value}'"
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def jobs_not_run(num: int, total: int) -> str:
-    """``; the 2 jobs after it did not run`` for a sweep stopped by job ``num`` of ``total``
-    (empty when it was the last)."""
-    rest = total - num - 1
-    return f"; the {rest} job{'s' * (rest != 1)} after it did not run" if rest > 0 else ""
-
-
-def _compose_or_exit(command: str, config_name: str, overrides: list[str], where: str = "",
-                     return_hydra_config: bool = False, source: ConfigSource | None = None):
-    """The composed config; on a config error, one line on stderr (``where`` appended in
-    parentheses) and exit code 2."""
-    from tgdist.errors import ConfigError
-
-    try:
-        return checked_compose(overrides, config_name, return_hydra_config, source)
-    except ConfigError as e:
-        _exit_with(command, str(e) + (f" ({where})" if where else ""))
-
-
-def _exit_with(command: str, message: str) -> None:
-    """``COMMAND: error: MESSAGE`` on stderr and exit code 2 (bad input)."""
-    import sys
-
-    print(f"{command}: error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-def checked_compose(overrides: list[str], config_name: str = "train", return_hydra_config: bool = False,
-                    source: ConfigSource | None = None):
-    """Hydra's composed config (of ``source``, tgdist's own ``config_name`` by default), refusing
-    what Hydra would accept silently (``+key`` not in the schema, a deleted key) and turning
-    Hydra's errors, and interpolations that do not resolve, into one-line ``ConfigError``s that
-    name the key."""
-    from hydra import compose as hcompose
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from tgdist.errors import ConfigError
-
-    overrides = list(overrides or [])
-    added = unknown_added_key(overrides, config_name)
-    if added:
-        guesses = closest_keys(added, config_name)
-        hint = f"; did you mean '{guesses[0]}'?" if guesses else ""
-        raise ConfigError(f"+{added}: not a key of tgdist's config (a leading + adds a key, and the config has "
-                          f"every key it reads){hint}")
-    keys = set(schema_keys(_schema_for(config_name)))
-    deleted = next((k for k in (o[1:].partition("=")[0] for o in overrides if o.startswith("~")) if k in keys), None)
-    if deleted:
-        raise ConfigError(f"~{deleted}: tgdist reads every key of its config, so none can be deleted; set a value "
-                          f"instead")
-    source = source or ConfigSource(config_name, config_dir())
-    GlobalHydra.instance().clear()
-    try:
-        _start_hydra(source)
-        cfg = hcompose(config_name=source.name, overrides=overrides, return_hydra_config=return_hydra_config)
-    except (HydraException, OmegaConfBaseException, ValueError) as e:  # ValueError: model=null, say
-        raise ConfigError(_hydra_error_line(e, config_name)) from None
-    finally:
-        GlobalHydra.instance().clear()
-    unresolved = _unresolvable(cfg)
-    if unresolved:
-        raise ConfigError(unresolved)
-    return cfg
-
-
-def _start_hydra(source: ConfigSource) -> None:
-    """Hydra's global state for ``source``, with the search path ``@hydra.main`` builds from
-    ``--config-path`` and ``--config-dir``."""
-    from hydra._internal.hydra import Hydra
-    from hydra._internal.utils import create_config_search_path
-    from hydra.core.config_search_path import SearchPathQuery
-
-    from tgdist.errors import ConfigError
-
-    search_path = create_config_search_path(source.primary)
-    if source.extra is not None:
-        if not os.path.isdir(source.extra):
-            raise ConfigError(f"--config-dir {source.extra}: no such directory")
-        search_path.prepend(provider="command-line", path=f"file://{source.extra}",
-                            anchor=SearchPathQuery(provider="schema"))
-    Hydra.create_main_hydra2(task_name="app", config_search_path=search_path)
-
-
-def _unresolvable(cfg) -> str | None:
-    """One line for the first value of ``cfg`` (Hydra's own settings aside) whose interpolation
-    does not resolve (``${oc.env:UNSET}``, a missing key) or resolves to a value of the wrong type,
-    else None. ``${hydra:...}`` resolves only inside a run and is left to it."""
-    from omegaconf import DictConfig, ListConfig
-    from omegaconf.errors import OmegaConfBaseException
-
-    def first_error(node, prefix: str) -> str | None:
-        for key in (range(len(node)) if isinstance(node, ListConfig) else node.keys()):
-            path = f"{prefix}[{key}]" if isinstance(node, ListConfig) else f"{prefix}{key}"
-            if path == "hydra":
-                continue
-            try:
-                value = node[key]
-            except OmegaConfBaseException as e:
-                line = str(e).strip().splitlines()[0]
-                if "HydraConfig was not set" in line:
-                    continue
-                return f"{path}: cannot resolve its value: {re.sub(r'^[A-Za-z]+ raised while resolving interpolation: ', '', line)}"
-            if isinstance(value, (DictConfig, ListConfig)):
-                found = first_error(value, path if isinstance(value, ListConfig) else path + ".")
-                if found:
-                    return found
-        return None
-
-    return first_error(cfg, "")
-
-
-def _hydra_error_line(e: Exception, config_name: str) -> str:
-    """One line for a Hydra composition error: its first line and cause, the options of a group,
-    a quoting hint for a value Hydra could not parse, the key a typo most likely meant."""
-    if getattr(e, "override", None) is not None:  # OverrideParseException: it names the override it could not read
-        return unreadable_override(e, config_name)
-    lines = str(e).strip().splitlines()
-    first = lines[0].rstrip(".")
-    in_file = re.match(r"In '([^']+)': \w+ raised while composing config:?$", first)
-    if in_file and len(lines) > 1:  # a key or value of a config file: the file, the key and what is wrong
-        key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.strip().startswith("full_key:")), "")
-        msg = f"config file {in_file.group(1)}.yaml: " + (f"{key}: " if key else "") + lines[1].strip().rstrip(".")
-        guesses = closest_keys(key, config_name) if key and " not in " in lines[1] else []
-        return msg + (f"; did you mean '{guesses[0]}'?" if guesses else "")
-    cause = str(e.__cause__).strip().splitlines()[0] if e.__cause__ is not None else ""
-    options, listing = [], False
-    for ln in str(e).splitlines():  # the indented lines right after "Available options"
-        if ln.startswith("Available options"):
-            listing = True
-        elif listing and ln.startswith(("    ", "\t")):
-            options.append(ln.strip())
-        elif listing:
-            break
-    shown = ", ".join(o for o in options if not o.endswith("_schema"))
-    msg = first + (f": {cause}" if cause else "") + (f" (options: {shown})" if shown else "")
-    if first.startswith("Ambiguous value for argument"):  # a comma in a value, e.g. data.columns
-        key, _, value = first.split("'")[1].partition("=")
-        msg += f": quote a value with commas, \"{key}='{value}'\", or add --multirun to sweep over it"
-    typo = re.match(r"Could not override '([^']+)': Key '[^']+' not in '\w+'$", msg)
-    guesses = [f"'{k}'" for k in closest_keys(typo.group(1), config_name)] if typo else []
-    if guesses:
-        said = guesses[0] if len(guesses) == 1 else ", ".join(guesses[:-1]) + " or " + guesses[-1]
-        msg += f"; did you mean {said}?"
-    elif typo and (siblings := keys_under(typo.group(1).lstrip("+~").rpartition(".")[0], config_name)):
-        msg += f"; its keys are {', '.join(siblings)}"
-    return msg
-
-
-def unreadable_override(e: Exception, config_name: str) -> str:
-    """One line for Hydra's ``OverrideParseException``, about the override it names (the first
-    one it could not read: another that holds quotes or non-ASCII letters, correctly quoted, is
-    not at fault): a key outside Hydra's key syntax (a non-ASCII letter) with the key most likely
-    meant; a value that needs quotes with its quoted form; else Hydra's first line."""
-    override = e.override
-    key, eq, value = override.partition("=")
-    name = key.lstrip("+~")
-    if not re.fullmatch(r"[\w$./@-]+", name, re.ASCII):  # Hydra's keys: ASCII names joined by . / @
-        guesses = closest_keys(name, config_name)
-        return (f"cannot read the override {override!r}: {name!r} is not a key of tgdist's config"
-                + (f"; did you mean '{guesses[0]}'?" if guesses else ""))
-    if eq and "'" not in value and not value.startswith('"') and re.search(r"[=~\s\"()<>;&|]|[^\x00-\x7f]", value):
-        return (f"cannot read the override {override!r}: Hydra reads = ~ spaces, quotes and non-ASCII letters in "
-                f"a value only inside quotes: \"{key}='{value}'\"")
-    first = str(e).strip().splitlines()[0].rstrip(".")
-    return first if override in first else f"cannot read the override {override!r}: {first}"
-
-
-def unknown_added_key(overrides: list[str], config_name: str) -> str | None:
-    """The key of the first ``+key=value`` (or ``++``) override that is not in the schema: Hydra
-    adds it silently, so ``+train.epoch=1`` would train the default epochs without a word. Keys
-    under a free-form (non-group) key and Hydra's own are left alone."""
-    keys = set(schema_keys(_schema_for(config_name)))
-    groups = {k.rpartition(".")[0] for k in keys}
-    for override in overrides:
-        if not override.startswith("+") or "=" not in override:
-            continue
-        key = override.lstrip("+").partition("=")[0].strip()
-        if "." not in key or key.startswith("hydra.") or key in keys:
-            continue  # +group=option selects a config; hydra.* is Hydra's
-        parts = key.split(".")
-        if any(".".join(parts[:i]) in keys and ".".join(parts[:i]) not in groups for i in range(1, len(parts))):
-            continue  # inside a key that holds a free-form value
-        return key
-    return None
-
-
-def schema_keys(root: type, prefix: str = "") -> list[str]:
-    """Every key path of a schema dataclass, groups included: ``train``, ``train.epochs``, ..."""
-    import dataclasses
-
-    keys = []
-    for f in dataclasses.fields(root):
-        path = prefix + f.name
-        keys.append(path)
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        if dataclasses.is_dataclass(default):
-            keys += schema_keys(type(default), path + ".")
-    return keys
-
-
-def _schema_for(config_name: str) -> type:
-    from tgdist.partition.config import PartitionJob
-
-    return PartitionJob if config_name.startswith("partition") else TrainApp
-
-
-def keys_under(parent: str, config_name: str) -> list[str]:
-    """The last parts of the keys directly under ``parent`` (``sampler`` -> ``strategy``,
-    ``fanouts``, ...), in schema order; empty when ``parent`` is not a group of the schema."""
-    return [k.rpartition(".")[2] for k in schema_keys(_schema_for(config_name)) if k.rpartition(".")[0] == parent] \
-        if parent else []
-
-
-def closest_keys(key: str, config_name: str) -> list[str]:
-    """The keys a misspelt override most likely meant: under an existing parent, a close spelling
-    of the last part (``train.epoch``); else the keys whose last part it is (``epochs``,
-    ``trian.epochs`` -> ``train.epochs``); else a close spelling of the whole path (``modle``)."""
-    import difflib
-
-    keys = schema_keys(_schema_for(config_name))
-    name = key.lstrip("+~")
-    parent, _, last = name.rpartition(".")
-    if parent in keys:
-        siblings = [k.rpartition(".")[2] for k in keys if k.rpartition(".")[0] == parent]
-        return [f"{parent}.{k}" for k in difflib.get_close_matches(last, siblings, n=1, cutoff=0.6)]
-    same_leaf = [k for k in keys if k.rpartition(".")[2] == last]
-    return same_leaf or difflib.get_close_matches(name, keys, n=1, cutoff=0.75)
 
 
 def register(name: str, node: Any, group: Optional[str] = None) -> None:
@@ -778,3 +286,46 @@ register("train_schema", TrainApp)
 register("data_schema", DataConfig, group="data")
 register("model_schema", ModelConfig, group="model")
 register("train_schema", TrainConfig, group="train")
+
+
+# ``tgdist partition``'s schema (Sven 3.1.2), registered by ``register_schemas``.
+
+
+@dataclass
+class PartitionConfig:
+    """How node memory is assigned to trainers (Sven 3.1.2) and where the artifact goes.
+
+    Batches: a global batch of ``batch_size`` events is split chronologically into ``num_parts``
+    chunks, chunk t going to trainer t (mini-batch parallelism, DESIGN.md); the model's sampling
+    comes from ``sampler`` (fanouts ``[K] * L``).
+    """
+
+    method: str = "reflexbicut"  # range | interval | reflexbicut | greedy
+    num_parts: int = 8  # M, the trainers that share node memory
+    batch_size: int = 1200  # global batch (events); trainer t gets its t-th chronological chunk
+    num_neg: int = 1  # negative destinations per event (roots too)
+    neighbors: bool = True  # false for models that read no neighbour memory (JODIE): roots only
+    weights: str = "dedup"  # what Re-FlexBiCut / greedy balance: dedup (once per batch) | raw
+    imbalance: float = 0.05  # a trainer owns at most ceil((1 + imbalance) N / M) vertices
+    seed: int = 0  # negatives and tie-breaking
+    tolerance: float = 0.001  # relative bracket at which the binary search on the load bound stops
+    per_batch: bool = True  # also measure each batch's all-to-all (memory: one id per unique access)
+    plot: bool = True  # residual heatmap PNG (needs matplotlib, the `plot` extra)
+    out_dir: Optional[str] = None  # null: partitions/<data.name>-<method>-M<num_parts>
+    overwrite: bool = False  # replace an existing artifact directory
+    progress: bool = True  # progress lines on stderr
+
+
+@dataclass
+class PartitionJob:
+    """The whole ``tgdist partition`` config: which data, how the model samples, how to partition."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    partition: PartitionConfig = field(default_factory=PartitionConfig)
+
+
+def register_schemas() -> None:
+    """Register the schemas the YAML under ``configs/`` refers to (idempotent)."""
+    register("partition_job_schema", PartitionJob)
+    register("partition_schema", PartitionConfig, group="partition")

@@ -11,8 +11,8 @@ import re
 import shlex
 import shutil
 import signal
-import tempfile
 import sys
+import tempfile
 from pathlib import Path
 
 import hydra
@@ -20,10 +20,11 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 import tgdist.config  # noqa: F401  (registers the typed schema before Hydra composes)
-from tgdist.config import config_dir, precheck_command, remove_empty_dirs
+from tgdist.cli.overrides import precheck_command
+from tgdist.config import config_dir
 from tgdist.errors import TgdistError, first_line, write_failure
 from tgdist.runtime import rundir
-
+from tgdist.runtime.rundir import remove_empty_dirs
 
 # The run directory of each finished run (a sweep has several): an interrupt after it is said so.
 _finished: list[str] = []
@@ -40,7 +41,7 @@ def _sweep_job_note() -> str:
     """`` (sweep job #N: KEY=VALUE ...; ...)`` for an error inside a job of a checked sweep."""
     if _sweep_dir is None:
         return ""
-    from tgdist.config import jobs_not_run, swept_values
+    from tgdist.cli.overrides import jobs_not_run, swept_values
 
     num = int(HydraConfig.get().job.num)
     values = swept_values(list(HydraConfig.get().overrides.task), _swept)
@@ -66,7 +67,7 @@ def _hydra_main(cfg: DictConfig) -> None:
     from tgdist.distributed.world import detect
     from tgdist.kernels.interrupts import caused_by_interrupt, hold_interrupts_during_compiles, stopped
     from tgdist.kernels.jit import announce_compiles
-    from tgdist.runtime.run import run
+    from tgdist.runtime.driver import run
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)  # a rank's private directory on ranks but 0
     world = detect()
@@ -282,9 +283,10 @@ _sweep_jobs_before: dict[str, frozenset[str]] = {}
 def _main() -> None:
     """Check the overrides (and the run directory) before Hydra starts, then hand over to it."""
     global _sweep_dir, _sweep_size, _swept, _run_dir, _claimed, _private
-    from tgdist.config import claim_directory, override_value, quoted
+    from tgdist.cli.overrides import override_value, quoted
     from tgdist.distributed.world import detect
     from tgdist.runtime.build import precheck
+    from tgdist.runtime.rundir import claim_directory
 
     if os.environ.get("TORCHELASTIC_RUN_ID") and sys.platform.startswith("linux"):
         _stop_with_the_agent()
@@ -437,7 +439,7 @@ def _check_resume(cfg) -> None:
     if not cfg.train.resume:
         return
     from tgdist.runtime import checkpoint
-    from tgdist.runtime.run import is_parallel
+    from tgdist.runtime.build import is_parallel
 
     try:
         checkpoint.check_resume(cfg, parallel=is_parallel(cfg))

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tgdist.errors import DataError
 from tgdist.data import graph as tdata
 from tgdist.data.graph import load_graph, load_native, save_native
+from tgdist.errors import DataError
 
 EPOCH = 1_289_241_911  # 2010-11-08, where SNAP's bitcoin-otc starts
 

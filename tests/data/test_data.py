@@ -16,15 +16,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tgdist.errors import DataError
 from tgdist.data import graph as tdata
-from tgdist.runtime.build import build_trainer, compose
 from tgdist.data.graph import (
     NodeLabels,
     TemporalGraph,
     chronological_split,
     load_graph,
 )
+from tgdist.errors import DataError
+from tgdist.runtime.build import build_trainer, compose
 
 
 def write(path: Path, text: str, *, kind: str = "plain") -> Path:

@@ -14,8 +14,8 @@ import numpy as np
 import torch
 
 from tgdist.data.graph import TemporalGraph, chronological_split
-from tgdist.models.modules import build_model
 from tgdist.data.sampler import TCSR, NegativeSampler, TemporalSampler
+from tgdist.models.modules import build_model
 from tgdist.runtime.trainer import Trainer, memory_for
 
 NUM_SRC, NUM_DST = 40, 4

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from tgdist.errors import ConfigError
-from tgdist.kernels import graph, reference
 from tgdist.data.graph import TemporalGraph
 from tgdist.data.sampler import TCSR, NegativeSampler, TemporalSampler
+from tgdist.errors import ConfigError
+from tgdist.kernels import graph as kernels
+from tgdist.kernels import reference
 
 
 def make_graph(src, dst, t, num_nodes=None, **kw) -> TemporalGraph:

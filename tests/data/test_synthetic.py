@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tgdist.errors import ConfigError
-from tgdist.kernels import reference
 from tgdist.data import synthetic
 from tgdist.data.graph import load_graph, save_native
 from tgdist.data.synthetic import generate
+from tgdist.errors import ConfigError
+from tgdist.kernels import reference
 
 
 @pytest.mark.parametrize("bipartite", [False, True])

@@ -7,9 +7,9 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from tgdist.errors import ConfigError
 from tgdist.distributed import schedule as S
 from tgdist.distributed.schedule import Layout
+from tgdist.errors import ConfigError
 
 LAYOUTS = [(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2), (2, 1, 2), (2, 2, 2), (3, 1, 4), (2, 3, 1), (1, 2, 3)]
 # (num_train_events, B): even, uneven last batch, last batch smaller than i, odd sizes.

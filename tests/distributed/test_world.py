@@ -7,13 +7,12 @@ import time
 import pytest
 import torch
 
-from tgdist.errors import ConfigError
 from tgdist.distributed import collectives as C
 from tgdist.distributed import world as W
 from tgdist.distributed.schedule import Layout
+from tgdist.errors import ConfigError
 
 from .helpers import free_port
-
 
 # ---------------------------------------------------------------- host lists
 
@@ -222,8 +221,8 @@ def test_ranks_that_do_not_meet_fail_in_one_line_and_rank_0_says_it_waits(caplog
     """A machine never started: rank 0 waited the whole timeout in silence, then a traceback."""
     from datetime import timedelta
 
-    from tgdist.errors import RunFailure
     from tgdist.distributed.world import ProcessGroups, WorldInfo, _waiting_notice
+    from tgdist.errors import RunFailure
 
     with caplog.at_level("WARNING", logger="tgdist.distributed.world"), \
             _waiting_notice(0, 2, "host:1", timedelta(seconds=600), first=0.05):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tgdist.kernels import graph, reference
+from tgdist.kernels import graph as kernels
+from tgdist.kernels import reference
 
 
 def random_graph(seed: int, num_events: int = 300, num_nodes: int = 30, isolated: int = 5, time_values: int = 40,

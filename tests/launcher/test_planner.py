@@ -7,10 +7,10 @@ import json
 import pytest
 
 from tgdist.cli import main as cli_main
-from tgdist.errors import ConfigError
-from tgdist.launcher import planner
 from tgdist.distributed.schedule import Layout
 from tgdist.distributed.world import WorldInfo, validate
+from tgdist.errors import ConfigError
+from tgdist.launcher import planner
 from tgdist.runtime.build import compose
 from tgdist.runtime.build import validate as check_settings
 

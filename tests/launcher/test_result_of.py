@@ -7,8 +7,8 @@ import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tgdist.errors import DataError
 from tgdist.distributed import collectives
+from tgdist.errors import DataError
 
 from .helpers import free_port
 

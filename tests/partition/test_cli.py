@@ -7,9 +7,9 @@ import sys
 import numpy as np
 import pytest
 
+from tgdist.data.graph import load_graph
 from tgdist.errors import ConfigError
 from tgdist.partition import artifact
-from tgdist.data.graph import load_graph
 
 
 def _events(path, n=400, nodes=30, seed=0):

@@ -776,8 +776,8 @@ def test_embed_refuses_queries_it_cannot_answer():
 def test_node_task_on_node_labels_at_times(tmp_path):
     """TGL ``labels.csv``: labels of nodes at times, not of events. Each is embedded from the
     events before its time and split by time with the events; the decoder learns them."""
-    from tgdist.runtime.build import build_trainer
     from tgdist.data.graph import chronological_split, label_ranges
+    from tgdist.runtime.build import build_trainer
 
     g = _node_labelled_graph()
     cfg = compose(SMALL + ["train.epochs=1", "model.static_memory=true", "model.static_pretrain_epochs=40",
@@ -793,8 +793,8 @@ def test_node_task_on_node_labels_at_times(tmp_path):
 
 def test_downstream_metrics_of_a_part_without_labels_or_with_one_class_are_null(tmp_path, caplog):
     """Not 0.0 as if measured, and not NaN, which is not JSON: null, with a warning naming why."""
-    from tgdist.runtime.build import build_trainer
     from tgdist.data.graph import NodeLabels, chronological_split, label_ranges
+    from tgdist.runtime.build import build_trainer
 
     g = _node_labelled_graph()
     split = chronological_split(g)

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from tgdist.data.graph import TemporalGraph, chronological_split
+from tgdist.data.sampler import TCSR, NegativeSampler, TemporalSampler
 from tgdist.memory.store import LocalMemory, mail_rounds
 from tgdist.models.modules import HopTables, TemporalAttentionLayer, build_model, use_cpu_kernels
-from tgdist.data.sampler import TCSR, NegativeSampler, TemporalSampler
 from tgdist.runtime.trainer import Trainer, memory_for
 
 

@@ -17,8 +17,8 @@ import warnings
 from pathlib import Path
 
 from tgdist.config import DataConfig, SyntheticConfig, key_notes
-from tgdist.errors import ConfigError, TgdistError, log_warnings_as_lines
 from tgdist.data import graph as tdata
+from tgdist.errors import ConfigError, TgdistError, log_warnings_as_lines
 
 
 def _parser() -> argparse.ArgumentParser:

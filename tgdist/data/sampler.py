@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from tgdist.errors import ConfigError
-from tgdist.kernels import graph
 from tgdist.data.graph import TemporalGraph
+from tgdist.errors import ConfigError
+from tgdist.kernels import graph as kernels
 from tgdist.kernels.reference import splitmix64
 
 

@@ -28,9 +28,9 @@ from typing import Callable
 
 import numpy as np
 
-from tgdist.errors import ConfigError
-from tgdist.kernels import graph
 from tgdist.data.graph import TemporalGraph
+from tgdist.errors import ConfigError
+from tgdist.kernels import graph as kernels
 from tgdist.kernels.reference import splitmix64
 
 # Bump when the same parameters would produce a different stream.

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Mapping
 
-from tgdist.errors import ConfigError, RunFailure, first_line
 from tgdist.distributed.schedule import Layout, num_global_batches, passes_per_group, segment_bounds
+from tgdist.errors import ConfigError, RunFailure, first_line
 
 log = logging.getLogger(__name__)
 

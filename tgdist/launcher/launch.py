@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     if not {"-m", "--multirun"} & set(args.overrides):
         nproc = None
         if args.module == "tgdist.train":  # settings errors once, here, not from every rank after start-up
-            from tgdist.config import precheck_overrides
+            from tgdist.cli.overrides import precheck_overrides
             from tgdist.runtime.build import precheck
 
             cfg = precheck_overrides("tgdist launch", "train", args.overrides)
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
                 processes = nproc * args.nnodes
                 if cfg.train.resume:  # a checkpoint of another config or epochs, before any process starts
                     from tgdist.runtime import checkpoint
-                    from tgdist.runtime.run import is_parallel
+                    from tgdist.runtime.build import is_parallel
 
                     checkpoint.check_resume(cfg, parallel=is_parallel(cfg) or processes > 1)
                 return _launch_in_own_directory(args, cfg, nproc)
@@ -283,7 +283,8 @@ def _launch_in_own_directory(args: argparse.Namespace, cfg, nproc: int) -> int:
     first and hands it to the ranks: launches started in the same second wrote into one directory,
     the later one's results replacing the other's without a word. A directory the user names, a
     resumed run's own, a dry run and a launch of one machine among several are left as they are."""
-    from tgdist.config import claim_directory, override_value, quoted, remove_empty_dirs
+    from tgdist.cli.overrides import override_value, quoted
+    from tgdist.runtime.rundir import claim_directory, remove_empty_dirs
 
     overrides = args.overrides
     if (override_value(overrides, "run_dir") is not None or cfg.train.resume or args.dry_run
@@ -304,15 +305,9 @@ def _sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     in ``RUN_DIR/N`` when ``run_dir`` is given. Stops at the first job that fails."""
     import time
 
-    from tgdist.config import (
-        claim_directory,
-        jobs_not_run,
-        override_value,
-        remove_empty_dirs,
-        sweep_jobs,
-        swept_values,
-    )
+    from tgdist.cli.overrides import jobs_not_run, override_value, sweep_jobs, swept_values
     from tgdist.runtime.build import precheck
+    from tgdist.runtime.rundir import claim_directory, remove_empty_dirs
 
     def check(cfg) -> None:
         precheck(cfg)

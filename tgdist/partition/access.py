@@ -24,10 +24,10 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from tgdist.errors import ConfigError
-from tgdist.partition import kernels
 from tgdist.data.graph import TemporalGraph
 from tgdist.data.sampler import TCSR, NegativeSampler, TemporalSampler
+from tgdist.errors import ConfigError
+from tgdist.partition import kernels
 
 WEIGHTS = ("dedup", "raw")
 

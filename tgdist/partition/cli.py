@@ -23,11 +23,11 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 import tgdist
-from tgdist.config import config_dir, load_data, precheck_command
+from tgdist.cli.overrides import precheck_command
+from tgdist.config import PartitionConfig, PartitionJob, config_dir, load_data, register_schemas
 from tgdist.errors import ConfigError, TgdistError, log_warnings_as_lines
 from tgdist.partition import artifact, measures, methods
 from tgdist.partition.access import WEIGHTS, build_access_graph
-from tgdist.partition.config import PartitionConfig, PartitionJob, register_schemas
 from tgdist.partition.idmap import DualHashMap
 
 register_schemas()

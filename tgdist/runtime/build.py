@@ -14,10 +14,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from tgdist import version_line
 from tgdist.config import check_data_source, load_data
-from tgdist.errors import ConfigError
-from tgdist.distributed.schedule import LR_SCALING_MODES, Layout, passes_per_group
-from tgdist.runtime import checkpoint
-from tgdist.kernels import graph
 from tgdist.data.graph import (
     TIME_UNITS,
     TemporalGraph,
@@ -26,8 +22,12 @@ from tgdist.data.graph import (
     label_classes,
     label_ranges,
 )
-from tgdist.models.modules import build_model, use_cpu_kernels
 from tgdist.data.sampler import TCSR, NegativeSampler, TemporalSampler
+from tgdist.distributed.schedule import LR_SCALING_MODES, Layout, passes_per_group
+from tgdist.errors import ConfigError
+from tgdist.kernels import graph as kernels
+from tgdist.models.modules import build_model, use_cpu_kernels
+from tgdist.runtime import checkpoint
 from tgdist.runtime.trainer import Trainer, memory_for, time_scale
 
 log = logging.getLogger(__name__)
@@ -147,6 +147,15 @@ def precheck(cfg: DictConfig) -> None:
     check_data_source(cfg.data)
 
 
+def is_parallel(cfg: DictConfig) -> bool:
+    """Parallel layout requested, started by torchrun / SLURM / MPI with several processes, or node
+    memory in a daemon process (which the parallel runner starts and stops, also for 1 x 1 x 1)."""
+    from tgdist.distributed.world import detect
+
+    return ((cfg.parallel.i, cfg.parallel.j, cfg.parallel.k) != (1, 1, 1) or detect().world_size > 1
+            or cfg.memory.backend == "daemon")
+
+
 def check_labels(task: str, graph: TemporalGraph, split) -> None:
     """The labels ``train.task=node|edge`` will use exist and make targets (a ConfigError or
     DataError otherwise, before any training): per-event labels, or for the node task the node
@@ -264,6 +273,6 @@ def compose(overrides: list[str] | None = None, config_name: str = "train",
     with ``return_hydra_config``, Hydra's own settings too (under ``hydra``). A bad override (a key
     not in the config, ``+key`` included, a value of the wrong type, an unknown group option)
     raises ``ConfigError`` with the line the command would print. Hydra's global state is reset."""
-    from tgdist.config import checked_compose
+    from tgdist.cli.overrides import checked_compose
 
     return checked_compose(list(overrides or []), config_name, return_hydra_config)

@@ -28,17 +28,18 @@ import socket
 import time
 import traceback
 from pathlib import Path
+
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from tgdist.config import model_tag
-from tgdist.errors import ConfigError
 from tgdist.distributed import collectives
 from tgdist.distributed.schedule import Layout, num_iterations, scaled_lr, step
-from tgdist.runtime import checkpoint, rundir
+from tgdist.errors import ConfigError
 from tgdist.kernels.graph import cpu_mask
 from tgdist.memory.store import LocalMemory, MemoryRead, MemoryStore
+from tgdist.runtime import checkpoint, rundir
 from tgdist.runtime.trainer import Trainer, memory_for
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from pathlib import Path
 
 import numpy as np
@@ -17,12 +16,12 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
 from tgdist.config import model_tag
-from tgdist.errors import ConfigError
-from tgdist.runtime import checkpoint, rundir
-from tgdist.runtime.build import build_trainer, check_labels, validate
 from tgdist.data.graph import NodeLabels, class_targets, label_ranges
-from tgdist.runtime.metrics import f1_multilabel, roc_auc
+from tgdist.errors import ConfigError
 from tgdist.models.modules import MLPClassifier
+from tgdist.runtime import checkpoint, rundir
+from tgdist.runtime.build import build_trainer, check_labels, is_parallel, validate
+from tgdist.runtime.metrics import f1_multilabel, roc_auc
 from tgdist.runtime.trainer import SIDE_STREAMS, Progress, Trainer
 
 log = logging.getLogger(__name__)
@@ -44,7 +43,7 @@ class Run:
         if is_parallel(cfg):  # it would train one process with local memory, without a word
             p = cfg.parallel
             raise ConfigError(f"Run trains one process with local memory, not parallel.i/j/k={p.i}/{p.j}/{p.k} with "
-                              f"memory.backend={cfg.memory.backend}: use tgdist.runtime.run.run(cfg, run_dir) for "
+                              f"memory.backend={cfg.memory.backend}: use tgdist.runtime.driver.run(cfg, run_dir) for "
                               f"daemon memory, tgdist launch or torchrun for several processes")
         self.cfg = cfg
         self.dir = Path(run_dir)
@@ -323,29 +322,3 @@ def downstream(tr: Trainer, task: str, epochs: int) -> dict:
 
 class _Stop(Exception):
     pass
-
-
-def is_parallel(cfg: DictConfig) -> bool:
-    """Parallel layout requested, started by torchrun / SLURM / MPI with several processes, or node
-    memory in a daemon process (which the parallel runner starts and stops, also for 1 x 1 x 1)."""
-    from tgdist.distributed.world import detect
-
-    return ((cfg.parallel.i, cfg.parallel.j, cfg.parallel.k) != (1, 1, 1) or detect().world_size > 1
-            or cfg.memory.backend == "daemon")
-
-
-def run(cfg: DictConfig, run_dir: str | Path) -> dict:
-    from tgdist.distributed.world import detect
-
-    start = time.perf_counter()
-    if is_parallel(cfg):
-        from tgdist.runtime.distributed import run_parallel
-
-        summary = run_parallel(cfg, run_dir)
-    else:
-        summary = Run(cfg, run_dir).train()
-    summary["wall_seconds"] = round(time.perf_counter() - start, 2)
-    written = Path(summary.get("run_dir", run_dir)) / "summary.json"
-    if detect().rank == 0 and "run_dir" in summary and written.exists():  # the same summary as stdout's last line
-        written.write_text(json.dumps(summary, indent=1))
-    return summary

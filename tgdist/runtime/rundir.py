@@ -144,3 +144,38 @@ def release(path: Path) -> bool:
 
 def _has_checkpoint(folder: Path | None) -> bool:
     return folder is not None and folder.is_dir() and any(folder.iterdir())
+
+
+def claim_directory(path: Path) -> Path:
+    """Make ``path``, or ``path-2``, ``-3``... where it exists, and return the one made. Default
+    run and sweep directories name the second they start, so runs started together (``for s in 0 1
+    2; do tgdist train train.seed=$s & done``) would share one and overwrite each other's files;
+    making a directory is atomic, so each gets its own. Directories the user names are used as
+    given, not through this."""
+    from tgdist.errors import ConfigError
+
+    made = [p for p in path.parents if not p.exists()]  # deepest first, removed again on failure
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for n in range(1, 10_000):
+            candidate = path if n == 1 else path.with_name(f"{path.name}-{n}")
+            try:
+                candidate.mkdir()
+                return candidate
+            except FileExistsError:
+                continue
+    except OSError as e:  # a read-only working directory, a name too long for the file system
+        remove_empty_dirs(made)
+        raise ConfigError(f"cannot make the directory {path} ({e.strerror or e}); name another with run_dir= "
+                          f"(hydra.sweep.dir= for a sweep)") from None
+    raise ConfigError(f"{path}: 10,000 directories of this name exist; name one yourself")
+
+
+def remove_empty_dirs(folders: list[Path]) -> None:
+    """Remove ``folders`` (deepest first) that a command made and left empty; stops at the first
+    that holds something (another run may have started in it meanwhile)."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            break

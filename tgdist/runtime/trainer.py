@@ -18,12 +18,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tgdist.kernels import jit, graph
 from tgdist.data.graph import Split, TemporalGraph
-from tgdist.memory.store import LocalMemory, MemoryStore
-from tgdist.runtime.metrics import average_precision, reciprocal_ranks, roc_auc
-from tgdist.models.modules import EmbedInput, HopTables, TemporalModel
 from tgdist.data.sampler import NegativeSampler, TemporalSampler
+from tgdist.kernels import graph as kernels
+from tgdist.kernels import jit
+from tgdist.memory.store import LocalMemory, MemoryStore
+from tgdist.models.modules import EmbedInput, HopTables, TemporalModel
+from tgdist.runtime.metrics import average_precision, reciprocal_ranks, roc_auc
 
 log = logging.getLogger(__name__)
 
