@@ -271,6 +271,13 @@ class MemoryConfig:
 
 
 @dataclass
+class PipelineConfig:
+    """How the stages of consecutive iterations overlap. None yet: every stage runs after the
+    previous one (DESIGN.md "One training iteration"); the pipelines of the issues after the
+    restructuring add their switches here."""
+
+
+@dataclass
 class TrainApp:
     data: DataConfig = field(default_factory=DataConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
@@ -278,6 +285,7 @@ class TrainApp:
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     # where the run writes config.yaml, metrics.jsonl, summary.json, train.log and checkpoints/
     run_dir: str = "runs/${now:%Y%m%d-%H%M%S}-${data.name}-${model_tag:${model.name},${model.num_layers}}"
 
@@ -286,6 +294,9 @@ register("train_schema", TrainApp)
 register("data_schema", DataConfig, group="data")
 register("model_schema", ModelConfig, group="model")
 register("train_schema", TrainConfig, group="train")
+register("parallel_schema", ParallelConfig, group="parallel")
+register("memory_schema", MemoryConfig, group="memory")
+register("pipeline_schema", PipelineConfig, group="pipeline")
 
 
 # ``tgdist partition``'s schema (Sven 3.1.2), registered by ``register_schemas``.
