@@ -30,7 +30,7 @@ def _numba_cache_fallback() -> None:
         return
     here = os.path.dirname(os.path.abspath(__file__))
     user_cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    if all(_writable(os.path.join(here, pkg, "__pycache__")) for pkg in ("runtime", "partition")) \
+    if all(_writable(os.path.join(here, pkg, "__pycache__")) for pkg in ("kernels", "partition")) \
             or _writable(os.path.join(user_cache, "numba")):
         return
     import tempfile

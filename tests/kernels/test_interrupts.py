@@ -84,7 +84,7 @@ def test_sigterm_is_held_like_ctrl_c_and_raises_terminated():
 def test_termination_signals_keep_an_ignore_and_name_their_exit_code():
     """``nohup`` ignores SIGHUP: it stays ignored. ``stopped`` gives the closing words and the
     shell's exit code for each signal, also for an error the signal caused."""
-    code = ("import signal; from tgdist.runtime import interrupts as i; i.terminate_as_interrupt(); "
+    code = ("import signal; from tgdist.kernels import interrupts as i; i.terminate_as_interrupt(); "
             "print(signal.getsignal(signal.SIGHUP) == signal.SIG_IGN, signal.getsignal(signal.SIGTERM).__name__)")
     r = subprocess.run(["nohup", sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 0, r.stderr

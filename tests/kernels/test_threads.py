@@ -22,12 +22,12 @@ def on_one_cpu(args, cwd):
 
 
 def test_auto_threads_follow_the_affinity_mask(tmp_path):
-    code = ("import torch; from tgdist.runtime import kernels; "
+    code = ("import torch; from tgdist.kernels import graph as kernels; "
             "print(kernels.available_cpus(), kernels.set_threads(0), torch.get_num_threads())")
     r = on_one_cpu(["-c", code], tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["1", "1", "1"]
-    r = subprocess.run([sys.executable, "-c", "from tgdist.runtime import kernels; print(kernels.available_cpus())"],
+    r = subprocess.run([sys.executable, "-c", "from tgdist.kernels import graph as kernels; print(kernels.available_cpus())"],
                        capture_output=True, text=True, timeout=300, check=False)
     assert int(r.stdout) == len(os.sched_getaffinity(0))
 
