@@ -1,2 +1,3 @@
-"""Event streams as temporal graphs: readers, the T-CSR and samplers, splits, the on-disk cache,
-the synthetic generator and ``tgdist data``. Imports only ``tgdist.kernels`` and ``tgdist.errors``."""
+"""Event streams as temporal graphs: readers, the T-CSR and samplers, splits, the on-disk cache
+and the synthetic generator (``tgdist data`` is ``tgdist.cli.data``). Imports only
+``tgdist.kernels``, ``tgdist.checksum`` and ``tgdist.errors``."""
