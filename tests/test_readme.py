@@ -85,7 +85,7 @@ def test_links_and_anchors_resolve(page):
     for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]+))?\)", page.read_text()):
         if target.startswith(("http://", "https://")):
             continue
-        path = _target(page, target) if target else page
+        path = (page.parent / target).resolve() if target else page  # as GitHub resolves it: from the page
         assert path.exists(), f"{_rel(page)} links to {target}, which does not exist"
         if anchor and path.suffix == ".md":
             assert anchor in {_slug(h) for h in _headings(path)}, f"{_rel(page)}: no heading for #{anchor} in {target}"
