@@ -2,7 +2,7 @@
 
 # OpenMP's wait policy is left at the runtime's default (spinning). OMP_WAIT_POLICY=PASSIVE helps
 # only on an oversubscribed machine and costs a third of training speed when the cores are free,
-# because every torch op then wakes sleeping threads: README, "Threads", and benchmarks/BENCHMARKS.md,
+# because every torch op then wakes sleeping threads: docs/training.md, "Threads", and benchmarks/BENCHMARKS.md,
 # "OpenMP wait policy".
 
 import os
