@@ -182,7 +182,7 @@ class MailboxAttentionUpdater(nn.Module):
     the newest one, so the update depends only on the node (not on the querying root).
 
     ``fused`` (the default, on any device): the key/value map is applied on the query side, as the
-    TGN attention's time projection is (attention_kernels.py). Per head,
+    TGN attention's time projection is (tgdist/kernels/attention.py). Per head,
     ``q . (W_k x_j + b_k) = (W_k^T q) . x_j + q . b_k``, whose last term is the same for every
     slot and cancels in the softmax, and ``sum_j p_j (W_v x_j + b_v) = W_v sum_j p_j x_j + b_v``
     (the weights sum to 1: only nodes with a mail are updated). So no mail is projected: two
@@ -321,7 +321,7 @@ class TemporalAttentionLayer(nn.Module):
         self.norm = nn.LayerNorm(out_dim)
         self.dropout = Dropout(dropout)
         # CPU (float32): numba kernels that never materialise per-pair rows and never project each
-        # distinct time gap (attention_kernels.py), and ReLU, dropout and LayerNorm in one pass
+        # distinct time gap (tgdist/kernels/attention.py), and ReLU, dropout and LayerNorm in one pass
         # (cpu_ops.py); GPU and fused=False: the torch formulation below. Both give the same
         # values and gradients (tests/kernels/test_cpu_ops.py).
         self.fused = True
@@ -360,7 +360,7 @@ class TemporalAttentionLayer(nn.Module):
 
     def _fused(self, q, kv_node, hop: HopTables, edge: bool, index) -> torch.Tensor:
         """The same attention with the time and edge projections moved to the root side
-        (attention_kernels.py): ``q_h . W_h x = (W_h^T q_h) . x`` for the scores and
+        (tgdist/kernels/attention.py): ``q_h . W_h x = (W_h^T q_h) . x`` for the scores and
         ``sum_j p_j W_h x_j = W_h sum_j p_j x_j`` for the values, both linear maps without bias.
         ``q`` is per table row; its projections are too, gathered to the roots by ``index``."""
         from tgdist.kernels.attention import fused_attention
