@@ -285,7 +285,7 @@ class TrainApp:
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
-    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)  # stages overlapping across iterations: none yet
     # where the run writes config.yaml, metrics.jsonl, summary.json, train.log and checkpoints/
     run_dir: str = "runs/${now:%Y%m%d-%H%M%S}-${data.name}-${model_tag:${model.name},${model.num_layers}}"
 
