@@ -40,6 +40,13 @@ def tree(root: Path) -> dict[str, bytes | None]:
     return {str(p.relative_to(root)): (p.read_bytes() if p.is_file() else None) for p in sorted(root.rglob("*"))}
 
 
+def foreign(command: str, run_dir: Path, names: str) -> str:
+    """The one line refusing a run_dir that holds files of something other than a tgdist run."""
+    return (f"tgdist {command}: error: run_dir={run_dir} holds files that are not a tgdist run's ({names}); give a new "
+            f"or empty directory, or train.overwrite=true to write into it (its config.yaml, metrics.jsonl, "
+            f"summary.json, train.log and checkpoints/ would be replaced)")
+
+
 def private_dirs() -> set[str]:
     return {p.name for p in Path(tempfile.gettempdir()).glob("tgdist-rank*")}
 
@@ -52,10 +59,7 @@ def test_a_folder_of_ones_own_files_is_refused_as_run_dir(tmp_path):
     before = tree(tmp_path)
     r = tgdist("train", *QUICK, "run_dir=.", cwd=proj)
     assert r.returncode == 2
-    assert r.stderr.strip().splitlines() == [
-        f"tgdist train: error: run_dir={proj} holds files that are not a tgdist run's (config.yaml); give a new or "
-        f"empty directory, or train.overwrite=true to write into it (its config.yaml, metrics.jsonl, summary.json, "
-        f"train.log and checkpoints/ would be replaced)"]
+    assert r.stderr.strip().splitlines() == [foreign("train", proj, "config.yaml")]
     assert tree(tmp_path) == before
 
 
@@ -189,10 +193,7 @@ def test_tgdist_launch_refuses_a_folder_of_other_files_before_starting_ranks(tmp
     before = tree(tmp_path)
     r = tgdist("launch", "--nproc", "2", "--", "parallel.i=2", "run_dir=.", cwd=tmp_path)
     assert r.returncode == 2
-    assert r.stderr.strip().splitlines() == [
-        f"tgdist launch: error: run_dir={tmp_path} holds files that are not a tgdist run's (notes.txt); give a new or "
-        f"empty directory, or train.overwrite=true to write into it (its config.yaml, metrics.jsonl, summary.json, "
-        f"train.log and checkpoints/ would be replaced)"]
+    assert r.stderr.strip().splitlines() == [foreign("launch", tmp_path, "notes.txt")]
     assert tree(tmp_path) == before
 
 

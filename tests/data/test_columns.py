@@ -42,15 +42,19 @@ def line_of(message: str) -> str:
 # A third field that is probably not the time
 
 
+def snap_doubt(path, distinct: int, later: str) -> str:
+    """The line stopping a SNAP-shaped file read by position: its ratings (-10..10) in column 3."""
+    return (f"{path}: column 3, read as the time, holds {distinct} distinct values, some negative (-10 .. 10), but "
+            f"column 4 looks like Unix times ({later}): name the columns, \"data.columns='src,dst,feat,t'\" (tgdist "
+            f"data: --columns src,dst,feat,t), or set data.strict_columns=false (tgdist data: --columns src,dst,t,feat) "
+            f"to read column 3 as the time")
+
+
 def test_a_rating_read_as_the_time_stops_the_read_and_names_the_columns(tmp_path, cache_dir):
     path = write_rows(tmp_path / "otc.csv", snap_rows())
     with pytest.raises(DataError) as err:
         load_graph(path)
-    assert line_of(str(err.value)) == (
-        f"{path}: column 3, read as the time, holds 21 distinct values, some negative (-10 .. 10), but column 4 "
-        f"looks like Unix times (120 distinct values, 2010-11-08 .. 2010-11-13): name the columns, "
-        f"\"data.columns='src,dst,feat,t'\" (tgdist data: --columns src,dst,feat,t), or set "
-        f"data.strict_columns=false (tgdist data: --columns src,dst,t,feat) to read column 3 as the time")
+    assert line_of(str(err.value)) == snap_doubt(path, 21, "120 distinct values, 2010-11-08 .. 2010-11-13")
     assert list(cache_dir.iterdir()) == []  # a refused read leaves no cache entry
 
 
@@ -139,11 +143,7 @@ def test_the_shared_bitcoin_otc_read_by_position_stops(datasets_dir, cache_dir):
     path = datasets_dir / "bitcoin-otc" / "soc-sign-bitcoinotc.csv.gz"
     with pytest.raises(DataError) as err:
         load_graph(path)
-    assert line_of(str(err.value)) == (
-        f"{path}: column 3, read as the time, holds 20 distinct values, some negative (-10 .. 10), but column 4 "
-        f"looks like Unix times (35,592 distinct values, 2010-11-08 .. 2016-01-25): name the columns, "
-        f"\"data.columns='src,dst,feat,t'\" (tgdist data: --columns src,dst,feat,t), or set "
-        f"data.strict_columns=false (tgdist data: --columns src,dst,t,feat) to read column 3 as the time")
+    assert line_of(str(err.value)) == snap_doubt(path, 20, "35,592 distinct values, 2010-11-08 .. 2016-01-25")
     g = load_graph(path, columns="src,dst,feat,t")  # as configs/data/bitcoin_otc.yaml reads it
     assert g.num_events == 35_592 and g.t.min() > EPOCH - 1
 
