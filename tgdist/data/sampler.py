@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from tgdist.errors import ConfigError
-from tgdist.kernels import graph
+from tgdist.kernels import graph as kernels
 from tgdist.data.graph import TemporalGraph
 from tgdist.kernels.reference import splitmix64
 

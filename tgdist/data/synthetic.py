@@ -29,7 +29,7 @@ from typing import Callable
 import numpy as np
 
 from tgdist.errors import ConfigError
-from tgdist.kernels import graph
+from tgdist.kernels import graph as kernels
 from tgdist.data.graph import TemporalGraph
 from tgdist.kernels.reference import splitmix64
 

@@ -17,7 +17,7 @@ from tgdist.config import check_data_source, load_data
 from tgdist.errors import ConfigError
 from tgdist.distributed.schedule import LR_SCALING_MODES, Layout, passes_per_group
 from tgdist.runtime import checkpoint
-from tgdist.kernels import graph
+from tgdist.kernels import graph as kernels
 from tgdist.data.graph import (
     TIME_UNITS,
     TemporalGraph,

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tgdist.kernels import jit, graph
+from tgdist.kernels import graph as kernels, jit
 from tgdist.data.graph import Split, TemporalGraph
 from tgdist.memory.store import LocalMemory, MemoryStore
 from tgdist.runtime.metrics import average_precision, reciprocal_ranks, roc_auc
