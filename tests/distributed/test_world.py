@@ -12,7 +12,7 @@ from tgdist.distributed import collectives as C
 from tgdist.distributed import world as W
 from tgdist.distributed.schedule import Layout
 
-from .helpers import free_port
+from tests.launcher.helpers import free_port
 
 
 # ---------------------------------------------------------------- host lists
