@@ -139,19 +139,13 @@ class ParallelRun:
         return [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.tr.model.parameters()]
 
     def _average_gradients(self) -> None:
-        """Sum over all ranks, divide by the ranks active in this iteration."""
+        """Sum over all ranks, divide by the ranks active in this iteration (an idle rank adds zeros)."""
         params = list(self.tr.model.parameters())
         grads = self._grads() if self.active else [torch.zeros_like(p) for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads] + [torch.tensor([1.0 if self.active else 0.0])])
-        if collectives.group_size(self.groups.get("world")) > 1:
-            torch.distributed.all_reduce(flat, group=self.groups.get("world"))
-            self.counter.add("gradients", sent=flat.numel() * 4, received=flat.numel() * 4)
-        count = max(float(flat[-1]), 1.0)
-        offset = 0
-        for p in params:
-            n = p.numel()
-            p.grad = (flat[offset:offset + n] / count).view_as(p).clone()
-            offset += n
+        collectives.all_reduce_mean(grads, self.groups.get("world"), name="gradients", counter=self.counter,
+                                    active=self.active)
+        for p, g in zip(params, grads):
+            p.grad = g
 
     def _idle_step(self) -> None:
         """An inactive rank still joins the gradient exchange and applies the same update."""
@@ -287,7 +281,7 @@ def cpu_share(group) -> int:
     mine = (socket.gethostname(), mask)
     peers = collectives.all_gather_object(mine, group, name="cpu_share", counter=collectives.ByteCounter())
     sharing = peers.count(mine)
-    me = torch.distributed.get_rank(group) if torch.distributed.is_initialized() else 0
+    me = collectives.group_rank(group)
     if sharing > len(mask) and peers.index(mine) == me:  # said by the machine's first rank
         log.warning("%d trainer processes share %d CPU%s on %s: each runs one thread, and they take turns on "
                     "the cores (fewer processes, or more CPUs per process, would train faster on CPU)",
