@@ -8,6 +8,10 @@ algorithm's wire traffic (e.g. a ring all-reduce's ``2 (n-1)/n`` factor) is not 
 
 With a single process (torch.distributed not initialised, or a group of one) every helper returns
 its input unchanged, so the same code path runs on 1 and on N processes.
+
+Devices: a collective takes its tensors on its group's communication device (``comm_device``: the
+rank's CUDA device under NCCL, the CPU under gloo and MPI), whatever the compute device of the
+caller. The helpers move what they send there and give results back on the caller's device.
 """
 
 from __future__ import annotations
@@ -22,7 +26,8 @@ import torch.distributed as dist
 
 from tgdist.errors import RunFailure, TgdistError
 
-__all__ = ["ByteCounter", "Traffic", "all_reduce_mean", "all_gather_object", "broadcast_object", "broadcast_tensors", "result_of", "barrier", "group_size"]
+__all__ = ["ByteCounter", "Traffic", "all_reduce_mean", "all_gather_object", "all_gather_rows", "broadcast_object",
+           "broadcast_tensors", "result_of", "barrier", "comm_device", "group_rank", "group_size"]
 
 
 @dataclass
@@ -73,30 +78,56 @@ def group_size(group=None) -> int:
     return dist.get_world_size(group)
 
 
+def group_rank(group=None) -> int:
+    """This process's rank in ``group`` (None = world); 0 when torch.distributed is not initialised."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return 0
+    return dist.get_rank(group)
+
+
+def comm_device(group=None) -> torch.device:
+    """The device ``group``'s collectives take their tensors on: the rank's CUDA device under NCCL
+    (``ProcessGroups.init`` selects it), the CPU under gloo and MPI, and without torch.distributed."""
+    if dist.is_available() and dist.is_initialized() and dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def all_reduce_mean(tensors: Sequence[torch.Tensor], group=None, name: str = "all_reduce",
-                    counter: ByteCounter | None = None) -> Sequence[torch.Tensor]:
+                    counter: ByteCounter | None = None, active: bool | None = None) -> Sequence[torch.Tensor]:
     """Average ``tensors`` in place over ``group`` (one flat buffer per dtype: one collective call
-    instead of one per tensor). Returns the same tensors."""
+    instead of one per tensor), on the group's ``comm_device``; the results are copied back into
+    ``tensors`` on their own device. Returns the same tensors.
+
+    ``active`` (gradient averaging, where ranks idle in the epoch-parallel tail pass zeros): the
+    sum is divided by the number of ranks that passed ``active=True`` (at least 1), which travels
+    as one more element of the first buffer (and is counted). None: by the group's size."""
     counter = DEFAULT_COUNTER if counter is None else counter
     tensors = [t for t in tensors if t is not None]
     if not _active(group) or not tensors:
         return tensors
     if any(not t.is_floating_point() for t in tensors):
         raise TypeError("all_reduce_mean averages floating-point tensors only")
-    n = group_size(group)
+    n, dev = group_size(group), comm_device(group)
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for t in tensors:
         by_dtype.setdefault(t.dtype, []).append(t)
     nbytes = 0
-    for same in by_dtype.values():
-        flat = torch.cat([t.reshape(-1) for t in same])
+    for k, same in enumerate(by_dtype.values()):
+        parts = [t.reshape(-1) for t in same]
+        counted = active is not None and k == 0
+        if counted:
+            parts.append(same[0].new_full((1,), 1.0 if active else 0.0))
+        flat = torch.cat(parts).to(dev)
         dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+        nbytes += flat.numel() * flat.element_size()
+        if counted:
+            n = max(float(flat[-1]), 1.0)
         flat /= n
         offset = 0
         for t in same:
             t.copy_(flat[offset:offset + t.numel()].view_as(t))
             offset += t.numel()
-        nbytes += flat.numel() * flat.element_size()
     counter.add(name, sent=nbytes, received=nbytes)
     return tensors
 
@@ -107,9 +138,14 @@ def broadcast_tensors(tensors: Sequence[torch.Tensor], src: int = 0, group=None,
     counter = DEFAULT_COUNTER if counter is None else counter
     if not _active(group):
         return tensors
+    dev = comm_device(group)
     nbytes = 0
     for t in tensors:
-        dist.broadcast(t.data, src=src, group=group)
+        data = t.detach()  # the tensor's own storage (parameters included)
+        buf = data.to(dev)
+        dist.broadcast(buf, src=src, group=group)
+        if buf.device != data.device:
+            data.copy_(buf)
         nbytes += t.numel() * t.element_size()
     counter.add(name, **({"sent": nbytes} if dist.get_rank() == src else {"received": nbytes}))
     return tensors
@@ -196,24 +232,26 @@ def barrier(group=None, timeout: timedelta | float = 300.0, name: str = "barrier
 
 def all_gather_rows(rows: torch.Tensor, group=None, name: str = "all_gather_rows",
                     counter: ByteCounter | None = None) -> list[torch.Tensor]:
-    """Every rank's ``rows [n_r, width]`` (n_r may differ per rank), in group rank order: sizes
-    first, then one padded all_gather. With one process: ``[rows]``."""
+    """Every rank's ``rows [n_r, width]`` (n_r may differ per rank), in group rank order, on the
+    device of ``rows``: sizes first, then one padded all_gather on the group's ``comm_device``.
+    With one process: ``[rows]``."""
     counter = DEFAULT_COUNTER if counter is None else counter
     if not _active(group):
         return [rows]
-    n = group_size(group)
-    size = torch.tensor([rows.shape[0]], dtype=torch.int64)
-    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(n)]
+    n, dev = group_size(group), comm_device(group)
+    size = torch.tensor([rows.shape[0]], dtype=torch.int64, device=dev)
+    sizes = [torch.zeros(1, dtype=torch.int64, device=dev) for _ in range(n)]
     dist.all_gather(sizes, size, group=group)
-    longest = max(int(s) for s in sizes)
+    counts = [int(s) for s in sizes]
+    longest = max(counts)
     if longest == 0:
         counter.add(name)
         return [rows[:0] for _ in range(n)]
-    padded = rows.new_zeros((longest, *rows.shape[1:]))
+    padded = torch.zeros((longest, *rows.shape[1:]), dtype=rows.dtype, device=dev)
     padded[: rows.shape[0]] = rows
     out = [torch.empty_like(padded) for _ in range(n)]
     dist.all_gather(out, padded, group=group)
     sent = rows.numel() * rows.element_size()
     row_bytes = padded[0].numel() * padded.element_size()
-    counter.add(name, sent=sent, received=sum(int(s) for s in sizes) * row_bytes - sent)
-    return [o[: int(s)] for o, s in zip(out, sizes)]
+    counter.add(name, sent=sent, received=sum(counts) * row_bytes - sent)
+    return [o[:c].to(rows.device) for o, c in zip(out, counts)]

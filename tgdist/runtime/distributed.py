@@ -73,15 +73,18 @@ class ReplicatedMemory(LocalMemory):
     def write_mail(self, ids, mail, mail_ts):
         if not self.sync:
             return super().write_mail(ids, mail, mail_ts)
-        rnd = torch.full((ids.shape[0], 1), float(len(self._mail_rows)), dtype=torch.float64)
+        rnd = torch.full((ids.shape[0], 1), float(len(self._mail_rows)), dtype=torch.float64, device=mail.device)
         self._mail_rows.append(torch.cat([rnd, ids.double()[:, None], mail_ts.double()[:, None],
                                           mail.detach().double()], 1))
 
     def flush(self) -> None:
         """Exchange and apply this iteration's writes of the whole memory group (every rank of the
         group must call it, writers and non-writers alike)."""
-        mem = torch.cat(self._mem_rows) if self._mem_rows else torch.zeros(0, 2 + self.mem_dim, dtype=torch.float64)
-        mail = torch.cat(self._mail_rows) if self._mail_rows else torch.zeros(0, 3 + self.mail_dim, dtype=torch.float64)
+        dev = self.mem.device  # all_gather_rows answers on the device it is given: the replica's
+        mem = torch.cat(self._mem_rows) if self._mem_rows else \
+            torch.zeros(0, 2 + self.mem_dim, dtype=torch.float64, device=dev)
+        mail = torch.cat(self._mail_rows) if self._mail_rows else \
+            torch.zeros(0, 3 + self.mail_dim, dtype=torch.float64, device=dev)
         self._mem_rows, self._mail_rows = [], []
         for rows in collectives.all_gather_rows(mem, self.group, name="memory_write", counter=self.counter):
             if rows.shape[0]:
@@ -140,19 +143,13 @@ class ParallelRun:
         return [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.tr.model.parameters()]
 
     def _average_gradients(self) -> None:
-        """Sum over all ranks, divide by the ranks active in this iteration."""
+        """Sum over all ranks, divide by the ranks active in this iteration (an idle rank adds zeros)."""
         params = list(self.tr.model.parameters())
         grads = self._grads() if self.active else [torch.zeros_like(p) for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads] + [torch.tensor([1.0 if self.active else 0.0])])
-        if collectives.group_size(self.groups.get("world")) > 1:
-            torch.distributed.all_reduce(flat, group=self.groups.get("world"))
-            self.counter.add("gradients", sent=flat.numel() * 4, received=flat.numel() * 4)
-        count = max(float(flat[-1]), 1.0)
-        offset = 0
-        for p in params:
-            n = p.numel()
-            p.grad = (flat[offset:offset + n] / count).view_as(p).clone()
-            offset += n
+        collectives.all_reduce_mean(grads, self.groups.get("world"), name="gradients", counter=self.counter,
+                                    active=self.active)
+        for p, g in zip(params, grads):
+            p.grad = g
 
     def _idle_step(self) -> None:
         """An inactive rank still joins the gradient exchange and applies the same update."""
@@ -257,7 +254,8 @@ class ParallelRun:
         mine = checkpoint.read_part(d / f"rank-{self.rank}.pt")
         torch.set_rng_state(mine["torch_rng"])
         self.losses = [tuple(x) for x in mine["losses"]]
-        self.slots = {int(slot): tr.prepare(v["lo"], v["hi"], v["neg"].numpy(), read=MemoryRead(**v["read"]))
+        self.slots = {int(slot): tr.prepare(v["lo"], v["hi"], v["neg"].numpy(),  # reads on the compute device
+                                            read=MemoryRead(**{k: t.to(tr.device) for k, t in v["read"].items()}))
                       for slot, v in mine["slots"].items()}
         self.start_iteration = int(state["iteration"])
         log.info("resumed from %s at iteration %d", path, self.start_iteration)
@@ -288,7 +286,7 @@ def cpu_share(group) -> int:
     mine = (socket.gethostname(), mask)
     peers = collectives.all_gather_object(mine, group, name="cpu_share", counter=collectives.ByteCounter())
     sharing = peers.count(mine)
-    me = torch.distributed.get_rank(group) if torch.distributed.is_initialized() else 0
+    me = collectives.group_rank(group)
     if sharing > len(mask) and peers.index(mine) == me:  # said by the machine's first rank
         log.warning("%d trainer processes share %d CPU%s on %s: each runs one thread, and they take turns on "
                     "the cores (fewer processes, or more CPUs per process, would train faster on CPU)",
@@ -448,5 +446,6 @@ def _attach_daemon(trainer: Trainer, cfg: DictConfig, layout: Layout, rank: int,
         run_id = handle.run_id
     run_id = collectives.broadcast_object(run_id, src=layout.memory_group_ranks(kk)[0], group=group,
                                           name="daemon_setup")
-    trainer.memory = DaemonMemory(run_id, kk, jj * layout.i + ii, handle=handle, timeout=cfg.memory.timeout)
+    trainer.memory = DaemonMemory(run_id, kk, jj * layout.i + ii, handle=handle, timeout=cfg.memory.timeout,
+                                  device=trainer.device)  # reads come back on the compute device
     return handle
