@@ -10,7 +10,8 @@ from tgdist.distributed import collectives
 from tgdist.distributed.schedule import Layout
 from tgdist.distributed.world import ProcessGroups, detect
 from tgdist.runtime.build import build_trainer, compose
-from tgdist.runtime.distributed import ParallelRun, ReplicatedMemory
+from tgdist.memory.depcache import DepCacheMemory
+from tgdist.runtime.distributed import ParallelRun
 
 
 def main(out: str, *overrides: str) -> None:
@@ -21,7 +22,7 @@ def main(out: str, *overrides: str) -> None:
     try:
         tr = build_trainer(cfg, progress=False)
         m = tr.model
-        tr.memory = ReplicatedMemory(tr.g.num_nodes, m.mem_dim, m.mail_dim, m.mailbox_size, group=groups.get("memory"))
+        tr.memory = DepCacheMemory(tr.g.num_nodes, m.mem_dim, m.mail_dim, m.mailbox_size, group=groups.get("memory"))
         par = ParallelRun(tr, layout, world.rank, groups, cfg.train.epochs)
         losses, mems, grads = [], [], []
 

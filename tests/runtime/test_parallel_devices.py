@@ -50,16 +50,16 @@ def _check_devices(name: str, fn):
 def _train(cfg, layout, rank: int, groups, backend: str, device: str) -> dict:
     """One rank's run of ``ParallelRun`` with the trainer on ``device``; everything back on the CPU."""
     from tgdist.runtime.build import build_trainer
-    from tgdist.runtime.distributed import ParallelRun, ReplicatedMemory, _attach_daemon
+    from tgdist import memory as stores
+    from tgdist.runtime.distributed import ParallelRun
 
     trainer = build_trainer(cfg, progress=False, device=device)
-    m, daemon = trainer.model, None
+    m = trainer.model
     par = ParallelRun(trainer, layout, rank, groups, cfg.train.epochs, cfg=cfg)
-    if backend == "depcache":
-        trainer.memory = ReplicatedMemory(trainer.g.num_nodes, m.mem_dim, m.mail_dim, m.mailbox_size,
-                                          group=groups.get("memory"), counter=par.counter).to(trainer.device)
-    else:
-        daemon = _attach_daemon(trainer, cfg, layout, rank, groups)
+    trainer.memory = stores.create(backend, stores.StoreContext(
+        trainer.g.num_nodes, m.mem_dim, m.mail_dim, m.mailbox_size, device=trainer.device, layout=layout, rank=rank,
+        groups=groups, counter=par.counter, cfg=cfg, batch_size=trainer.batch_size,
+        fanouts=tuple(trainer.sampler.fanouts)))
     read_devices = set()
     store_read = trainer.memory.read
 
@@ -77,10 +77,7 @@ def _train(cfg, layout, rank: int, groups, backend: str, device: str) -> dict:
         return {"losses": losses, "params": params, "memory": memory, "communication": par.counter.as_dict(),
                 "read_devices": sorted(read_devices), "param_types": sorted({type(p).__name__ for p in m.parameters()})}
     finally:
-        if hasattr(trainer.memory, "close"):
-            trainer.memory.close()
-        if daemon is not None:
-            daemon.stop()
+        trainer.memory.close()  # a daemon's client stops the daemon it started
 
 
 def _collective_helpers(rank: int) -> dict:

@@ -1,3 +1,67 @@
-"""Node memory stores behind one interface (DESIGN.md "Memory stores"): ``store`` (the interface,
-``MemoryRead`` and the in-process ``LocalMemory``), ``daemon`` (DistTGL's memory daemon with its
-client) over ``shm`` (shared-memory segments and doorbells)."""
+"""Node memory stores behind one interface (DESIGN.md "Memory stores"), chosen by name from a
+registry: ``store`` (the interface, ``MemoryRead`` and the in-process ``LocalMemory``),
+``depcache`` (Sven's DepCache replicas), ``daemon`` (DistTGL's memory daemon and its client, over
+``shm``'s shared-memory segments). A new backend is one module that registers its factory here
+under the name ``memory.backend`` uses."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tgdist.errors import ConfigError
+
+
+@dataclass
+class StoreContext:
+    """What a store is built from: the memory's shape and device, and where this trainer sits in
+    the run (``layout``, ``rank``, the named process ``groups``, the run's byte ``counter``, and
+    the config, whose ``memory.*`` and batch settings a daemon sizes its buffers from)."""
+
+    num_nodes: int
+    mem_dim: int
+    mail_dim: int
+    mailbox_size: int
+    device: torch.device | str = "cpu"
+    layout: Any = None
+    rank: int = 0
+    groups: Any = None
+    counter: Any = None
+    cfg: Any = None
+    batch_size: int = 0
+    fanouts: tuple[int, ...] = ()
+
+
+# name -> factory(StoreContext) -> MemoryStore
+STORES: dict[str, Callable[[StoreContext], Any]] = {}
+
+
+def register(name: str):
+    """Register a store factory under ``name``, the value of ``memory.backend`` that picks it."""
+    def add(factory):
+        STORES[name] = factory
+        return factory
+    return add
+
+
+def create(name: str, ctx: StoreContext):
+    """The store ``name`` for this trainer; every trainer of a memory group calls this together
+    (a store may meet its group, as the daemon's does to start)."""
+    _load_backends()
+    if name not in STORES:
+        raise ConfigError(f"memory.backend={name}: choose one of {', '.join(sorted(STORES))}")
+    return STORES[name](ctx)
+
+
+def names() -> list[str]:
+    _load_backends()
+    return sorted(STORES)
+
+
+def _load_backends() -> None:
+    """Import the backend modules, which register themselves (not at package import: the daemon's
+    module is large and most processes never need it)."""
+    from tgdist.memory import daemon, depcache, store  # noqa: F401  (registering is their import)

@@ -72,7 +72,7 @@ import numpy as np
 import torch
 
 from tgdist.errors import ConfigError, RunFailure, TgdistError
-from tgdist.memory import shm
+from tgdist.memory import StoreContext, register, shm
 from tgdist.memory.store import LocalMemory, MemoryRead, MemoryStore
 
 log = logging.getLogger(__name__)
@@ -1007,6 +1007,7 @@ class DaemonMemory(MemoryStore):
         self.i, self.j, self.ii, self.jj = c.i, c.j, rank % c.i, rank // c.i
         self.device = torch.device(device) if device is not None else None
         self.copy_reads = copy_reads
+        self.owned_daemon: DaemonHandle | None = None  # the daemon this client started: stopped by close()
         tb = {f.name: c.tseg.tensor(f.name) for f in c.tseg.layout.fields}
         self._rd_ids, self._rd = tb["rd_ids"], (tb["rd_mem"], tb["rd_mem_ts"], tb["rd_mail"], tb["rd_mail_ts"])
         self._wr = tb if c.writes else None
@@ -1078,7 +1079,19 @@ class DaemonMemory(MemoryStore):
         self._p = None
         self._next_auto = p + 1
 
-    flush = end  # the name ReplicatedMemory uses for "this iteration's writes are complete"
+    flush = end  # "this iteration's writes are complete", as DepCacheMemory.flush
+
+    one_copy_per_group = True
+
+    def open_position(self, position: int, slot: int, reset: bool) -> None:
+        self.begin(position, slot=slot, reset=reset)
+
+    def close_position(self) -> None:
+        self.end()
+
+    def end_training(self, evaluates: bool) -> None:
+        if not evaluates:  # the group's memory stays with the trainer that evaluates on it
+            self.finish()
 
     def finish(self) -> None:
         """Leave the stream: later positions no longer wait for this trainer (e.g. the other ranks
@@ -1277,7 +1290,9 @@ class DaemonMemory(MemoryStore):
         return _trace(self._conn.ctl_seg)
 
     def close(self) -> None:
-        """Post the open implicit step, detach from the daemon, unmap. Idempotent."""
+        """Post the open implicit step, detach from the daemon, unmap; then stop the daemon if this
+        client started it (``owned_daemon``: the daemon unlinks its segments on the way out).
+        Idempotent."""
         if self._finalizer.alive:
             try:
                 if self._p is not None and not self._explicit and not self._conn.broken:
@@ -1287,6 +1302,9 @@ class DaemonMemory(MemoryStore):
             finally:
                 self._rd = self._wr = self._state = self._rd_ids = self._ops = None
                 self._finalizer()
+        if self.owned_daemon is not None:
+            daemon, self.owned_daemon = self.owned_daemon, None
+            daemon.stop()
 
     def __enter__(self) -> "DaemonMemory":
         return self
@@ -1305,3 +1323,31 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+@register("daemon")
+def _daemon(ctx: StoreContext) -> DaemonMemory:
+    """DistTGL's daemon for this trainer's memory group: the group's first trainer starts it, and
+    every trainer of the group attaches (a collective of the group). The starting trainer's client
+    owns the daemon and stops it when closed."""
+    from tgdist.distributed import collectives
+
+    layout, cfg = ctx.layout, ctx.cfg
+    ii, jj, kk = layout.coords(ctx.rank)
+    group = ctx.groups.get("memory")
+    pids = collectives.all_gather_object(os.getpid(), group, name="daemon_setup")
+    handle, run_id = None, None
+    if ii == 0 and jj == 0:
+        num_neg = max(1, cfg.train.num_neg_eval)
+        max_ids = cfg.memory.max_ids or read_bound(ctx.batch_size, num_neg, list(ctx.fanouts), ctx.num_nodes)
+        handle = start_daemon(kk, layout.group_size, i=layout.i, j=layout.j, num_nodes=ctx.num_nodes,
+                              mem_dim=ctx.mem_dim, mail_dim=ctx.mail_dim, mailbox_size=ctx.mailbox_size,
+                              trainer_pids=pids, max_ids=max_ids, timeout=cfg.memory.timeout,
+                              num_threads=cfg.memory.num_threads, first_rank=ctx.rank)
+        run_id = handle.run_id
+    run_id = collectives.broadcast_object(run_id, src=layout.memory_group_ranks(kk)[0], group=group,
+                                          name="daemon_setup")
+    client = DaemonMemory(run_id, kk, jj * layout.i + ii, handle=handle, timeout=cfg.memory.timeout,
+                          device=ctx.device)  # reads come back on the compute device
+    client.owned_daemon = handle
+    return client

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from tgdist.memory import StoreContext, register
+
 
 @dataclass
 class MemoryRead:
@@ -31,7 +33,37 @@ class MemoryRead:
 
 
 class MemoryStore(nn.Module):
-    """Interface: read(ids) -> MemoryRead; write_memory; write_mail; reset_state; state in buffers."""
+    """Interface: read(ids) -> MemoryRead; write_memory; write_mail; reset_state; state in buffers.
+
+    The parallel loop drives every store through the same calls, so it never asks which one it
+    holds (DESIGN.md "Memory stores"): ``open_position`` before the reads of a stream position,
+    ``close_position`` once this trainer is done with it, ``exchange`` at the end of every
+    iteration (the group's collective, which every trainer of the group makes), ``end_training``
+    when training stops and ``close`` last. Each does nothing here: a store of one process needs
+    none of them but the reset.
+    """
+
+    # Whether the memory group's copy is held once for all its trainers (a daemon's): only the
+    # group's writer then loads it from a checkpoint, the others wait for it.
+    one_copy_per_group = False
+
+    def open_position(self, position: int, slot: int, reset: bool) -> None:
+        """The reads of stream ``position`` follow (into read ``slot``); ``reset``: the position
+        starts a pass, which starts from empty memory."""
+        if reset:
+            self.reset_state()
+
+    def close_position(self) -> None:
+        """This trainer is done with the open position: its reads, and its writes if it writes."""
+
+    def exchange(self) -> None:
+        """The end of an iteration: make this iteration's writes of the whole group visible."""
+
+    def end_training(self, evaluates: bool) -> None:
+        """Training is over; ``evaluates``: this trainer goes on to evaluate on the memory alone."""
+
+    def close(self) -> None:
+        """Release what the store holds outside this process (idempotent)."""
 
     def read(self, ids: torch.Tensor) -> MemoryRead:
         raise NotImplementedError
@@ -154,3 +186,8 @@ def _kept_deliveries(ids: torch.Tensor, order_key: torch.Tensor, keep: int) -> t
     kept = from_end < keep
     first_kept = torch.clamp(count - keep, min=0)
     return perm[kept], (rank - first_kept)[kept]
+
+
+@register("local")
+def _local(ctx: StoreContext) -> LocalMemory:
+    return LocalMemory(ctx.num_nodes, ctx.mem_dim, ctx.mail_dim, ctx.mailbox_size).to(ctx.device)

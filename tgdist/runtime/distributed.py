@@ -33,66 +33,17 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from tgdist import memory
 from tgdist.config import model_tag
 from tgdist.distributed import collectives
 from tgdist.distributed.schedule import Layout, num_iterations, scaled_lr, step
 from tgdist.errors import ConfigError
 from tgdist.kernels.graph import cpu_mask
-from tgdist.memory.store import LocalMemory, MemoryRead, MemoryStore
+from tgdist.memory.store import MemoryRead
 from tgdist.runtime import checkpoint, rundir
 from tgdist.runtime.trainer import Trainer, memory_for
 
 log = logging.getLogger(__name__)
-
-
-class ReplicatedMemory(LocalMemory):
-    """DepCache: a full replica of the group's memory in every trainer of the group.
-
-    ``write_memory`` / ``write_mail`` are buffered; ``flush`` all-gathers the buffered rows of the
-    group (in group-rank order) and applies them to every replica, so replicas stay identical. With
-    ``sync = False`` (evaluation on one rank) writes apply at once, like ``LocalMemory``.
-    """
-
-    def __init__(self, num_nodes: int, mem_dim: int, mail_dim: int, mailbox_size: int, group=None,
-                 counter: collectives.ByteCounter | None = None):
-        super().__init__(num_nodes, mem_dim, mail_dim, mailbox_size)
-        self.group = group
-        self.counter = counter
-        self.sync = True
-        self._mem_rows: list[torch.Tensor] = []
-        self._mail_rows: list[torch.Tensor] = []
-
-    def write_memory(self, ids, mem, mem_ts):
-        if not self.sync:
-            return super().write_memory(ids, mem, mem_ts)
-        # float64 rows [id, mem_ts, mem...]: exact for ids < 2**53 and float32 memory values
-        self._mem_rows.append(torch.cat([ids.double()[:, None], mem_ts.double()[:, None], mem.detach().double()], 1))
-
-    deliver_mails = MemoryStore.deliver_mails  # in rounds of write_mail, which buffers them
-
-    def write_mail(self, ids, mail, mail_ts):
-        if not self.sync:
-            return super().write_mail(ids, mail, mail_ts)
-        rnd = torch.full((ids.shape[0], 1), float(len(self._mail_rows)), dtype=torch.float64, device=mail.device)
-        self._mail_rows.append(torch.cat([rnd, ids.double()[:, None], mail_ts.double()[:, None],
-                                          mail.detach().double()], 1))
-
-    def flush(self) -> None:
-        """Exchange and apply this iteration's writes of the whole memory group (every rank of the
-        group must call it, writers and non-writers alike)."""
-        dev = self.mem.device  # all_gather_rows answers on the device it is given: the replica's
-        mem = torch.cat(self._mem_rows) if self._mem_rows else \
-            torch.zeros(0, 2 + self.mem_dim, dtype=torch.float64, device=dev)
-        mail = torch.cat(self._mail_rows) if self._mail_rows else \
-            torch.zeros(0, 3 + self.mail_dim, dtype=torch.float64, device=dev)
-        self._mem_rows, self._mail_rows = [], []
-        for rows in collectives.all_gather_rows(mem, self.group, name="memory_write", counter=self.counter):
-            if rows.shape[0]:
-                super().write_memory(rows[:, 0].long(), rows[:, 2:].float(), rows[:, 1])
-        for rows in collectives.all_gather_rows(mail, self.group, name="mail_write", counter=self.counter):
-            for r in torch.unique(rows[:, 0]).tolist():  # rounds in order (APAN delivers several)
-                sel = rows[rows[:, 0] == r]
-                super().write_mail(sel[:, 1].long(), sel[:, 3:].float().view(-1, self.mail_dim), sel[:, 2])
 
 
 def rank_logging(rank: int) -> None:
@@ -114,8 +65,8 @@ def memory_backend(cfg: DictConfig, layout: Layout) -> str:
     backend = cfg.memory.backend
     if backend == "auto":
         return "local" if layout.group_size == 1 else "depcache"
-    if backend not in ("local", "depcache", "daemon"):
-        raise ConfigError(f"memory.backend={backend}: parallel training supports local, depcache and daemon")
+    if backend not in memory.names():
+        raise ConfigError(f"memory.backend={backend}: parallel training supports {', '.join(memory.names())}")
     return backend
 
 
@@ -170,7 +121,6 @@ class ParallelRun:
         start = time.perf_counter()
         trained = 0
         fault = _fault_injection(self.rank)
-        daemon = hasattr(mem, "begin")  # DistTGL daemon: one request per group position
         for t in range(self.start_iteration, self.iterations):
             if fault == t:  # tests: a real SIGKILL of this rank at a chosen iteration
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -179,13 +129,10 @@ class ParallelRun:
             ahead = step(lay, self.rank, t + self.jj, self.n_train, tr.batch_size, self.epochs) \
                 if t + self.jj < self.iterations else None
             if ahead is not None and ahead.active:
-                if daemon:
-                    mem.begin(ahead.position, slot=ahead.read_slot, reset=ahead.reset_memory)
-                elif ahead.reset_memory:
-                    mem.reset_state()
+                mem.open_position(ahead.position, ahead.read_slot, ahead.reset_memory)
                 self.slots[ahead.read_slot] = tr.prepare(ahead.lo, ahead.hi, self._negatives(ahead))
-                if daemon and self.jj:  # this position's read is done; subgroup 0 writes it below
-                    mem.end()
+                if self.jj:  # this position's read is done; subgroup 0 writes it below
+                    mem.close_position()
             now = step(lay, self.rank, t, self.n_train, tr.batch_size, self.epochs)
             loss = None
             if now.active and now.hi > now.lo:
@@ -196,8 +143,9 @@ class ParallelRun:
             else:
                 self.slots.pop(now.read_slot, None)
                 self._idle_step()
-            if isinstance(mem, ReplicatedMemory) or (daemon and self.jj == 0 and ahead is not None and ahead.active):
-                mem.flush()  # depcache: exchange this iteration's writes; daemon: post them (end())
+            if self.jj == 0 and ahead is not None and ahead.active:
+                mem.close_position()  # subgroup 0 has written the position it read
+            mem.exchange()  # the group's writes of this iteration, everywhere (depcache's all-gather)
             if on_iteration is not None:
                 on_iteration(t, loss)
             due = self.ckpt_every and (t + 1) % self.ckpt_every == 0 and t + 1 < self.iterations
@@ -246,7 +194,7 @@ class ParallelRun:
         d = path.parent / state["dir"]
         tr.model.load_state_dict(state["model"])
         tr.optimizer.load_state_dict(state["optimizer"])
-        shared = hasattr(tr.memory, "begin")  # the daemon holds one copy per group: its writer loads it
+        shared = tr.memory.one_copy_per_group  # (a daemon's): its writer loads it
         if not shared or (self.ii == 0 and self.jj == 0):
             tr.memory.load_state_dict(checkpoint.read_part(d / f"memory-{self.kk}.pt"))
         if shared:
@@ -319,7 +267,7 @@ def run_parallel(cfg: DictConfig, run_dir) -> dict:
     backend = memory_backend(cfg, layout)
     validate(layout, world, backend, epochs=cfg.train.epochs)
     groups = ProcessGroups.init(world, layout, agree=shared_settings(cfg))
-    trainer = par = daemon = None
+    trainer = par = None
     try:
         run_dir = Path(collectives.broadcast_object(str(run_dir) if world.rank == 0 else None, group=groups.get("world"),
                                                     name="run_dir"))
@@ -345,12 +293,11 @@ def run_parallel(cfg: DictConfig, run_dir) -> dict:
                                           group=groups.get("world"), name="static_pretrain")
         par = ParallelRun(trainer, layout, world.rank, groups, cfg.train.epochs, ckpt_dir=Path(run_dir) / "checkpoints",
                           ckpt_every=cfg.train.checkpoint_every, cfg=cfg)
-        if backend == "depcache":
-            m = trainer.model
-            trainer.memory = ReplicatedMemory(trainer.g.num_nodes, m.mem_dim, m.mail_dim, m.mailbox_size,
-                                              group=groups.get("memory"), counter=par.counter).to(trainer.device)
-        elif backend == "daemon":
-            daemon = _attach_daemon(trainer, cfg, layout, world.rank, groups)
+        m = trainer.model
+        trainer.memory = memory.create(backend, memory.StoreContext(
+            trainer.g.num_nodes, m.mem_dim, m.mail_dim, m.mailbox_size, device=trainer.device, layout=layout,
+            rank=world.rank, groups=groups, counter=par.counter, cfg=cfg, batch_size=trainer.batch_size,
+            fanouts=tuple(trainer.sampler.fanouts) if trainer.sampler is not None else ()))
         if cfg.train.resume:  # every rank reads the same files (one machine or a shared file system)
             par.load(checkpoint.find(cfg.train.resume))
         res = par.train(progress=world.rank == 0 and cfg.train.progress)
@@ -360,12 +307,9 @@ def run_parallel(cfg: DictConfig, run_dir) -> dict:
         if not replicas_identical and world.rank == 0:
             log.warning("the trainers' model replicas differ after training (%d distinct parameter digests "
                         "over %d ranks); rank 0's model is evaluated", len({s["model"] for s in stats}), len(stats))
-        if backend == "daemon" and world.rank != 0:
-            trainer.memory.finish()  # rank 0 evaluates alone on group 0's memory
+        trainer.memory.end_training(evaluates=world.rank == 0)  # rank 0 evaluates alone on group 0's memory
 
         def evaluate() -> dict:  # rank 0: memory group 0 ends its last pass at the end of the stream
-            if isinstance(trainer.memory, ReplicatedMemory):
-                trainer.memory.sync = False
             trainer.grad_hook = None
             metrics = {**trainer.evaluate("val"), **trainer.evaluate("test")}
             if cfg.train.task in ("node", "edge"):
@@ -400,10 +344,8 @@ def run_parallel(cfg: DictConfig, run_dir) -> dict:
         traceback.clear_frames(e.__traceback__.tb_next)
         raise
     finally:
-        if trainer is not None and hasattr(trainer.memory, "close"):
-            trainer.memory.close()  # detach from the daemon's segments
-        if daemon is not None:
-            daemon.stop()  # the daemon unlinks its segments on the way out
+        if trainer is not None:
+            trainer.memory.close()  # a daemon's client detaches, and stops the daemon it started
         trainer = par = None  # they hold group handles; destroy() frees the groups only with the last one
         groups.destroy()
 
@@ -424,28 +366,3 @@ def _downstream_alone(trainer: Trainer, cfg: DictConfig) -> dict:
         return downstream(trainer, cfg.train.task, cfg.train.node_class_epochs)
     finally:  # no reference to the shared copy (it holds a process group) outlives this call
         trainer.memory = shared
-
-
-def _attach_daemon(trainer: Trainer, cfg: DictConfig, layout: Layout, rank: int, groups):
-    """Start the memory daemon of this rank's group (on its first rank) and attach every trainer of
-    the group to it. Returns the handle on the starting rank, None elsewhere."""
-    from tgdist.memory.daemon import DaemonMemory, read_bound, start_daemon
-
-    ii, jj, kk = layout.coords(rank)
-    group = groups.get("memory")
-    pids = collectives.all_gather_object(os.getpid(), group, name="daemon_setup")
-    m, g = trainer.model, trainer.g
-    fanouts = trainer.sampler.fanouts if trainer.sampler is not None else []
-    num_neg = max(1, cfg.train.num_neg_eval)
-    handle, run_id = None, None
-    if ii == 0 and jj == 0:
-        max_ids = cfg.memory.max_ids or read_bound(trainer.batch_size, num_neg, fanouts, g.num_nodes)
-        handle = start_daemon(kk, layout.group_size, i=layout.i, j=layout.j, num_nodes=g.num_nodes, mem_dim=m.mem_dim,
-                              mail_dim=m.mail_dim, mailbox_size=m.mailbox_size, trainer_pids=pids, max_ids=max_ids,
-                              timeout=cfg.memory.timeout, num_threads=cfg.memory.num_threads, first_rank=rank)
-        run_id = handle.run_id
-    run_id = collectives.broadcast_object(run_id, src=layout.memory_group_ranks(kk)[0], group=group,
-                                          name="daemon_setup")
-    trainer.memory = DaemonMemory(run_id, kk, jj * layout.i + ii, handle=handle, timeout=cfg.memory.timeout,
-                                  device=trainer.device)  # reads come back on the compute device
-    return handle
