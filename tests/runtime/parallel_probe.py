@@ -9,8 +9,8 @@ import torch
 from tgdist.distributed import collectives
 from tgdist.distributed.schedule import Layout
 from tgdist.distributed.world import ProcessGroups, detect
-from tgdist.runtime.build import build_trainer, compose
 from tgdist.memory.depcache import DepCacheMemory
+from tgdist.runtime.build import build_trainer, compose
 from tgdist.runtime.distributed import ParallelRun
 
 

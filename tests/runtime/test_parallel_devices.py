@@ -49,8 +49,8 @@ def _check_devices(name: str, fn):
 
 def _train(cfg, layout, rank: int, groups, backend: str, device: str) -> dict:
     """One rank's run of ``ParallelRun`` with the trainer on ``device``; everything back on the CPU."""
-    from tgdist.runtime.build import build_trainer
     from tgdist import memory as stores
+    from tgdist.runtime.build import build_trainer
     from tgdist.runtime.distributed import ParallelRun
 
     trainer = build_trainer(cfg, progress=False, device=device)
