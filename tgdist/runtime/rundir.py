@@ -19,6 +19,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from tgdist import __version__
 from tgdist.errors import ConfigError
 
 MARKER = ".tgdist-run"
@@ -95,8 +96,8 @@ def claim(path: str | Path, overwrite: bool = False, made: bool | None = None,
 
 
 def claim_made(path: Path) -> Claim:
-    """Record ``path``, which this process has just made (a private directory, a sweep's job
-    directory that Hydra made), as this run's without writing into it."""
+    """Record ``path``, which this process has just made (a rank's private directory for Hydra's
+    files), as this run's without writing into it."""
     c = Claim(Path(path).absolute(), True, frozenset())
     _claims[c.path.resolve()] = c
     return c
@@ -107,8 +108,6 @@ def claimed(path: Path) -> Claim | None:
 
 
 def _write_marker(path: Path, made: bool) -> None:
-    from tgdist import __version__
-
     info = {"tgdist": __version__, "run": RUN_ID, "made_dir": made, "pid": os.getpid(), "host": socket.gethostname(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     tmp = path / f"{MARKER}.{RUN_ID}.tmp"
