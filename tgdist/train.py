@@ -69,7 +69,7 @@ def _hydra_main(cfg: DictConfig) -> None:
     from tgdist.kernels.jit import announce_compiles
     from tgdist.runtime.driver import run
 
-    run_dir = Path(HydraConfig.get().runtime.output_dir)  # a rank's private directory on ranks but 0
+    run_dir = Path(HydraConfig.get().runtime.output_dir)  # the temp folder on ranks but 0 (_elsewhere)
     world = detect()
     if _sweep_dir is not None and run_dir.parent == _sweep_dir:  # a job of a checked sweep: Hydra made it
         rundir.claim(run_dir, cfg.train.overwrite, made=run_dir.name not in _sweep_jobs_before,
@@ -80,9 +80,9 @@ def _hydra_main(cfg: DictConfig) -> None:
     if rank == 0:
         announce_compiles(who)  # why the first batches of a fresh install are slow
     _paths_from_the_launch_directory(cfg)
-    if _private is None and (Path(HydraConfig.get().runtime.cwd) / cfg.run_dir).resolve() != run_dir.resolve():
+    if not _elsewhere and (Path(HydraConfig.get().runtime.cwd) / cfg.run_dir).resolve() != run_dir.resolve():
         cfg.run_dir = str(run_dir)  # config.yaml names where the run went: a sweep's job, a config's hydra.run.dir
-    if _private is None and _run_dir is not None and _run_dir.resolve() != run_dir.resolve():
+    if not _elsewhere and _run_dir is not None and _run_dir.resolve() != run_dir.resolve():
         # a config's hydra.run.dir replaced the directory claimed here: give that back, and take
         # Hydra's as found (its start-up files aside), never removing it
         if rundir.release(_run_dir):
@@ -90,7 +90,7 @@ def _hydra_main(cfg: DictConfig) -> None:
         rundir.claim(run_dir, cfg.train.overwrite, made=False,
                      before=frozenset(p.name for p in run_dir.iterdir()) - {".hydra", "train.log"})
     try:
-        summary = run(cfg, run_dir if _private is None else None)  # None: rank 0's, told when the ranks meet
+        summary = run(cfg, None if _elsewhere else run_dir)  # None: rank 0's, told when the ranks meet
     except TgdistError as e:
         _remove_if_empty_run(run_dir)
         print(f"{who}: error: {e}{_sweep_job_note()}", file=sys.stderr)
@@ -115,7 +115,7 @@ def _hydra_main(cfg: DictConfig) -> None:
                 _exit(1, world)
             raise
         _remove_if_empty_run(run_dir)
-        where = run_dir if _private is None else _run_dir or run_dir  # ranks but 0: rank 0's directory
+        where = (_run_dir or run_dir) if _elsewhere else run_dir  # ranks but 0: rank 0's directory
         ckpt = where / "checkpoints" / "last.pt"
         kept = (f"; {ckpt} holds the last checkpoint, continue with {resume_override(where)}" if ckpt.exists()
                 else "; no checkpoint had been written")
@@ -247,8 +247,6 @@ def main() -> None:
         finally:
             while _held:  # the run directory's lock (for callers in one process, such as tests)
                 os.close(_held.pop())
-            if _private is not None:
-                shutil.rmtree(_private, ignore_errors=True)
     except TgdistError as e:  # the launcher's environment (MASTER_PORT=abc), a directory that cannot be made
         print(f"tgdist train: error: {e}", file=sys.stderr)
         sys.exit(getattr(e, "exit_code", 2))
@@ -272,9 +270,10 @@ def main() -> None:
 # whether this process made it (a default name, claimed before Hydra starts).
 _run_dir: Path | None = None
 _claimed = False
-# Ranks but 0 of a parallel run keep Hydra's files in a private directory of their own (removed at
-# exit): only rank 0 writes the run directory's start-up files, so it alone can take them back.
-_private: Path | None = None
+# Ranks but 0 of a parallel run have Hydra write nothing (its run directory is the temp folder,
+# with no .hydra/ and the log file on the null device; a killed rank leaves nothing behind): only
+# rank 0 writes the run directory's start-up files, so it alone can take them back.
+_elsewhere = False
 # The entries of an existing sweep directory's job folders before the sweep (a job folder not
 # listed is made by the sweep).
 _sweep_jobs_before: dict[str, frozenset[str]] = {}
@@ -282,7 +281,7 @@ _sweep_jobs_before: dict[str, frozenset[str]] = {}
 
 def _main() -> None:
     """Check the overrides (and the run directory) before Hydra starts, then hand over to it."""
-    global _sweep_dir, _sweep_size, _swept, _run_dir, _claimed, _private
+    global _sweep_dir, _sweep_size, _swept, _run_dir, _claimed, _elsewhere
     from tgdist.cli.overrides import override_value, quoted
     from tgdist.distributed.world import detect
     from tgdist.runtime.build import precheck
@@ -332,9 +331,10 @@ def _main() -> None:
         rank = detect().rank
         if rank > 0:  # writes into rank 0's directory, told when the ranks meet: each rank has its own clock
             _run_dir = None if timed else run_dir  # (known here only to name it when stopped)
-            _private = Path(tempfile.mkdtemp(prefix=f"tgdist-rank{rank}-"))
-            rundir.claim_made(_private)
-            _set_override("hydra.run.dir", quoted(str(_private)))
+            _elsewhere = True  # Hydra writes nothing: no .hydra/, its log file is the null device
+            _set_override("hydra.run.dir", quoted(tempfile.gettempdir()))
+            _set_override("hydra.output_subdir", "null")
+            _set_override("hydra.job_logging.handlers.file.filename", quoted(os.devnull))
         else:
             if not given:  # the default name: NAME-2 where a run of the same second has NAME
                 _run_dir, _claimed = claim_directory(run_dir), True

@@ -95,14 +95,6 @@ def claim(path: str | Path, overwrite: bool = False, made: bool | None = None,
     return c
 
 
-def claim_made(path: Path) -> Claim:
-    """Record ``path``, which this process has just made (a rank's private directory for Hydra's
-    files), as this run's without writing into it."""
-    c = Claim(Path(path).absolute(), True, frozenset())
-    _claims[c.path.resolve()] = c
-    return c
-
-
 def claimed(path: Path) -> Claim | None:
     return _claims.get(Path(path).absolute().resolve())
 
