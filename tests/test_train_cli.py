@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -179,8 +180,9 @@ def test_a_checkpoint_that_cannot_be_written_is_one_line(tmp_path):
                        check=False)
     assert p.returncode == 1, p.stderr
     last = p.stderr.strip().splitlines()[-1]
-    assert last.startswith(f"tgdist train: error: {run / 'checkpoints' / 'last.pt'}: cannot write (the write failed; "
-                           "torch: "), last
+    # the first file over the limit: the iteration's memory part (the largest), written before last.pt
+    assert re.match(rf"tgdist train: error: {re.escape(str(run / 'checkpoints'))}/it\d{{8}}/memory-0.pt: cannot write "
+                    r"\(the write failed; torch: ", last), last
     assert "Traceback" not in p.stderr and list(tmp_path.iterdir()) == []
 
 
@@ -258,7 +260,7 @@ def test_write_failures_are_one_line():
 def test_ctrl_c_before_the_run_starts_is_one_line_and_leaves_no_directory(tmp_path, monkeypatch, capsys):
     """While torch is imported or Hydra sets up (the first seconds of every launch): exit 130 and
     one line, and the default run directory already claimed is removed again."""
-    from tgdist import train
+    from tgdist.cli import train
 
     def interrupted():
         raise KeyboardInterrupt
@@ -276,7 +278,7 @@ def test_ctrl_c_before_the_run_starts_is_one_line_and_leaves_no_directory(tmp_pa
 def test_ctrl_c_after_the_run_finished_says_so(tmp_path, monkeypatch, capsys):
     """A signal in Hydra's teardown, after the summary was printed, was reported as arriving
     "before the run started"."""
-    from tgdist import train
+    from tgdist.cli import train
 
     def finished_then_interrupted():
         train._finished.append(str(tmp_path / "r"))
@@ -309,7 +311,7 @@ def test_removing_a_run_that_holds_no_result():
     the checkpoint it resumed, and nothing else: it is removed like a fresh run's directory."""
     import tempfile
 
-    from tgdist import train
+    from tgdist.cli import train
     from tgdist.runtime import rundir
 
     with tempfile.TemporaryDirectory() as d:
@@ -757,7 +759,7 @@ def test_a_full_file_system_is_one_line_before_hydra_writes(tmp_path, monkeypatc
     import shutil
     from collections import namedtuple
 
-    from tgdist import train
+    from tgdist.cli import train
 
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1 << 30, (1 << 30) - 12_288, 12_288))

@@ -242,7 +242,7 @@ def test_real_sweep(tmp_path):
     res.check()
     summaries = [json.loads(ln) for ln in res.stdout.splitlines() if ln.startswith("{")]
     assert [s["run_dir"] for s in summaries] == [str(tmp_path / "sweep" / "0"), str(tmp_path / "sweep" / "1")]
-    assert "parallel" not in summaries[0] and summaries[1]["parallel"] == "2 x 1 x 1"
+    assert summaries[0]["parallel"] == "1 x 1 x 1" and summaries[1]["parallel"] == "2 x 1 x 1"  # one summary writer
     assert "tgdist launch: sweep job #1 of 2: parallel.i=2" in res.stderr
     cpus = len(os.sched_getaffinity(0))  # one process uses them all; two unbound ranks split them
     share = max(1, cpus // 2)

@@ -1,48 +1,43 @@
-"""Run one rank of a parallel training job and record, after every iteration, the loss of this rank
-and (on rank 0) the node memory; used by test_parallel.py under torchrun or as a single process."""
+"""Run one rank of a training run (``Run``, any layout) and record, after every iteration, the loss of
+this rank and (on rank 0) the node memory and averaged gradients; used by test_parallel.py under
+torchrun or as a single process. Each rank writes ``OUT.rank<R>``; rank 0 then merges them into OUT."""
 
 import json
 import sys
+import time
+from pathlib import Path
 
 import torch
 
-from tgdist.distributed import collectives
-from tgdist.distributed.schedule import Layout
-from tgdist.distributed.world import ProcessGroups, detect
-from tgdist.memory.depcache import DepCacheMemory
-from tgdist.runtime.build import build_trainer, compose
-from tgdist.runtime.distributed import ParallelRun
+from tgdist.runtime.build import compose
+from tgdist.runtime.run import Run
 
 
 def main(out: str, *overrides: str) -> None:
     cfg = compose(list(overrides))
-    world = detect()
-    layout = Layout(cfg.parallel.i, cfg.parallel.j, cfg.parallel.k)
-    groups = ProcessGroups.init(world, layout)
-    try:
-        tr = build_trainer(cfg, progress=False)
-        m = tr.model
-        tr.memory = DepCacheMemory(tr.g.num_nodes, m.mem_dim, m.mail_dim, m.mailbox_size, group=groups.get("memory"))
-        par = ParallelRun(tr, layout, world.rank, groups, cfg.train.epochs)
-        losses, mems, grads = [], [], []
+    run = Run(cfg, out + ".run")  # every rank names rank 0's directory alike
+    tr, rank = run.trainer, run.rank
+    m = tr.model
+    losses, mems, grads = [], [], []
 
-        def record(t, loss):
-            losses.append(loss)
-            mems.append(tr.memory.mem.clone())
-            grads.append(torch.cat([p.grad.reshape(-1) for p in m.parameters()]))
+    def record(t, loss):
+        losses.append(loss)
+        mems.append(tr.memory.mem.clone())
+        grads.append(torch.cat([p.grad.reshape(-1) for p in m.parameters()]))
 
-        par.train(progress=False, on_iteration=record)
-        all_losses = collectives.all_gather_object(losses, groups.get("world"))
-        events = sum(collectives.all_gather_object(sum(e for _, _, e in par.losses), groups.get("world")))
-        if world.rank == 0:
-            torch.save({"losses": all_losses, "mem": torch.stack(mems), "grads": torch.stack(grads),
-                        "params": [p.detach() for p in m.parameters()],
-                        "events": events}, out)
-            print(json.dumps({"iterations": par.iterations}))
-        collectives.barrier(groups.get("world"), name="shutdown")  # all done before teardown
-    finally:
-        tr = par = None  # the memory holds a group handle: let destroy() free every group
-        groups.destroy()
+    summary = run.train(on_iteration=record)
+    torch.save({"losses": losses}, f"{out}.part{rank}")
+    Path(f"{out}.part{rank}").rename(f"{out}.rank{rank}")  # whole, when rank 0 sees it
+    if rank:
+        return
+    parts = [Path(f"{out}.rank{r}") for r in range(run.world.world_size)]
+    deadline = time.monotonic() + 60  # every rank has trained (the run's closing barrier): its file follows
+    while not all(p.exists() for p in parts) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    torch.save({"losses": [torch.load(p, weights_only=True)["losses"] for p in parts], "mem": torch.stack(mems),
+                "grads": torch.stack(grads), "params": [p.detach() for p in m.parameters()],
+                "events": summary["traversed_events"]}, out)
+    print(json.dumps({"iterations": summary["iterations"]}))
 
 
 if __name__ == "__main__":

@@ -171,9 +171,8 @@ def test_a_finished_parallel_run_keeps_its_model_and_resumes_to_its_results(tmp_
                         f"run_dir={tmp_path / 'd'}"], capture_output=True, text=True, timeout=120, cwd=tmp_path,
                        check=False)
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == (
-        f"tgdist train: error: {last}: written by a parallel run, and this is a single-process run; a run resumes "
-        "from checkpoints of its own kind (resume it with the parallel.i/j/k and memory.backend it was written "
-        "under, memory.backend=daemon included)")
+        f"tgdist train: error: {last}: written by a run of layout 2 x 1 x 1, and this run's is 1 x 1 x 1 "
+        "(parallel.i/j/k); a run resumes with the layout it was written under")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
 
 

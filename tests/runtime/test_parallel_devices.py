@@ -48,18 +48,16 @@ def _check_devices(name: str, fn):
 
 
 def _train(cfg, layout, rank: int, groups, backend: str, device: str) -> dict:
-    """One rank's run of ``ParallelRun`` with the trainer on ``device``; everything back on the CPU."""
-    from tgdist import memory as stores
-    from tgdist.runtime.build import build_trainer
-    from tgdist.runtime.distributed import ParallelRun
+    """One rank's ``Run`` with the trainer on ``device``; everything back on the CPU."""
+    import shutil
+    import tempfile
 
-    trainer = build_trainer(cfg, progress=False, device=device)
-    m = trainer.model
-    par = ParallelRun(trainer, layout, rank, groups, cfg.train.epochs, cfg=cfg)
-    trainer.memory = stores.create(backend, stores.StoreContext(
-        trainer.g.num_nodes, m.mem_dim, m.mail_dim, m.mailbox_size, device=trainer.device, layout=layout, rank=rank,
-        groups=groups, counter=par.counter, cfg=cfg, batch_size=trainer.batch_size,
-        fanouts=tuple(trainer.sampler.fanouts)))
+    from tgdist.runtime.build import build_trainer
+    from tgdist.runtime.run import Run
+
+    run_dir = tempfile.mkdtemp(prefix="tgdist-devices-") if rank == 0 else None
+    run = Run(cfg, run_dir, trainer=build_trainer(cfg, progress=False, device=device), groups=groups)
+    trainer, m = run.trainer, run.trainer.model
     read_devices = set()
     store_read = trainer.memory.read
 
@@ -69,15 +67,21 @@ def _train(cfg, layout, rank: int, groups, backend: str, device: str) -> dict:
         return got
 
     trainer.memory.read = read
-    losses = []
+    losses, memory = [], {}
+
+    def record(t, loss):
+        losses.append(loss)
+        if t == run.iterations - 1:  # the memory training leaves (rank 0's evaluation goes on to change it)
+            memory.update({k: v.to("cpu", copy=True) for k, v in trainer.memory.state_dict().items()})
+
     try:
-        par.train(progress=False, on_iteration=lambda t, loss: losses.append(loss))
-        memory = {k: v.to("cpu") for k, v in trainer.memory.state_dict().items()}
+        run.train(on_iteration=record)
         params = [p.detach().to("cpu") for p in m.parameters()]
-        return {"losses": losses, "params": params, "memory": memory, "communication": par.counter.as_dict(),
+        return {"losses": losses, "params": params, "memory": memory, "communication": run.counter.as_dict(),
                 "read_devices": sorted(read_devices), "param_types": sorted({type(p).__name__ for p in m.parameters()})}
     finally:
-        trainer.memory.close()  # a daemon's client stops the daemon it started
+        if run_dir is not None:
+            shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _collective_helpers(rank: int) -> dict:

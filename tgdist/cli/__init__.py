@@ -15,7 +15,7 @@ import sys
 from tgdist.errors import TgdistError
 
 COMMANDS = {
-    "train": ("tgdist.train", "train a model: tgdist train [hydra overrides], e.g. model=jodie data.path=FILE"),
+    "train": ("tgdist.cli.train", "train a model: tgdist train [hydra overrides], e.g. model=jodie data.path=FILE"),
     "data": ("tgdist.cli.data", "inspect a data set or write a synthetic one: tgdist data --help"),
     "partition": ("tgdist.partition.cli", "partition node memory across trainers: tgdist partition [overrides]"),
     "plan": ("tgdist.launcher.planner", "choose i x j x k for a cluster: tgdist plan --help"),

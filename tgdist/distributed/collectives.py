@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from tgdist.errors import RunFailure, TgdistError
 
-__all__ = ["ByteCounter", "Traffic", "all_reduce_mean", "all_gather_object", "all_gather_rows", "broadcast_object",
+__all__ = ["ByteCounter", "Traffic", "all_reduce_mean", "average_gradients", "all_gather_object", "all_gather_rows", "broadcast_object",
            "broadcast_tensors", "result_of", "barrier", "comm_device", "group_rank", "group_size"]
 
 
@@ -130,6 +130,22 @@ def all_reduce_mean(tensors: Sequence[torch.Tensor], group=None, name: str = "al
             offset += t.numel()
     counter.add(name, sent=nbytes, received=nbytes)
     return tensors
+
+
+def average_gradients(params: Sequence[torch.Tensor], group=None, counter: ByteCounter | None = None,
+                      active: bool = True) -> None:
+    """Data-parallel gradient averaging: every parameter's ``.grad`` becomes the mean over the ranks
+    of ``group`` active in this step (``all_reduce_mean``, counted as ``gradients``). An idle rank
+    (``active=False``: the epoch-parallel fill and drain) passes zeros and still takes part, so every
+    replica takes the same optimizer step; a parameter without a gradient on this rank passes zeros.
+    With one process too, a parameter without a gradient gets zeros: the optimizer's state then
+    advances alike whatever the number of processes (1 x 1 x 1 is the parallel loop with a world
+    of one; Adam's bias correction would otherwise part the runs from the first unused parameter)."""
+    params = list(params)
+    grads = [p.grad if active and p.grad is not None else torch.zeros_like(p) for p in params]
+    all_reduce_mean(grads, group, name="gradients", counter=counter, active=active)
+    for p, g in zip(params, grads):
+        p.grad = g
 
 
 def broadcast_tensors(tensors: Sequence[torch.Tensor], src: int = 0, group=None, name: str = "broadcast",

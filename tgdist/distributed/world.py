@@ -535,8 +535,9 @@ class ProcessGroups:
         import torch
         import torch.distributed as dist
 
-        if cls._current is not None and not cls._current._destroyed:
+        if cls._current is not None and not cls._current._destroyed and cls._current._initialised_dist:
             raise RuntimeError("process groups are already initialised; call destroy() first")
+        # (groups of a world of one hold nothing: a later one replaces them, e.g. a Run never trained)
         _check_world_size(layout, world)
         if not isinstance(timeout, timedelta):
             timeout = timedelta(seconds=float(timeout))

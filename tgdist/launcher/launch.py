@@ -267,12 +267,10 @@ def main(argv: list[str] | None = None) -> int:
                     check_foreign(Path(cfg.run_dir).absolute(), cfg.train.overwrite)
                 nproc = _nproc(args, _layout(args, cfg, args.overrides))
                 _check_world(args, cfg, nproc)
-                processes = nproc * args.nnodes
                 if cfg.train.resume:  # a checkpoint of another config or epochs, before any process starts
                     from tgdist.runtime import checkpoint
-                    from tgdist.runtime.build import is_parallel
 
-                    checkpoint.check_resume(cfg, parallel=is_parallel(cfg) or processes > 1)
+                    checkpoint.check_resume(cfg)
                 return _launch_in_own_directory(args, cfg, nproc)
         return _launch(args, args.overrides, nproc)
     return _sweep(args, [a for a in args.overrides if a not in ("-m", "--multirun")])

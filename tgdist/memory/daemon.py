@@ -1021,6 +1021,8 @@ class DaemonMemory(MemoryStore):
         self._nops = self._mem_off = self._mail_off = 0
         self._wrote = False
         self._next_auto = 0
+        self._after_auto = False  # the last step was implicit (see begin)
+        self._shift = 0  # daemon position - caller's position (see begin)
         self._pending_reset = False
         self._finished = False
         self._finalizer = weakref.finalize(self, _Conn.close, c)
@@ -1036,10 +1038,15 @@ class DaemonMemory(MemoryStore):
         """Open ``position``; its read goes to ``slot`` (default ``position % j``)."""
         if self._p is not None:
             if self._explicit:
-                raise RunFailure(f"begin({position}) while position {self._p} is open: call end() first")
+                raise RunFailure(f"begin({position}) while position {self._p - self._shift} is open: call end() first")
             self.end()
         self._explicit = True
-        self._open(position, slot, reset)
+        # Implicit steps between explicit ones (one trainer's evaluation between its epochs) take
+        # daemon positions of their own: the caller's later positions move past them.
+        if self._after_auto and position + self._shift < self._next_auto:
+            self._shift = self._next_auto - position
+        self._after_auto = False
+        self._open(position + self._shift, slot, reset)
 
     def _open(self, position: int, slot: int | None, reset: bool) -> None:
         if self._finished:
@@ -1058,6 +1065,7 @@ class DaemonMemory(MemoryStore):
         if self._p is not None:
             self.end()
         self._explicit = False
+        self._after_auto = True
         self._open(self._next_auto, None, False)
 
     def end(self) -> None:
@@ -1131,7 +1139,7 @@ class DaemonMemory(MemoryStore):
         if self._p is None or self._read_posted or self._wrote:
             if self._p is not None and self._explicit:
                 done = "read" if self._read_posted else "writes"
-                raise RunFailure(f"a read after the {done} of position {self._p}: "
+                raise RunFailure(f"a read after the {done} of position {self._p - self._shift}: "
                                   f"one read per position, served before its writes (end() then begin())")
             self._open_auto()  # LocalMemory order: a read sees every earlier write
         c, row, p = self._conn, self._conn.row, self._p
@@ -1161,6 +1169,7 @@ class DaemonMemory(MemoryStore):
                              f"{self.jj} and may not {what} (DistTGL 3.2.2: only subgroup 0 writes)")
         if self._p is None:
             self._explicit = False
+            self._after_auto = True
             self._open(self._next_auto, None, False)
         if not self._wrote:
             self._conn.check()
@@ -1210,7 +1219,7 @@ class DaemonMemory(MemoryStore):
     def _quiesce(self, what: str) -> None:
         if self._p is not None:
             if self._explicit:
-                raise RunFailure(f"{what} while position {self._p} is open: call end() first")
+                raise RunFailure(f"{what} while position {self._p - self._shift} is open: call end() first")
             self.end()
 
     def _hold(self, kind: int, what: str) -> None:

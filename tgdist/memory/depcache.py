@@ -41,6 +41,10 @@ class DepCacheMemory(LocalMemory):
     def end_training(self, evaluates: bool) -> None:
         self.sync = False  # from here on writes apply to this replica alone (evaluation on one rank)
 
+    def close(self) -> None:
+        """Let go of the process group (the run destroys it; the replica's tensors stay readable)."""
+        self.group, self.sync = None, False
+
     def write_mail(self, ids, mail, mail_ts):
         if not self.sync:
             return super().write_mail(ids, mail, mail_ts)

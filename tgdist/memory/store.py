@@ -47,6 +47,14 @@ class MemoryStore(nn.Module):
     # group's writer then loads it from a checkpoint, the others wait for it.
     one_copy_per_group = False
 
+    def checkpoint_part(self, ii: int, jj: int, kk: int) -> tuple[str, bool]:
+        """The checkpoint file (in the iteration's directory) that holds this trainer's memory, and
+        whether this trainer writes it. Here: one file per memory group, ``memory-KK.pt``, written by
+        the group's writer (ii = jj = 0); every trainer of the group loads it (a replica each), or
+        its writer alone with ``one_copy_per_group``. A store that holds a shard per trainer names
+        a file per trainer."""
+        return f"memory-{kk}.pt", ii == 0 and jj == 0
+
     def open_position(self, position: int, slot: int, reset: bool) -> None:
         """The reads of stream ``position`` follow (into read ``slot``); ``reset``: the position
         starts a pass, which starts from empty memory."""

@@ -24,7 +24,6 @@ from tgdist.data.graph import (
 )
 from tgdist.data.sampler import TCSR, NegativeSampler, TemporalSampler
 from tgdist.distributed.schedule import LR_SCALING_MODES, Layout, passes_per_group
-from tgdist.distributed.world import detect
 from tgdist.errors import ConfigError
 from tgdist.kernels import graph as kernels
 from tgdist.models.modules import build_model, use_cpu_kernels
@@ -146,13 +145,6 @@ def precheck(cfg: DictConfig) -> None:
     job before the first starts."""
     validate(cfg)
     check_data_source(cfg.data)
-
-
-def is_parallel(cfg: DictConfig) -> bool:
-    """Parallel layout requested, started by torchrun / SLURM / MPI with several processes, or node
-    memory in a daemon process (which the parallel runner starts and stops, also for 1 x 1 x 1)."""
-    return ((cfg.parallel.i, cfg.parallel.j, cfg.parallel.k) != (1, 1, 1) or detect().world_size > 1
-            or cfg.memory.backend == "daemon")
 
 
 def check_labels(task: str, graph: TemporalGraph, split) -> None:

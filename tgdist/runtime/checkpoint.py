@@ -1,4 +1,6 @@
-"""Checkpoints: model, optimizer, node memory and mails, RNG states and the position in the run.
+"""Checkpoints: model, optimizer, node memory and mails, RNG states and the position in the run,
+in one format for every layout (``Run.save`` writes it: ``last.pt`` and an iteration directory of
+parts beside it).
 
 Every file is sealed with a SHA-256 of its bytes (``tgdist.checksum``) and checked against it
 before ``torch.load(weights_only=True)`` parses it: a corrupt file is refused in one line. Files
@@ -12,17 +14,19 @@ from __future__ import annotations
 import errno
 import glob
 import os
-import random
 import shutil
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from tgdist import checksum
 from tgdist.errors import ConfigError
+
+# 2: one format for every layout (``iteration``, ``parts``, ``history``). Format 1 had a
+# single-process kind (``position``) and a parallel kind (without ``parts``).
+FORMAT = 2
 
 # Settings that do not change what is computed, so a resumed run may change them.
 _FREE = {"train": {"epochs", "resume", "progress", "checkpoint_every", "stop_after_batches", "num_threads", "device",
@@ -53,17 +57,6 @@ def settings(cfg: DictConfig, groups: tuple[str, ...], leave_out: set[str]) -> d
             if f"{group}.{key}" not in leave_out:
                 out[f"{group}.{key}"] = repr(value)
     return out
-
-
-def _rng_state(trainer) -> dict:
-    return {"torch": torch.get_rng_state(), "numpy_global": _np_state(np.random.get_state()),
-            "negatives": repr(trainer.negatives.rng.bit_generator.state), "python": repr(random.getstate()),
-            "sampler_calls": trainer.sampler.calls if trainer.sampler is not None else 0}
-
-
-def _np_state(st) -> dict:
-    return {"name": st[0], "keys": torch.from_numpy(st[1].astype(np.int64)), "pos": int(st[2]),
-            "has_gauss": int(st[3]), "gauss": float(st[4])}
 
 
 def atomic_save(obj, path: str | Path) -> Path:
@@ -144,14 +137,6 @@ def restore(path, module, state_dict: dict, what: str) -> None:
         raise ConfigError(f"{path}: the checkpoint's {what} does not fit this run's ({first}{more})") from None
 
 
-def save(path: str | Path, trainer, cfg: DictConfig, position: dict, history: list) -> Path:
-    """Write atomically: a crash while saving never leaves a truncated checkpoint in place."""
-    state = {"format": 1, "config": identity(cfg), "data": data_identity(trainer.g), "model": trainer.model.state_dict(),
-             "optimizer": trainer.optimizer.state_dict(), "memory": trainer.memory.state_dict(),
-             "rng": _rng_state(trainer), "position": dict(position), "history": [dict(h) for h in history]}
-    return atomic_save(state, path)
-
-
 def find(resume: str) -> Path:
     p = Path(resume).expanduser()
     if p.is_dir():
@@ -185,34 +170,30 @@ def verify(path: str | Path) -> None:
         raise ConfigError(f"{path}: not a readable tgdist checkpoint ({e.strerror or e})") from None
 
 
-def read(path: str | Path, parallel: bool, map_location=None, mmap: bool = False) -> dict:
-    """A checkpoint's state (``weights_only``), refused in one line when it is corrupt, unreadable
-    or of the other kind: a single-process run's (model, optimizer, memory, RNG, position) or a
-    parallel run's ``last.pt`` (model, optimizer, iteration; memory copies and read slots beside it)."""
+def read(path: str | Path, map_location=None, mmap: bool = False) -> dict:
+    """A checkpoint's ``last.pt`` (``weights_only``: model, optimizer, iteration, metrics lines;
+    the memory and every rank's state are in the parts beside it), refused in one line when it is
+    corrupt, unreadable, not tgdist's or of an earlier format."""
     verify(path)
     try:
         state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except Exception as e:  # a foreign file, or one from before checksums that is cut short
         if mmap:  # mmap's own complaint (not a zip file) would hide what is wrong with it
-            return read(path, parallel, map_location)
+            return read(path, map_location)
         raise ConfigError(f"{path}: not a readable tgdist checkpoint ({type(e).__name__}: {_reason(e)})") from None
     if not isinstance(state, dict) or "model" not in state:
         raise ConfigError(f"{path}: not a tgdist checkpoint (no model state)")
-    if ("iteration" in state) != parallel:
-        kind, other = ("parallel", "single-process") if "iteration" in state else ("single-process", "parallel")
-        how = (" (resume it with the parallel.i/j/k and memory.backend it was written under, memory.backend=daemon "
-               "included)") if kind == "parallel" else ""
-        raise ConfigError(f"{path}: written by a {kind} run, and this is a {other} run; a run resumes from "
-                          f"checkpoints of its own kind{how}")
+    if state.get("format") != FORMAT or "parts" not in state:
+        raise ConfigError(f"{path}: a checkpoint of an earlier tgdist (format {state.get('format', 1)}, before one "
+                          f"format for every layout); resume it with the tgdist that wrote it, or start afresh")
     return state
 
 
-def parts(path: Path, state: dict, cfg: DictConfig) -> list[Path]:
-    """The files a parallel checkpoint ``last.pt`` (``path``, ``state``) holds beside it, in its
-    iteration directory: every rank's RNG and read slots and every memory group's copy."""
+def parts(path: Path, state: dict) -> list[Path]:
+    """The files a checkpoint ``last.pt`` (``path``, ``state``) holds beside it, in its iteration
+    directory: every rank's RNG, read slots and losses, and the memory (per group, or per shard)."""
     d = path.parent / state["dir"]
-    p = cfg.parallel
-    return [*(d / f"rank-{r}.pt" for r in range(p.i * p.j * p.k)), *(d / f"memory-{kk}.pt" for kk in range(p.k))]
+    return [d / name for name in state["parts"]]
 
 
 def verify_part(path: Path) -> None:
@@ -231,46 +212,50 @@ def read_part(path: Path) -> dict:
         raise ConfigError(f"{path}: not a readable tgdist checkpoint ({type(e).__name__}: {_reason(e)})") from None
 
 
-def check_epochs(path, state: dict, epochs: int) -> None:
-    """A parallel run resumes only with the ``train.epochs`` it started with."""
-    if state.get("epochs", epochs) != epochs:  # the schedule of every iteration depends on it
+def check_layout(path, state: dict, cfg: DictConfig) -> None:
+    """A parallel run resumes only with the layout and ``train.epochs`` it started with (the
+    layout is in the config too; said first, and plainly). One process, 1 x 1 x 1, may raise
+    ``train.epochs`` to train on: its schedule does not depend on it."""
+    p = cfg.parallel
+    layout = f"{p.i} x {p.j} x {p.k}"  # as str(Layout) writes it
+    if state.get("layout", layout) != layout:
+        raise ConfigError(f"{path}: written by a run of layout {state['layout']}, and this run's is {layout} "
+                          f"(parallel.i/j/k); a run resumes with the layout it was written under")
+    if layout != "1 x 1 x 1" and state.get("epochs", cfg.train.epochs) != cfg.train.epochs:
         raise ConfigError(f"{path}: this parallel run was started with train.epochs={state['epochs']}, and "
-                          f"resumes only with it (train.epochs={epochs} changes every rank's schedule)")
+                          f"resumes only with it (train.epochs={cfg.train.epochs} changes every rank's schedule)")
 
 
-def check_resume(cfg: DictConfig, parallel: bool) -> tuple[Path, dict]:
+def check_resume(cfg: DictConfig) -> tuple[Path, dict]:
     """What resuming from ``train.resume`` checks, without building anything (the data is
     checked by ``check_data`` once it is read): ``tgdist launch`` runs it before starting any
     process, so a mismatch is one line, not one per rank. Every file is checked against its
-    checksum, a parallel checkpoint's files beside ``last.pt`` too. Returns the path and the state."""
+    checksum, the parts beside ``last.pt`` too. Returns the path and the state."""
     path = find(cfg.train.resume)
-    state = read(path, parallel, map_location="cpu", mmap=True)
+    state = read(path, map_location="cpu", mmap=True)
+    check_layout(path, state, cfg)
     check_config(path, state.get("config", {}), cfg, content_checked="data" in state)
-    if parallel:
-        check_epochs(path, state, cfg.train.epochs)
-        for part in parts(path, state, cfg):
-            verify_part(part)
+    for part in parts(path, state):
+        verify_part(part)
     return path, state
 
 
-def load(path: str | Path, trainer, cfg: DictConfig, state: dict | None = None) -> tuple[dict, list]:
-    """Restore ``trainer`` in place; returns (position, history). ``state``: the checkpoint as
-    ``check_resume`` read it, so that it is not read again."""
-    import ast
-
-    if state is None:
-        state = read(path, parallel=False, map_location=trainer.device)
+def load(path: str | Path, trainer, cfg: DictConfig) -> tuple[int, list]:
+    """Restore a trained model into ``trainer`` (built from ``cfg``, in one process) from the
+    checkpoint ``path``: the model, the optimizer and memory group 0's node memory, which a run
+    leaves at the end of the training stream (or, after its evaluations, of the stream it
+    evaluated). Returns the checkpoint's iteration and its metrics lines. A run resumes with
+    ``train.resume``, not this."""
+    path = Path(path)
+    state = read(path, map_location="cpu")
     check_config(path, state.get("config", {}), cfg, content_checked="data" in state)
     check_data(path, state, trainer.g)
     restore(path, trainer.model, state["model"], "model")
     restore(path, trainer.optimizer, state["optimizer"], "optimizer state")
-    restore(path, trainer.memory, state["memory"], "node memory")
-    rng = state["rng"]
-    torch.set_rng_state(rng["torch"])
-    g = rng["numpy_global"]
-    np.random.set_state((g["name"], g["keys"].numpy().astype(np.uint32), g["pos"], g["has_gauss"], g["gauss"]))
-    trainer.negatives.rng.bit_generator.state = ast.literal_eval(rng["negatives"])
-    random.setstate(ast.literal_eval(rng["python"]))
-    if trainer.sampler is not None:
-        trainer.sampler.calls = int(rng["sampler_calls"])
-    return state["position"], state["history"]
+    memory = [name for name in state["parts"] if name.startswith("memory-0")]
+    if len(memory) != 1:  # a memory sharded over trainers (one file per shard)
+        raise ConfigError(f"{path}: its node memory is in {len(memory)} shards ({', '.join(memory)}); load it "
+                          f"with the run's layout (train.resume)")
+    part = path.parent / state["dir"] / memory[0]
+    restore(part, trainer.memory, read_part(part), "node memory")
+    return int(state["iteration"]), [dict(h) for h in state["history"]]

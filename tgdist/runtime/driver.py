@@ -1,5 +1,5 @@
-"""The one entry into training: the single-process loop or the parallel runner, chosen by the
-layout and the world (``tgdist train`` and Python callers both come through ``run``)."""
+"""The one entry into training for ``tgdist train`` and Python callers: ``run`` makes the run
+(``tgdist.runtime.run.Run``, of any layout) and trains it."""
 
 from __future__ import annotations
 
@@ -10,8 +10,6 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from tgdist.distributed.world import detect
-from tgdist.runtime.build import is_parallel
-from tgdist.runtime.distributed import run_parallel
 from tgdist.runtime.run import Run
 
 
@@ -19,7 +17,7 @@ def run(cfg: DictConfig, run_dir: str | Path | None) -> dict:
     """Train as ``cfg`` says in ``run_dir`` (None on a parallel run's ranks but 0: rank 0's); the
     summary, also written to ``summary.json`` by rank 0."""
     start = time.perf_counter()
-    summary = run_parallel(cfg, run_dir) if is_parallel(cfg) else Run(cfg, run_dir).train()
+    summary = Run(cfg, run_dir).train()
     summary["wall_seconds"] = round(time.perf_counter() - start, 2)
     written = Path(summary.get("run_dir", run_dir)) / "summary.json"
     if detect().rank == 0 and "run_dir" in summary and written.exists():  # the same summary as stdout's last line

@@ -134,7 +134,8 @@ def release(path: Path) -> bool:
 
 
 def _has_checkpoint(folder: Path | None) -> bool:
-    return folder is not None and folder.is_dir() and any(folder.iterdir())
+    """A committed checkpoint (``last.pt``); an iteration directory alone is a save cut short."""
+    return folder is not None and folder.is_dir() and any(p.suffix == ".pt" for p in folder.iterdir())
 
 
 def claim_directory(path: Path) -> Path:

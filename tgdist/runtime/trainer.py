@@ -132,15 +132,15 @@ class Trainer:
         if num_threads > 0:
             torch.set_num_threads(num_threads)
         self.epoch_loss_sum, self.epoch_events = 0.0, 0
-        self.grad_hook = None  # called between backward and the optimizer step (gradient averaging)
         jit.track_compiles()  # an epoch's events/s leaves out one-time kernel compiles
 
     # ------------------------------------------------------------------------------------------
     # One iteration
 
-    def step(self, lo: int, hi: int, neg: np.ndarray, train: bool, keep_emb: bool = False) -> BatchOutput:
+    def step(self, lo: int, hi: int, neg: np.ndarray, train: bool, keep_emb: bool = False,
+             sync_gradients=None) -> BatchOutput:
         """One iteration over events ``[lo, hi)`` with negatives ``neg [hi - lo, num_neg]``."""
-        return self.compute(self.prepare(lo, hi, neg), train, keep_emb=keep_emb)
+        return self.compute(self.prepare(lo, hi, neg), train, keep_emb=keep_emb, sync_gradients=sync_gradients)
 
     def prepare(self, lo: int, hi: int, neg: np.ndarray, read=None) -> "Prepared":
         """Phases sample, features and memory read: everything before the model runs. Parallel
@@ -212,10 +212,12 @@ class Trainer:
         finally:
             model.train(training)
 
-    def compute(self, p: "Prepared", train: bool, keep_emb: bool = False, write: bool | None = None) -> BatchOutput:
+    def compute(self, p: "Prepared", train: bool, keep_emb: bool = False, write: bool | None = None,
+                sync_gradients=None) -> BatchOutput:
         """Phases compute (update memory once per unique node, embed, score, learn) and memory
         write. ``write`` overrides ``writes_enabled`` (epoch-parallel subgroups other than the
-        first do not write)."""
+        first do not write). ``sync_gradients(params)`` runs between backward and the optimizer
+        step (a parallel run's averaging over the replicas, ``collectives.average_gradients``)."""
         model, dev, tm = self.model, self.device, self.timer
         lo, hi, num_neg = p.lo, p.hi, p.num_neg
         b = hi - lo
@@ -237,8 +239,8 @@ class Trainer:
             if train:
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                if self.grad_hook is not None:
-                    self.grad_hook()
+                if sync_gradients is not None:
+                    sync_gradients(self.model.parameters())
                 self.optimizer.step()
         t4 = time.perf_counter()
         tm.add("compute", t4 - t3)

@@ -1,0 +1,452 @@
+"""``tgdist train`` (and ``python -m tgdist.train``): check the command line, claim the run
+directory, run, report; errors and signals as one line and an exit code.
+
+The final JSON summary is the last line of stdout; progress and logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+import tgdist.config  # noqa: F401  (registers the typed schema before Hydra composes)
+from tgdist.cli.overrides import precheck_command
+from tgdist.config import config_dir
+from tgdist.errors import TgdistError, first_line, write_failure
+from tgdist.runtime import rundir
+from tgdist.runtime.rundir import remove_empty_dirs
+
+# The run directory of each finished run (a sweep has several): an interrupt after it is said so.
+_finished: list[str] = []
+# Parent directories of the run directory that did not exist before this process (``runs/`` on a
+# first run); removed again, when left empty, with a run directory that holds no result.
+_new_parents: list[Path] = []
+# The sweep directory of a ``--multirun`` checked by ``precheck_sweep`` (None otherwise), its
+# number of jobs and the keys it sweeps (an error in a job names the job by them).
+_sweep_dir: Path | None = None
+_sweep_size, _swept = 0, []
+
+
+def _sweep_job_note() -> str:
+    """`` (sweep job #N: KEY=VALUE ...; ...)`` for an error inside a job of a checked sweep."""
+    if _sweep_dir is None:
+        return ""
+    from tgdist.cli.overrides import jobs_not_run, swept_values
+
+    num = int(HydraConfig.get().job.num)
+    values = swept_values(list(HydraConfig.get().overrides.task), _swept)
+    return f" (sweep job #{num}: {values}{jobs_not_run(num, _sweep_size)})"
+
+
+def _remove_if_empty_run(run_dir: Path) -> None:
+    """Remove what this run wrote into ``run_dir`` when that holds no result: start-up files and a
+    metrics file only, with no checkpoint (stopped before the first one: every finished epoch
+    writes one; a resumed run's metrics start with the lines copied from the checkpoint it
+    resumed). The directory goes too only when this run made it (``rundir.release``): a user's
+    own files, and a directory the user gave, stay."""
+    if not rundir.release(run_dir):
+        return
+    sweep_file = run_dir.parent / "multirun.yaml"  # a sweep whose first job failed: nothing ran
+    if _sweep_dir is not None and run_dir.parent == _sweep_dir and [*_sweep_dir.iterdir()] == [sweep_file]:
+        sweep_file.unlink()
+    remove_empty_dirs(_new_parents)
+
+
+@hydra.main(version_base=None, config_path=config_dir(), config_name="train")
+def _hydra_main(cfg: DictConfig) -> None:
+    from tgdist.distributed.world import detect
+    from tgdist.kernels.interrupts import caused_by_interrupt, hold_interrupts_during_compiles, stopped
+    from tgdist.kernels.jit import announce_compiles
+    from tgdist.runtime.driver import run
+
+    run_dir = Path(HydraConfig.get().runtime.output_dir)  # the temp folder on ranks but 0 (_elsewhere)
+    world = detect()
+    if _sweep_dir is not None and run_dir.parent == _sweep_dir:  # a job of a checked sweep: Hydra made it
+        rundir.claim(run_dir, cfg.train.overwrite, made=run_dir.name not in _sweep_jobs_before,
+                     before=_sweep_jobs_before.get(run_dir.name, frozenset()))
+    rank = world.rank
+    who = f"tgdist train{f' [rank {rank}]' if world.world_size > 1 else ''}"  # every rank of a parallel run
+    hold_interrupts_during_compiles(who)  # Ctrl-C inside a numba compile crashes at exit
+    if rank == 0:
+        announce_compiles(who)  # why the first batches of a fresh install are slow
+    _paths_from_the_launch_directory(cfg)
+    if not _elsewhere and (Path(HydraConfig.get().runtime.cwd) / cfg.run_dir).resolve() != run_dir.resolve():
+        cfg.run_dir = str(run_dir)  # config.yaml names where the run went: a sweep's job, a config's hydra.run.dir
+    if not _elsewhere and _run_dir is not None and _run_dir.resolve() != run_dir.resolve():
+        # a config's hydra.run.dir replaced the directory claimed here: give that back, and take
+        # Hydra's as found (its start-up files aside), never removing it
+        if rundir.release(_run_dir):
+            remove_empty_dirs(_new_parents)
+        rundir.claim(run_dir, cfg.train.overwrite, made=False,
+                     before=frozenset(p.name for p in run_dir.iterdir()) - {".hydra", "train.log"})
+    try:
+        summary = run(cfg, None if _elsewhere else run_dir)  # None: rank 0's, told when the ranks meet
+    except TgdistError as e:
+        _remove_if_empty_run(run_dir)
+        print(f"{who}: error: {e}{_sweep_job_note()}", file=sys.stderr)
+        _exit(getattr(e, "exit_code", 2), world)  # 2: bad input; 1: a process of the run failed
+    except OSError as e:  # a full disk, say: one line, exit 1 (the input was not at fault)
+        if write_failure(e) is None:
+            raise
+        _remove_if_empty_run(run_dir)
+        where = "" if e.filename else f"{run_dir}: "  # a flush of metrics.jsonl names no file
+        print(f"{who}: error: {where}{write_failure(e)}{_sweep_job_note()}", file=sys.stderr)
+        _exit(1, world)
+    except BaseException as e:  # Ctrl-C or SIGTERM: one line saying what is kept, the shell's 128 + N
+        if not caused_by_interrupt(e):
+            _remove_if_empty_run(run_dir)  # what follows is a traceback (a bug) or out of memory
+            if (why := _out_of_memory(e)) is not None:
+                print(f"{who}: error: out of memory ({why}): try a smaller train.batch_size, model.mem_dim or "
+                      f"sampler.fanouts, or data.max_events{_sweep_job_note()}", file=sys.stderr)
+                _exit(1, world)
+            if world.world_size > 1 and (why := _peer_lost(e)) is not None:
+                print(f"{who}: error: another rank of this run went away ({why}); its own line, or the "
+                      f"launcher's, says why", file=sys.stderr)
+                _exit(1, world)
+            raise
+        _remove_if_empty_run(run_dir)
+        where = (_run_dir or run_dir) if _elsewhere else run_dir  # ranks but 0: rank 0's directory
+        ckpt = where / "checkpoints" / "last.pt"
+        kept = (f"; {ckpt} holds the last checkpoint, continue with {resume_override(where)}" if ckpt.exists()
+                else "; no checkpoint had been written")
+        words, code = stopped(e)
+        print(f"{who}: {words}{kept}{_sweep_job_note()}", file=sys.stderr)
+        _exit(code, world)
+    if rank == 0:
+        _print_summary(summary, who)
+    elif Path(summary["run_dir"]).resolve() != run_dir.resolve():
+        _remove_if_empty_run(run_dir)  # rank 0's run directory holds the results
+    # a signal from here on (Hydra's teardown) is not "before the run started"; a stopped run has no run_dir key
+    _finished.append(summary.get("run_dir", str(run_dir)))
+
+
+def resume_override(run_dir: Path) -> str:
+    """``train.resume=RUN_DIR`` as one shell word that Hydra reads back as the path: quoted for
+    Hydra when the path holds more than plain characters (a space, a comma, brackets), then for
+    the shell, so the hint can be pasted."""
+    value = str(run_dir)
+    if not re.fullmatch(r"[\w./+-]+", value):
+        value = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return shlex.quote(f"train.resume={value}")
+
+
+def _exit(code: int, world) -> None:
+    """``sys.exit(code)``; a failing rank of an ``mpiexec`` job aborts the job instead: at exit,
+    mpi4py's MPI_Finalize would wait for the other ranks, which wait for it, until killed."""
+    if code and world.launcher == "mpi" and world.world_size > 1 and "mpi4py.MPI" in sys.modules:
+        sys.stderr.flush()
+        sys.modules["mpi4py.MPI"].COMM_WORLD.Abort(code)
+    sys.exit(code)
+
+
+def _print_summary(summary: dict, who: str) -> None:
+    """The summary as stdout's last line; a reader gone (``| head``) stops quietly with the
+    shell's 141 and an unwritable stdout (``>/dev/full``) is one line: the run's files hold it."""
+    try:
+        print(json.dumps(summary), flush=True)
+    except OSError as e:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        if isinstance(e, BrokenPipeError):
+            sys.exit(128 + signal.SIGPIPE)
+        print(f"{who}: error: cannot write the summary to stdout ({e.strerror or e}); it is in "
+              f"{summary.get('run_dir', 'the run directory')}/summary.json", file=sys.stderr)
+        sys.exit(1)
+
+
+def _out_of_memory(e: BaseException) -> str | None:
+    """The first line of an allocation failure (Python's MemoryError, torch's CPU or CUDA
+    allocator), else None."""
+    text = re.sub(r"^\[enforce fail at [^\]]*\] [^.]*\. ", "", first_line(e))  # torch's source location
+    if isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and (
+            "can't allocate memory" in text or "out of memory" in text.lower())):
+        return text
+    return None
+
+
+def _peer_lost(e: BaseException) -> str | None:
+    """The first line, without gloo's source location, of a collective that failed because
+    another rank's connection closed (it died or stopped), else None."""
+    lost = re.search(r"^(?:\[[^\]]*\] )?(.*?(?:Connection (?:reset|closed) by peer|Broken pipe))", first_line(e))
+    return lost.group(1) if isinstance(e, RuntimeError) and lost else None
+
+
+def _paths_from_the_launch_directory(cfg: DictConfig) -> None:
+    """With ``hydra.job.chdir=true`` the job runs inside its run directory: relative file settings
+    still name files from where the command was started (checked there before Hydra started)."""
+    if not HydraConfig.get().job.chdir:
+        return
+    from hydra.utils import to_absolute_path
+    from omegaconf import open_dict
+
+    with open_dict(cfg):
+        for group, key in (("data", "path"), ("data", "cache_dir"), ("train", "resume")):
+            value = cfg[group][key]
+            if value and not str(value).startswith("~"):
+                cfg[group][key] = to_absolute_path(str(value))
+
+
+def _check_run_parent(run_dir: Path) -> None:
+    """Exit 2 with one line unless ``run_dir`` can be written, or made, and exit 1 when its file
+    system is full (Hydra would fail later with a traceback). An existing ``run_dir`` is probed
+    itself; otherwise only the parent, removed again if it was made: ``run_dir`` may name the
+    time, which Hydra resolves again when it makes the directory."""
+    from tgdist.data.graph import unwritable
+
+    try:
+        exists = run_dir.exists()
+    except OSError as e:  # a name too long for the file system, say
+        print(f"tgdist train: error: run_dir={run_dir}: {e.strerror or e}", file=sys.stderr)
+        sys.exit(2)
+    if exists and not run_dir.is_dir():
+        print(f"tgdist train: error: run_dir={run_dir} is a file, not a directory", file=sys.stderr)
+        sys.exit(2)
+    if exists and (why := unwritable(run_dir)):  # an earlier run's, resumed in place, say
+        print(f"tgdist train: error: run_dir={run_dir}: cannot write in it ({why}); give another run_dir",
+              file=sys.stderr)
+        sys.exit(2)
+    if not exists and (why := unwritable(run_dir.parent)):
+        print(f"tgdist train: error: run_dir={run_dir}: cannot make a directory in {run_dir.parent} ({why})",
+              file=sys.stderr)
+        sys.exit(2)
+    there = next(p for p in (run_dir, *run_dir.parents) if p.exists())
+    free = shutil.disk_usage(there).free
+    if free < 1 << 20:  # Hydra's own first writes (.hydra/, train.log) would fail in tracebacks
+        print(f"tgdist train: error: run_dir={run_dir}: no space left on its file system ({free / 1024:.0f} KiB "
+              f"free)", file=sys.stderr)
+        sys.exit(1)
+
+
+def main() -> None:
+    """``_main``, with Ctrl-C (or SIGTERM) before the run starts (while torch is imported, say, or
+    Hydra sets up) as one line and exit 130 (143), leaving no run directory, like Ctrl-C during
+    the run."""
+    from tgdist.cli import numba_threads_error, standard_streams
+
+    standard_streams()  # python -m tgdist.train (torchrun) does not pass through tgdist.cli.main
+    if (why := numba_threads_error()) is not None:
+        print(f"tgdist train: error: {why}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        from tgdist.distributed.world import detect
+        from tgdist.kernels.interrupts import terminate_as_interrupt
+
+        if detect().world_size == 1:  # ranks keep SIGTERM's default (terminate_as_interrupt)
+            terminate_as_interrupt()
+        try:
+            _main()
+        finally:
+            while _held:  # the run directory's lock (for callers in one process, such as tests)
+                os.close(_held.pop())
+    except TgdistError as e:  # the launcher's environment (MASTER_PORT=abc), a directory that cannot be made
+        print(f"tgdist train: error: {e}", file=sys.stderr)
+        sys.exit(getattr(e, "exit_code", 2))
+    except KeyboardInterrupt as e:
+        from tgdist.kernels.interrupts import stopped
+
+        if _run_dir is not None:
+            _remove_if_empty_run(_run_dir)
+            remove_empty_dirs(([_run_dir] if _claimed else []) + _new_parents)  # claimed, Hydra not started in it
+        elif _sweep_dir is not None:
+            remove_empty_dirs([_sweep_dir, *_new_parents])
+        rank = os.environ.get("RANK", "0") if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
+        words, code = stopped(e)
+        when = (f"after its run finished (its results are in {_finished[-1]})" if _finished
+                else "before the run started")
+        print(f"tgdist train{f' [rank {rank}]' if rank is not None else ''}: {words} {when}", file=sys.stderr)
+        sys.exit(code)
+
+
+# The run directory of a run checked before Hydra starts (None for sweeps and other flags), and
+# whether this process made it (a default name, claimed before Hydra starts).
+_run_dir: Path | None = None
+_claimed = False
+# Ranks but 0 of a parallel run have Hydra write nothing (its run directory is the temp folder,
+# with no .hydra/ and the log file on the null device; a killed rank leaves nothing behind): only
+# rank 0 writes the run directory's start-up files, so it alone can take them back.
+_elsewhere = False
+# The entries of an existing sweep directory's job folders before the sweep (a job folder not
+# listed is made by the sweep).
+_sweep_jobs_before: dict[str, frozenset[str]] = {}
+
+
+def _main() -> None:
+    """Check the overrides (and the run directory) before Hydra starts, then hand over to it."""
+    global _sweep_dir, _sweep_size, _swept, _run_dir, _claimed, _elsewhere
+    from tgdist.cli.overrides import override_value, quoted
+    from tgdist.distributed.world import detect
+    from tgdist.runtime.build import precheck
+    from tgdist.runtime.rundir import claim_directory
+
+    if os.environ.get("TORCHELASTIC_RUN_ID") and sys.platform.startswith("linux"):
+        _stop_with_the_agent()
+    if sys.argv[1:] in (["--version"], ["-V"]):  # tgdist's, not Hydra's (as ``tgdist train --version``)
+        from tgdist import version_line
+
+        print(version_line())
+        return
+    sys.argv[1:] = _hydra_run_dir_as_run_dir(sys.argv[1:])
+    if {"-m", "--multirun"} & set(sys.argv[1:]) and detect().world_size > 1:  # each rank would sweep alone
+        print("tgdist train: error: --multirun inside a parallel job runs the sweep in every rank; sweep with "
+              "tgdist launch -- --multirun ... (one launch per job)", file=sys.stderr)
+        sys.exit(2)
+    args, cfg, sweep = precheck_command("tgdist train", "train", sys.argv[1:], precheck, __file__)
+    if sweep is not None:  # every job's settings are valid; Hydra gets the directory checked here
+        _sweep_dir = Path(sweep.dir).absolute()
+        _sweep_size, _swept = len(sweep.jobs), sweep.swept
+        _check_sweep_dir(_sweep_dir, all(str(override_value(job, "train.overwrite")).lower() == "true"
+                                         for job in sweep.jobs))
+        _new_parents[:] = [p for p in (_sweep_dir, *_sweep_dir.parents) if not p.exists()]
+        if override_value(args.overrides, "hydra.sweep.dir") is None:
+            _sweep_dir = claim_directory(_sweep_dir)  # a sweep started in the same second has its own
+            _new_parents[:] = [_sweep_dir, *(p for p in _new_parents if p in _sweep_dir.parents)]
+            sys.argv.append(f"hydra.sweep.dir={quoted(str(_sweep_dir))}")
+    elif cfg is not None and not (args.cfg or args.help or args.hydra_help or args.info):  # a run
+        given = override_value(args.overrides, "run_dir") is not None
+        resumed = _resumed_run_dir(cfg.train.resume)
+        if resumed is not None and not given:  # continue in place
+            sys.argv.append(f"run_dir={quoted(str(resumed))}")
+            cfg.run_dir, given = str(resumed), True
+        run_dir = Path(cfg.run_dir).absolute()
+        _new_parents[:] = [p for p in run_dir.parents if not p.exists()]
+        _check_run_parent(run_dir)
+        _check_resume(cfg)
+        try:  # every rank: each says it in one line
+            rundir.check_foreign(run_dir, cfg.train.overwrite)
+        except TgdistError as e:
+            print(f"tgdist train: error: {e}", file=sys.stderr)
+            sys.exit(2)
+        # a name that holds the time (the default) is resolved once, here: Hydra would resolve it again
+        timed = not given or "${" in str(override_value(args.overrides, "run_dir"))
+        _run_dir = run_dir
+        rank = detect().rank
+        if rank > 0:  # writes into rank 0's directory, told when the ranks meet: each rank has its own clock
+            _run_dir = None if timed else run_dir  # (known here only to name it when stopped)
+            _elsewhere = True  # Hydra writes nothing: no .hydra/, its log file is the null device
+            _set_override("hydra.run.dir", quoted(tempfile.gettempdir()))
+            _set_override("hydra.output_subdir", "null")
+            _set_override("hydra.job_logging.handlers.file.filename", quoted(os.devnull))
+        else:
+            if not given:  # the default name: NAME-2 where a run of the same second has NAME
+                _run_dir, _claimed = claim_directory(run_dir), True
+            if timed:
+                _set_override("run_dir", quoted(str(_run_dir)))
+            rundir.claim(_run_dir, cfg.train.overwrite, made=True if _claimed else None)
+            _hold_run_dir(_run_dir)
+    _hydra_main()
+
+
+def _set_override(key: str, value: str) -> None:
+    """``key=value`` on the command line Hydra reads, replacing any given value of ``key``."""
+    sys.argv[1:] = [a for a in sys.argv[1:] if a.partition("=")[0].lstrip("+") != key] + [f"{key}={value}"]
+
+
+def _check_sweep_dir(sweep_dir: Path, overwrite: bool) -> None:
+    """Exit 2 with one line when a given sweep directory holds files that are not tgdist's (its
+    ``multirun.yaml`` and job folders); note what the job folders there hold."""
+    if not sweep_dir.is_dir():
+        return
+    ours = {"multirun.yaml"} | {p.name for p in sweep_dir.iterdir() if p.is_dir() and rundir.is_run_dir(p)}
+    others = sorted(p.name for p in sweep_dir.iterdir() if p.name not in ours)
+    if others and not overwrite:
+        print(f"tgdist train: error: hydra.sweep.dir={sweep_dir} holds files that are not a tgdist sweep's "
+              f"({', '.join(others[:4])}{' ...' if len(others) > 4 else ''}); give a new or empty directory, or "
+              f"train.overwrite=true to write into it", file=sys.stderr)
+        sys.exit(2)
+    _sweep_jobs_before.update({p.name: frozenset(q.name for q in p.iterdir())
+                               for p in sweep_dir.iterdir() if p.is_dir()})
+
+
+# The open run directory whose lock this process holds until it ends (``_hold_run_dir``).
+_held: list[int] = []
+
+
+def _hold_run_dir(run_dir: Path) -> None:
+    """Lock ``run_dir`` for this run (an flock on the directory, released when the process ends),
+    or exit 2 with one line when another process holds it: two runs given one run_dir, or a
+    resume of a run still going, wrote one metrics.jsonl and removed each other's checkpoint temp
+    files. A file system without locks (some network mounts) is left unlocked."""
+    import fcntl
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(run_dir, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        print(f"tgdist train: error: run_dir={run_dir} is in use by another tgdist run that has not ended; give "
+              f"another run_dir, or resume it once that run has stopped", file=sys.stderr)
+        sys.exit(2)
+    except OSError:
+        os.close(fd)
+        return
+    _held.append(fd)
+
+
+def _resumed_run_dir(resume: str | None) -> Path | None:
+    """The run directory ``train.resume`` names: RUN_DIR itself, or the run holding
+    ``RUN_DIR/checkpoints/FILE.pt``; a resumed run continues there unless run_dir= is given.
+    None for a checkpoint file elsewhere (or no resume)."""
+    if not resume:
+        return None
+    p = Path(resume).expanduser().absolute()
+    if p.is_dir():
+        return p
+    return p.parent.parent if p.parent.name == "checkpoints" else None
+
+
+def _hydra_run_dir_as_run_dir(argv: list[str]) -> list[str]:
+    """``hydra.run.dir=X`` as ``run_dir=X``: Hydra's run directory is ``${run_dir}``, and given
+    alone it would leave the config recording another directory (and a default one claimed, empty)."""
+    if {"-m", "--multirun"} & set(argv):  # a sweep's jobs go to hydra.sweep.dir
+        return argv
+    def key(arg: str) -> str:
+        return arg.partition("=")[0].lstrip("+")
+
+    if not any(key(a) == "hydra.run.dir" for a in argv):
+        return argv
+    if any(key(a) == "run_dir" for a in argv):
+        print("tgdist train: error: give run_dir=DIR or hydra.run.dir=DIR, not both (the run directory is "
+              "run_dir, which hydra.run.dir follows)", file=sys.stderr)
+        sys.exit(2)
+    return [f"run_dir={a.partition('=')[2]}" if key(a) == "hydra.run.dir" else a for a in argv]
+
+
+def _stop_with_the_agent() -> None:
+    """A rank started by torchrun runs in a session of its own: were the agent killed (SIGKILL),
+    it would train on alone and end minutes later in a broken-pipe crash of its process group.
+    SIGTERM when the agent dies stops it at once (its daemon follows it, as for any dead trainer)."""
+    from tgdist.launcher.launch import _set_parent_death_signal
+
+    agent = os.getppid()
+    _set_parent_death_signal()
+    if os.getppid() != agent:  # it died before the signal was asked for
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _check_resume(cfg) -> None:
+    """Exit 2 with one line when ``train.resume`` names a checkpoint of another config, before
+    Hydra writes its ``.hydra/`` into the run directory (often the checkpoint's own)."""
+    if not cfg.train.resume:
+        return
+    from tgdist.runtime import checkpoint
+
+    try:
+        checkpoint.check_resume(cfg)
+    except TgdistError as e:
+        print(f"tgdist train: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
