@@ -337,8 +337,8 @@ def test_a_plus_key_that_is_not_in_the_schema_is_a_typo(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("bad, message", [("sampler.strategy=recent,random", "sampler.strategy='random': choose recent or uniform"),
-                                          ("data.format=auto,bogus", "data.format='bogus' is not a format"),
+@pytest.mark.parametrize("bad, message", [("sampler.strategy=recent,random", "sampler.strategy=random: choose one of recent, uniform"),
+                                          ("data.format=auto,bogus", "data.format=bogus: choose one of auto, edgelist, jodie"),
                                           ("train.stop_after_batches=0", "train.stop_after_batches=0: give a positive")])
 def test_settings_checked_before_a_sweep_starts(tmp_path, bad, message):
     r = tgdist("train", "--multirun", *QUICK, bad, cwd=tmp_path)
