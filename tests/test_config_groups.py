@@ -62,22 +62,21 @@ def test_an_unknown_option_names_the_options(group, options):
     assert str(e.value) == f"In 'train': Could not find '{group}/bogus' (options: {options})"
 
 
-# Every key of the two schemas that takes one of a closed set of names (tgdist.config.Choice),
-# with its options in the order the error names them.
-CHOICES = [
-    ("train", "data.format", "auto, edgelist, jodie, tgl, native, collegemsg, synthetic"),
-    ("train", "data.time_unit", "auto, s, ms, us, ns"),
-    ("train", "sampler.strategy", "recent, uniform"),
-    ("train", "model.name", "tgn, jodie, apan"),
-    ("train", "train.task", "link, node, edge"),
-    ("train", "train.lr_scaling", "linear, sqrt, none"),
-    ("train", "memory.backend", "auto, local, depcache, daemon, depcomm, sven"),
-    ("partition_job", "data.format", "auto, edgelist, jodie, tgl, native, collegemsg, synthetic"),
-    ("partition_job", "data.time_unit", "auto, s, ms, us, ns"),
-    ("partition_job", "sampler.strategy", "recent, uniform"),
-    ("partition_job", "partition.method", "range, interval, reflexbicut, greedy"),
-    ("partition_job", "partition.weights", "dedup, raw"),
-]
+# Every key that takes one of a closed set of names (tgdist.config.Choice), with its options in the
+# order the error names them; tgdist partition's schema shares data.* and sampler.*.
+OPTIONS = {
+    "data.format": "auto, edgelist, jodie, tgl, native, collegemsg, synthetic",
+    "data.time_unit": "auto, s, ms, us, ns",
+    "sampler.strategy": "recent, uniform",
+    "model.name": "tgn, jodie, apan",
+    "train.task": "link, node, edge",
+    "train.lr_scaling": "linear, sqrt, none",
+    "memory.backend": "auto, local, depcache, daemon, depcomm, sven",
+    "partition.method": "range, interval, reflexbicut, greedy",
+    "partition.weights": "dedup, raw",
+}
+CHOICES = [("train", k, o) for k, o in OPTIONS.items() if not k.startswith("partition.")] + \
+    [("partition_job", k, o) for k, o in OPTIONS.items() if k.startswith(("data.", "sampler.", "partition."))]
 register_schemas()  # tgdist partition's, which its command registers
 
 
@@ -129,8 +128,8 @@ def test_a_bad_value_in_a_config_file_names_the_file(tmp_path):
     (tmp_path / "experiment" / "mine.yaml").write_text("# @package _global_\nmemory:\n  backend: shm\n")
     with pytest.raises(ConfigError) as e:
         checked_compose(["experiment=mine"], source=ConfigSource("train", config_dir(), str(tmp_path)))
-    assert str(e.value) == ("config file experiment/mine.yaml: memory.backend=shm: choose one of auto, local, depcache, "
-                            "daemon, depcomm, sven")
+    assert str(e.value) == ("config file experiment/mine.yaml: memory.backend=shm: choose one of auto, local, "
+                            "depcache, daemon, depcomm, sven")
 
 
 def test_an_interpolated_value_is_checked_as_it_resolves(monkeypatch):
@@ -171,7 +170,8 @@ def test_the_options_are_what_the_layers_below_implement():
     assert names(PartitionWeights) == list(WEIGHTS)
     assert set(names(MemoryBackend)) == {"auto", *MEMORY_BACKENDS}
     assert set(memory.names()) <= set(names(MemoryBackend))
-    assert [type(build_model(m, num_nodes=4, mem_dim=4, time_dim=2)).__name__ for m in ModelName] == ["TemporalModel"] * 3
+    models = [build_model(m, num_nodes=4, mem_dim=4, time_dim=2) for m in ModelName]
+    assert [type(model).__name__ for model in models] == ["TemporalModel"] * 3
     with pytest.raises(ValueError):
         build_model("gat", num_nodes=4, mem_dim=4, time_dim=2)
     tcsr = TCSR.build(generate(num_events=30, num_nodes=6, num_communities=2), True)
@@ -186,5 +186,5 @@ def test_a_planned_memory_backend_composes_and_is_refused_before_training():
         cfg = compose([f"memory.backend={backend}"])
         with pytest.raises(ConfigError) as e:
             validate(cfg)
-        assert str(e.value) == (f"memory.backend={backend} is not built yet (planned, docs/architecture.md); choose one "
-                                f"of auto, local, depcache, daemon")
+        assert str(e.value) == (f"memory.backend={backend} is not built yet (planned, docs/architecture.md); "
+                                f"choose one of auto, local, depcache, daemon")

@@ -113,8 +113,12 @@ OmegaConf.register_new_resolver("data_name", data_name, replace=True)
 class Choice(str, Enum):
     """A key whose value is one of a closed set of names. OmegaConf refuses any other value when
     the config is composed (``checked_compose`` makes that the one line naming the options), and
-    the value reads as its name everywhere: YAML, ``==``, f-strings, JSON. Member names are the
-    values (OmegaConf looks a value up by name)."""
+    the value reads as its name everywhere: YAML, ``==``, f-strings, JSON. Each member's value is
+    its name (OmegaConf looks a value up by name): ``Choice("Kind", "a b")``."""
+
+    @staticmethod
+    def _generate_next_value_(name: str, start: int, count: int, last_values: list) -> str:
+        return name
 
     def __str__(self) -> str:
         return self.value
@@ -123,70 +127,22 @@ class Choice(str, Enum):
         return format(self.value, spec)
 
 
-class DataFormat(Choice):  # data.format: the readers of tgdist.data.graph (FORMATS), and the generator
-    auto = "auto"
-    edgelist = "edgelist"
-    jodie = "jodie"
-    tgl = "tgl"
-    native = "native"
-    collegemsg = "collegemsg"
-    synthetic = "synthetic"
+def _choice(name: str, options: str) -> type[Choice]:
+    return Choice(name, options, module=__name__, qualname=name)  # importable: configs pickle
 
 
-class TimeUnit(Choice):  # data.time_unit: tgdist.data.graph.TIME_UNITS, or auto
-    auto = "auto"
-    s = "s"
-    ms = "ms"
-    us = "us"
-    ns = "ns"
-
-
-class SamplingStrategy(Choice):  # sampler.strategy: tgdist.data.sampler.TemporalSampler's
-    recent = "recent"
-    uniform = "uniform"
-
-
-class ModelName(Choice):  # model.name: the models tgdist.models.modules.build_model assembles
-    tgn = "tgn"
-    jodie = "jodie"
-    apan = "apan"
-
-
-class Task(Choice):  # train.task
-    link = "link"
-    node = "node"
-    edge = "edge"
-
-
-class LrScaling(Choice):  # train.lr_scaling: tgdist.distributed.schedule.LR_SCALING_MODES
-    linear = "linear"
-    sqrt = "sqrt"
-    none = "none"
-
-
-class MemoryBackend(Choice):
-    """memory.backend: auto, or a store of the registry (tgdist.memory). depcomm and sven are
-    planned (docs/architecture.md): they compose, and the run refuses them until their stores
-    are registered."""
-
-    auto = "auto"
-    local = "local"
-    depcache = "depcache"
-    daemon = "daemon"
-    depcomm = "depcomm"
-    sven = "sven"
-
-
-class PartitionMethod(Choice):  # partition.method: tgdist.partition.methods.METHODS
-    range = "range"
-    interval = "interval"
-    reflexbicut = "reflexbicut"
-    greedy = "greedy"
-
-
-class PartitionWeights(Choice):  # partition.weights: tgdist.partition.access.WEIGHTS
-    dedup = "dedup"
-    raw = "raw"
+# data.format: the readers of tgdist.data.graph (FORMATS), and the generator
+DataFormat = _choice("DataFormat", "auto edgelist jodie tgl native collegemsg synthetic")
+TimeUnit = _choice("TimeUnit", "auto s ms us ns")  # data.time_unit: auto, or tgdist.data.graph.TIME_UNITS
+SamplingStrategy = _choice("SamplingStrategy", "recent uniform")  # sampler.strategy: TemporalSampler's
+ModelName = _choice("ModelName", "tgn jodie apan")  # model.name: what tgdist.models.modules.build_model assembles
+Task = _choice("Task", "link node edge")  # train.task
+LrScaling = _choice("LrScaling", "linear sqrt none")  # train.lr_scaling: tgdist.distributed.schedule.LR_SCALING_MODES
+# memory.backend: auto, or a store of the registry (tgdist.memory). depcomm and sven are planned
+# (docs/architecture.md): they compose, and a run refuses them until their stores are registered.
+MemoryBackend = _choice("MemoryBackend", "auto local depcache daemon depcomm sven")
+PartitionMethod = _choice("PartitionMethod", "range interval reflexbicut greedy")  # tgdist.partition.methods.METHODS
+PartitionWeights = _choice("PartitionWeights", "dedup raw")  # partition.weights: tgdist.partition.access.WEIGHTS
 
 
 @dataclass
@@ -394,7 +350,8 @@ class PartitionConfig:
     batch_size: int = 1200  # global batch (events); trainer t gets its t-th chronological chunk
     num_neg: int = 1  # negative destinations per event (roots too)
     neighbors: bool = True  # false for models that read no neighbour memory (JODIE): roots only
-    weights: PartitionWeights = PartitionWeights.dedup  # what Re-FlexBiCut / greedy balance: dedup (once per batch) | raw
+    # what Re-FlexBiCut / greedy balance: dedup (once per batch) | raw
+    weights: PartitionWeights = PartitionWeights.dedup
     imbalance: float = 0.05  # a trainer owns at most ceil((1 + imbalance) N / M) vertices
     seed: int = 0  # negatives and tie-breaking
     tolerance: float = 0.001  # relative bracket at which the binary search on the load bound stops
