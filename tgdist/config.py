@@ -11,6 +11,7 @@ import os
 import re
 import warnings
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any, List, Optional
 
@@ -109,6 +110,41 @@ OmegaConf.register_new_resolver("config_groups", config_groups, replace=True)
 OmegaConf.register_new_resolver("data_name", data_name, replace=True)
 
 
+class Choice(str, Enum):
+    """A key whose value is one of a closed set of names. OmegaConf refuses any other value when
+    the config is composed (``checked_compose`` makes that the one line naming the options), and
+    the value reads as its name everywhere: YAML, ``==``, f-strings, JSON. Each member's value is
+    its name (OmegaConf looks a value up by name): ``Choice("Kind", "a b")``."""
+
+    @staticmethod
+    def _generate_next_value_(name: str, start: int, count: int, last_values: list) -> str:
+        return name
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:  # Python < 3.12 would format the member's name
+        return format(self.value, spec)
+
+
+def _choice(name: str, options: str) -> type[Choice]:
+    return Choice(name, options, module=__name__, qualname=name)  # importable: configs pickle
+
+
+# data.format: the readers of tgdist.data.graph (FORMATS), and the generator
+DataFormat = _choice("DataFormat", "auto edgelist jodie tgl native collegemsg synthetic")
+TimeUnit = _choice("TimeUnit", "auto s ms us ns")  # data.time_unit: auto, or tgdist.data.graph.TIME_UNITS
+SamplingStrategy = _choice("SamplingStrategy", "recent uniform")  # sampler.strategy: TemporalSampler's
+ModelName = _choice("ModelName", "tgn jodie apan")  # model.name: what tgdist.models.modules.build_model assembles
+Task = _choice("Task", "link node edge")  # train.task
+LrScaling = _choice("LrScaling", "linear sqrt none")  # train.lr_scaling: tgdist.distributed.schedule.LR_SCALING_MODES
+# memory.backend: auto, or a store of the registry (tgdist.memory). depcomm and sven are planned
+# (docs/architecture.md): they compose, and a run refuses them until their stores are registered.
+MemoryBackend = _choice("MemoryBackend", "auto local depcache daemon depcomm sven")
+PartitionMethod = _choice("PartitionMethod", "range interval reflexbicut greedy")  # tgdist.partition.methods.METHODS
+PartitionWeights = _choice("PartitionWeights", "dedup raw")  # partition.weights: tgdist.partition.access.WEIGHTS
+
+
 @dataclass
 class SyntheticConfig:
     """Seeded generator used when ``data.format=synthetic``."""
@@ -133,7 +169,7 @@ class DataConfig:
     name: str = "collegemsg"  # in run names and summaries (default: the file's name)
     path: Optional[str] = None  # a CSV/TSV/NPZ file or a TGL directory; null: the embedded CollegeMsg
     require_path: bool = False  # data=file: a null path is an error instead of the embedded stream
-    format: str = "auto"  # auto | edgelist | jodie | tgl | native | collegemsg | synthetic
+    format: DataFormat = DataFormat.auto  # auto | edgelist | jodie | tgl | native | collegemsg | synthetic
     columns: Optional[str] = None  # edge lists: e.g. "src,dst,feat,t" or "src,dst,t,_,_"
     bipartite: Optional[bool] = None  # null: from the format (JODIE files are bipartite)
     strict_order: bool = False  # unsorted times: error instead of a stable sort with a warning
@@ -147,13 +183,13 @@ class DataConfig:
     max_events: Optional[int] = None  # keep only the first N events (quick runs)
     # what the times count; the model's time encoding reads seconds. auto: Unix-epoch times in
     # ms, us or ns (told by their size) are read as such, anything else as seconds
-    time_unit: str = "auto"  # auto | s | ms | us | ns
+    time_unit: TimeUnit = TimeUnit.auto  # auto | s | ms | us | ns
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 
 @dataclass
 class SamplerConfig:
-    strategy: str = "recent"  # recent | uniform
+    strategy: SamplingStrategy = SamplingStrategy.recent  # recent | uniform
     fanouts: List[int] = field(default_factory=lambda: [10])  # one entry per hop
     num_threads: int = 0  # numba threads (sampler and CPU kernels); 0 = auto, as train.num_threads
     both_directions: bool = True  # a node's neighbours include events where it is the destination
@@ -163,11 +199,9 @@ class SamplerConfig:
 def check_data_source(cfg: DataConfig) -> None:
     """The data a ``DataConfig`` names is there, in a format tgdist reads (``tgdist launch`` and
     sweeps check it before starting, ``load_data`` before reading)."""
-    from tgdist.data.graph import FORMATS, existing
+    from tgdist.data.graph import existing
     from tgdist.errors import ConfigError
 
-    if cfg.format not in (*FORMATS, "synthetic"):
-        raise ConfigError(f"data.format={cfg.format!r} is not a format; choose one of {', '.join(FORMATS)}, synthetic")
     if cfg.format == "synthetic" and cfg.columns is not None:
         raise ConfigError(f"data.columns={cfg.columns!r} names the fields of an edge list; data.format=synthetic reads "
                           f"no file: leave data.columns unset")
@@ -212,7 +246,7 @@ def register(name: str, node: Any, group: Optional[str] = None) -> None:
 class ModelConfig:
     """Which M-TGNN and its sizes; ``name`` selects the injected updater/embedding parts."""
 
-    name: str = "tgn"  # tgn | jodie | apan
+    name: ModelName = ModelName.tgn  # tgn | jodie | apan
     mem_dim: int = 100  # node memory and embedding size
     time_dim: int = 100  # time encoding size
     num_layers: int = 1  # attention layers (TGN); 2 = TGAT-style second layer
@@ -228,11 +262,11 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    task: str = "link"  # link | node (dynamic node classification) | edge (edge classification)
+    task: Task = Task.link  # link | node (dynamic node classification) | edge (edge classification)
     epochs: int = 5  # passes over the training events; 0: evaluate the untrained model (one process)
     batch_size: int = 200  # events per training batch (per trainer in parallel runs)
     lr: float = 1e-4  # Adam learning rate (scaled in parallel runs, see lr_scaling)
-    lr_scaling: str = "linear"  # with the global batch in parallel runs: linear | sqrt | none
+    lr_scaling: LrScaling = LrScaling.linear  # with the global batch in parallel runs: linear | sqrt | none
     num_neg_eval: int = 49  # MRR against this many fixed negatives; AP/AUC use the first
     seed: int = 0  # parameters, negatives and dropout
     deterministic: bool = False  # bit-identical reruns on CPU (torch deterministic algorithms)
@@ -264,7 +298,7 @@ class MemoryConfig:
     """Where node memory lives. ``auto``: in the process for one trainer per memory copy
     (i * j = 1), ``depcache`` otherwise."""
 
-    backend: str = "auto"  # auto | local | depcache | daemon
+    backend: MemoryBackend = MemoryBackend.auto  # auto | local | depcache | daemon | depcomm, sven (planned)
     max_ids: Optional[int] = None  # daemon: rows per read slot (null: bounded from batch and fanouts)
     timeout: float = 120.0  # daemon: seconds a trainer waits for it before failing
     num_threads: int = 1  # daemon: torch threads of the daemon process
@@ -311,12 +345,13 @@ class PartitionConfig:
     comes from ``sampler`` (fanouts ``[K] * L``).
     """
 
-    method: str = "reflexbicut"  # range | interval | reflexbicut | greedy
+    method: PartitionMethod = PartitionMethod.reflexbicut  # range | interval | reflexbicut | greedy
     num_parts: int = 8  # M, the trainers that share node memory
     batch_size: int = 1200  # global batch (events); trainer t gets its t-th chronological chunk
     num_neg: int = 1  # negative destinations per event (roots too)
     neighbors: bool = True  # false for models that read no neighbour memory (JODIE): roots only
-    weights: str = "dedup"  # what Re-FlexBiCut / greedy balance: dedup (once per batch) | raw
+    # what Re-FlexBiCut / greedy balance: dedup (once per batch) | raw
+    weights: PartitionWeights = PartitionWeights.dedup
     imbalance: float = 0.05  # a trainer owns at most ceil((1 + imbalance) N / M) vertices
     seed: int = 0  # negatives and tie-breaking
     tolerance: float = 0.001  # relative bracket at which the binary search on the load bound stops

@@ -72,7 +72,7 @@ def test_writes_the_artifact_and_nothing_else(tmp_path, events):
 
 @pytest.mark.parametrize("override, message", [
     ("partition.num_parts=0", "partition.num_parts must be >= 1, got 0"),
-    ("partition.method=metis", "partition.method must be one of range, interval, reflexbicut, greedy, got 'metis'"),
+    ("partition.method=metis", "partition.method=metis: choose one of range, interval, reflexbicut, greedy"),
     ("partition.batch_size=2", "partition.batch_size (2) must be >= partition.num_parts (8)"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, events, override, message):

@@ -304,7 +304,7 @@ def checked_compose(overrides: list[str], config_name: str = "train", return_hyd
         raise ConfigError(_hydra_error_line(e, config_name)) from None
     finally:
         GlobalHydra.instance().clear()
-    unresolved = _unresolvable(cfg)
+    unresolved = _unresolvable(cfg, config_name)
     if unresolved:
         raise ConfigError(unresolved)
     return cfg
@@ -328,7 +328,7 @@ def _start_hydra(source: ConfigSource) -> None:
     Hydra.create_main_hydra2(task_name="app", config_search_path=search_path)
 
 
-def _unresolvable(cfg) -> str | None:
+def _unresolvable(cfg, config_name: str = "train") -> str | None:
     """One line for the first value of ``cfg`` (Hydra's own settings aside) whose interpolation
     does not resolve (``${oc.env:UNSET}``, a missing key) or resolves to a value of the wrong type,
     else None. ``${hydra:...}`` resolves only inside a run and is left to it."""
@@ -343,6 +343,9 @@ def _unresolvable(cfg) -> str | None:
             try:
                 value = node[key]
             except OmegaConfBaseException as e:
+                choice = choice_error(str(e), config_name)
+                if choice:  # ${oc.env:X} giving a value that is not an option
+                    return choice
                 line = str(e).strip().splitlines()[0]
                 if "HydraConfig was not set" in line:
                     continue
@@ -364,6 +367,9 @@ def _hydra_error_line(e: Exception, config_name: str) -> str:
     lines = str(e).strip().splitlines()
     first = lines[0].rstrip(".")
     in_file = re.match(r"In '([^']+)': \w+ raised while composing config:?$", first)
+    choice = choice_error(f"{e}\n{e.__cause__ or ''}", config_name)
+    if choice:
+        return f"config file {in_file.group(1)}.yaml: {choice}" if in_file else choice
     if in_file and len(lines) > 1:  # a key or value of a config file: the file, the key and what is wrong
         key = next((ln.split(":", 1)[1].strip() for ln in lines if ln.strip().startswith("full_key:")), "")
         msg = f"config file {in_file.group(1)}.yaml: " + (f"{key}: " if key else "") + lines[1].strip().rstrip(".")
@@ -391,6 +397,33 @@ def _hydra_error_line(e: Exception, config_name: str) -> str:
     elif typo and (siblings := keys_under(typo.group(1).lstrip("+~").rpartition(".")[0], config_name)):
         msg += f"; its keys are {', '.join(siblings)}"
     return msg
+
+
+def choice_error(text: str, config_name: str) -> str | None:
+    """``memory.backend=foo: choose one of auto, local, ...`` when ``text`` (OmegaConf's report,
+    with its ``full_key:`` line) refuses the value of a ``Choice`` key of the schema, else None."""
+    key = re.search(r"full_key: (\S+)", text)
+    options = choice_of(key.group(1), config_name) if key else None
+    if options is None:
+        return None
+    value = (re.search(r"Invalid value '(.*)', expected one of", text) or re.search(r"Value (.*) \(\w+\) is not a "
+             r"valid input", text) or re.search(r"Error merging override [^=\s]+=(.*)", text))
+    shown = value.group(1) if value else "null" if "is not Optional" in text else None
+    return f"{key.group(1)}={shown}: choose one of {', '.join(options.__members__)}" if shown is not None else None
+
+
+def choice_of(key: str, config_name: str) -> type[schema.Choice] | None:
+    """The ``Choice`` type of ``key`` (``memory.backend`` -> ``MemoryBackend``) in the command's
+    schema, or None for a key of another type (or not in the schema)."""
+    import dataclasses
+    import typing
+
+    node: Any = _schema_for(config_name)
+    for part in key.split("."):
+        if not dataclasses.is_dataclass(node):
+            return None
+        node = typing.get_type_hints(node).get(part)
+    return node if isinstance(node, type) and issubclass(node, schema.Choice) else None
 
 
 def unreadable_override(e: Exception, config_name: str) -> str:

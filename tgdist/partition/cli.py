@@ -44,10 +44,6 @@ def validate(cfg: PartitionConfig) -> None:
     """Reject bad settings before any data is read."""
     if cfg.num_parts < 1:
         raise ConfigError(f"partition.num_parts must be >= 1, got {cfg.num_parts}")
-    if cfg.method not in methods.METHODS:
-        raise ConfigError(f"partition.method must be one of {', '.join(methods.METHODS)}, got {cfg.method!r}")
-    if cfg.weights not in WEIGHTS:
-        raise ConfigError(f"partition.weights must be one of {', '.join(WEIGHTS)}, got {cfg.weights!r}")
     if cfg.batch_size < cfg.num_parts:
         raise ConfigError(f"partition.batch_size ({cfg.batch_size}) must be >= partition.num_parts ({cfg.num_parts})")
     if cfg.num_neg < 0:

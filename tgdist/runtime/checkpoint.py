@@ -53,7 +53,7 @@ def settings(cfg: DictConfig, groups: tuple[str, ...], leave_out: set[str]) -> d
     for group in groups:
         if group not in cfg:
             continue
-        for key, value in OmegaConf.to_container(cfg[group], resolve=True).items():
+        for key, value in OmegaConf.to_container(cfg[group], resolve=True, enum_to_str=True).items():
             if f"{group}.{key}" not in leave_out:
                 out[f"{group}.{key}"] = repr(value)
     return out
