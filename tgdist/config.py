@@ -291,6 +291,9 @@ class ParallelConfig:
     i: int = 1  # mini-batch parallelism: trainers splitting each batch
     j: int = 1  # epoch parallelism: trainers on the same batches with other negatives
     k: int = 1  # memory parallelism: memory copies, each walking the stream from its own segment
+    # simulated interconnect: every collective sleeps latency + bytes / bandwidth (a model, not a
+    # measurement): none | eth10 | ib100 | nvlink | BANDWIDTH:LATENCY such as 25gbps:5us or 300GB/s:2us
+    link: str = "none"
 
 
 @dataclass

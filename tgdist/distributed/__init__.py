@@ -5,7 +5,9 @@
 - ``world``: the launcher's environment read once (torchrun, srun, MPI or a single process), the
   layout checked against it, and the named process groups;
 - ``collectives``: the collective helpers that count the bytes they send (the only callers of
-  ``torch.distributed`` collectives).
+  ``torch.distributed`` collectives), synchronous and asynchronous (``Handle``);
+- ``link``: the simulated interconnect's pure cost model (``parallel.link``), which the
+  collectives pay once a run installs it (``collectives.set_link``).
 
 Importing this package does not import torch.
 """

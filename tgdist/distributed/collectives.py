@@ -4,10 +4,19 @@ Memory backends and the trainer call these instead of ``torch.distributed`` dire
 every phase can be reported by name and compared with the volume formulas (Sven (7)-(9)).
 A byte count is the payload this rank hands to (``sent``) or gets from (``received``) the
 collective, i.e. ``numel * element_size`` of its tensors or the pickled size of an object; the
-algorithm's wire traffic (e.g. a ring all-reduce's ``2 (n-1)/n`` factor) is not modelled.
+algorithm's wire traffic (e.g. a ring all-reduce's ``2 (n-1)/n`` factor) is not counted (the
+simulated link's time models it, below).
 
 With a single process (torch.distributed not initialised, or a group of one) every helper returns
 its input unchanged, so the same code path runs on 1 and on N processes.
+
+Simulated interconnect (``parallel.link``, ``tgdist.distributed.link``): once the run installs a
+``Link`` (``set_link``), every helper here returns no earlier than its issue time plus the delay
+``link_seconds`` models for what it counted, sleeping for what remains after the real work (so a
+collective that really took longer is not delayed further). Asynchronous helpers (``*_async``)
+return a ``Handle`` whose ``wait()`` does the same, so computation between issue and wait
+overlaps the modelled transfer. ``_charge`` is the one place that prices and counts a collective;
+a new helper calls it with its counted bytes. Collectives of one process cost nothing.
 
 Devices: a collective takes its tensors on its group's communication device (``comm_device``: the
 rank's CUDA device under NCCL, the CPU under gloo and MPI), whatever the compute device of the
@@ -16,7 +25,10 @@ caller. The helpers move what they send there and give results back on the calle
 
 from __future__ import annotations
 
+import logging
+import math
 import pickle
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable, Sequence
@@ -24,10 +36,14 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.distributed as dist
 
+from tgdist.distributed.link import Link, link_seconds, parse_link
 from tgdist.errors import RunFailure, TgdistError
 
-__all__ = ["ByteCounter", "Traffic", "all_reduce_mean", "average_gradients", "all_gather_object", "all_gather_rows", "broadcast_object",
-           "broadcast_tensors", "result_of", "barrier", "comm_device", "group_rank", "group_size"]
+log = logging.getLogger(__name__)
+
+__all__ = ["ByteCounter", "Traffic", "Handle", "all_reduce_mean", "all_reduce_mean_async", "all_to_all_rows_async",
+           "average_gradients", "all_gather_object", "all_gather_rows", "broadcast_object", "broadcast_tensors",
+           "result_of", "barrier", "comm_device", "group_rank", "group_size", "set_link", "current_link"]
 
 
 @dataclass
@@ -35,19 +51,26 @@ class Traffic:
     calls: int = 0
     bytes_sent: int = 0
     bytes_received: int = 0
+    modelled_seconds: float = 0.0  # what the simulated link charged these calls (0 without one)
 
 
 @dataclass
 class ByteCounter:
-    """Calls and payload bytes per name, e.g. ``counter["grad"].bytes_sent``."""
+    """Calls and payload bytes per name, e.g. ``counter["grad"].bytes_sent``; under a simulated
+    link (``set_link``) also the modelled seconds."""
 
     by_name: dict[str, Traffic] = field(default_factory=dict)
+    modelled: bool = field(default=False, repr=False)  # some call was priced by a link
 
-    def add(self, name: str, sent: int = 0, received: int = 0) -> None:
+    def add(self, name: str, sent: int = 0, received: int = 0, seconds: float | None = None) -> None:
+        """One call of ``name``; ``seconds``: the link's modelled time for it (None: no link)."""
         t = self.by_name.setdefault(name, Traffic())
         t.calls += 1
         t.bytes_sent += int(sent)
         t.bytes_received += int(received)
+        if seconds is not None:
+            t.modelled_seconds += float(seconds)
+            self.modelled = True
 
     def __getitem__(self, name: str) -> Traffic:
         return self.by_name.get(name, Traffic())
@@ -55,16 +78,85 @@ class ByteCounter:
     def total_sent(self) -> int:
         return sum(t.bytes_sent for t in self.by_name.values())
 
-    def as_dict(self) -> dict[str, dict[str, int]]:
-        """``{name: {"calls", "bytes_sent", "bytes_received"}}`` for JSON reports."""
-        return {n: vars(t).copy() for n, t in sorted(self.by_name.items())}
+    def total_modelled_seconds(self) -> float:
+        return sum(t.modelled_seconds for t in self.by_name.values())
+
+    def as_dict(self) -> dict[str, dict[str, int | float]]:
+        """``{name: {"calls", "bytes_sent", "bytes_received"}}`` for JSON reports, and
+        ``"modelled_seconds"`` when a simulated link priced the calls."""
+        keep = ("calls", "bytes_sent", "bytes_received") + (("modelled_seconds",) if self.modelled else ())
+        return {n: {k: getattr(t, k) for k in keep} for n, t in sorted(self.by_name.items())}
 
     def reset(self) -> None:
         self.by_name.clear()
+        self.modelled = False
 
 
 # Used when the caller passes no counter: one per process.
 DEFAULT_COUNTER = ByteCounter()
+
+_link: Link | None = None  # the simulated interconnect of this process (set_link)
+
+
+def set_link(link: Link | str | None) -> Link | None:
+    """Install the simulated interconnect every collective of this process pays from now on: a
+    ``Link``, a ``parallel.link`` value (``none``, a preset, ``BANDWIDTH:LATENCY``; a bad one is a
+    ``ConfigError``) or None for none. Returns the installed link."""
+    global _link
+    _link = parse_link(link) if not isinstance(link, Link) else link
+    if _link is not None:
+        log.info("simulated interconnect: %s (a model, not a measurement)", _link.describe())
+    return _link
+
+
+def current_link() -> Link | None:
+    return _link
+
+
+def _charge(issued: float, kind: str, group, name: str, counter: ByteCounter, sent: int = 0,
+            received: int = 0) -> float:
+    """Count one collective of ``name`` and price it on the installed link (the one place that
+    does): returns the time (``time.perf_counter``) before which it must not complete, i.e. its
+    issue time plus ``link_seconds`` for the larger of what this rank sent and received."""
+    seconds = link_seconds(kind, max(sent, received), group_size(group), _link)
+    counter.add(name, sent=sent, received=received, seconds=seconds if _link is not None else None)
+    return issued + seconds
+
+
+def _sleep_until(deadline: float) -> None:
+    # sleep, not spin: on a shared machine the other ranks need the cores meanwhile
+    while (left := deadline - time.perf_counter()) > 0:
+        time.sleep(left)
+
+
+class Handle:
+    """An issued asynchronous collective. ``wait()`` waits for the real work, finishes it (copies
+    results back, divides, splits) and returns its result, no earlier than the issue time plus
+    the link's modelled delay: it sleeps only for what remains of that delay, so what the caller
+    computed between issue and wait overlaps the transfer. Waiting twice returns the same result."""
+
+    def __init__(self, works: Sequence[Any], finish: Callable[[], Any], deadline: float):
+        self._works, self._finish, self._deadline = list(works), finish, deadline
+        self._done, self._result = False, None
+
+    @classmethod
+    def completed(cls, result: Any) -> "Handle":
+        """A handle with nothing to wait for (a collective of one process)."""
+        return cls([], lambda: result, 0.0)
+
+    def wait(self) -> Any:
+        if not self._done:
+            for work in self._works:
+                work.wait()
+            self._result = self._finish()
+            self._works, self._finish = [], None
+            _sleep_until(self._deadline)
+            self._done = True
+        return self._result
+
+    def is_completed(self) -> bool:
+        """Whether ``wait()`` would return at once (the real work is done and the modelled time is over)."""
+        return self._done or (all(w.is_completed() for w in self._works) and time.perf_counter() >= self._deadline)
 
 
 def _active(group) -> bool:
@@ -102,34 +194,85 @@ def all_reduce_mean(tensors: Sequence[torch.Tensor], group=None, name: str = "al
     ``active`` (gradient averaging, where ranks idle in the epoch-parallel tail pass zeros): the
     sum is divided by the number of ranks that passed ``active=True`` (at least 1), which travels
     as one more element of the first buffer (and is counted). None: by the group's size."""
+    return all_reduce_mean_async(tensors, group, name, counter, active).wait()
+
+
+def all_reduce_mean_async(tensors: Sequence[torch.Tensor], group=None, name: str = "all_reduce",
+                          counter: ByteCounter | None = None, active: bool | None = None) -> Handle:
+    """``all_reduce_mean`` issued without waiting: the tensors are copied into the send buffers
+    now and overwritten with the averages at ``wait()``, which returns them (counted now, as the
+    synchronous helper counts them)."""
+    issued = time.perf_counter()
     counter = DEFAULT_COUNTER if counter is None else counter
     tensors = [t for t in tensors if t is not None]
     if not _active(group) or not tensors:
-        return tensors
+        return Handle.completed(tensors)
     if any(not t.is_floating_point() for t in tensors):
         raise TypeError("all_reduce_mean averages floating-point tensors only")
     n, dev = group_size(group), comm_device(group)
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for t in tensors:
         by_dtype.setdefault(t.dtype, []).append(t)
-    nbytes = 0
+    flats, works = [], []
     for k, same in enumerate(by_dtype.values()):
         parts = [t.reshape(-1) for t in same]
-        counted = active is not None and k == 0
-        if counted:
+        if active is not None and k == 0:
             parts.append(same[0].new_full((1,), 1.0 if active else 0.0))
         flat = torch.cat(parts).to(dev)
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
-        nbytes += flat.numel() * flat.element_size()
-        if counted:
-            n = max(float(flat[-1]), 1.0)
-        flat /= n
-        offset = 0
-        for t in same:
-            t.copy_(flat[offset:offset + t.numel()].view_as(t))
-            offset += t.numel()
-    counter.add(name, sent=nbytes, received=nbytes)
-    return tensors
+        works.append(dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group, async_op=True))
+        flats.append(flat)
+
+    def finish() -> list[torch.Tensor]:
+        divisor = n if active is None else max(float(flats[0][-1]), 1.0)
+        for flat, same in zip(flats, by_dtype.values()):
+            flat /= divisor
+            offset = 0
+            for t in same:
+                t.copy_(flat[offset:offset + t.numel()].view_as(t))
+                offset += t.numel()
+        return tensors
+
+    nbytes = sum(f.numel() * f.element_size() for f in flats)
+    return Handle(works, finish, _charge(issued, "all_reduce", group, name, counter, sent=nbytes, received=nbytes))
+
+
+def all_to_all_rows_async(rows: Sequence[torch.Tensor], group=None, name: str = "all_to_all_rows",
+                          counter: ByteCounter | None = None, counts: Sequence[int] | None = None) -> Handle:
+    """Send ``rows[r]`` (``[n_r, *width]``, one tensor per group rank r, all of one dtype and
+    width) to group rank r; ``wait()`` returns what each rank sent here, ``[m_r, *width]`` per
+    source rank r in group rank order, on the device of ``rows``. ``.wait()`` at once is the
+    synchronous form.
+
+    ``counts``: the m_r, when the caller knows them; otherwise they travel first, in a small
+    blocking exchange of one integer per rank (uncounted, as ``all_gather_rows``'s sizes), and
+    only the rows are asynchronous. Counted: the rows sent to and received from other ranks
+    (a rank's rows to itself never leave it). With one process: ``[rows[0]]``."""
+    issued = time.perf_counter()
+    counter = DEFAULT_COUNTER if counter is None else counter
+    n = group_size(group)
+    if len(rows) != n:
+        raise ValueError(f"all_to_all_rows_async needs one tensor per rank of the group ({n}), got {len(rows)}")
+    if not _active(group):
+        return Handle.completed([rows[0]])
+    me, dev, home = group_rank(group), comm_device(group), rows[0].device
+    send_counts = [int(r.shape[0]) for r in rows]
+    if counts is None:
+        got = torch.empty(n, dtype=torch.int64, device=dev)
+        dist.all_to_all_single(got, torch.tensor(send_counts, dtype=torch.int64, device=dev), group=group)
+        counts = got.tolist()
+    counts = [int(c) for c in counts]
+    send = torch.cat(list(rows)).to(dev)
+    recv = torch.empty((sum(counts), *send.shape[1:]), dtype=send.dtype, device=dev)
+    work = dist.all_to_all_single(recv, send, output_split_sizes=counts, input_split_sizes=send_counts,
+                                  group=group, async_op=True)
+
+    def finish() -> list[torch.Tensor]:
+        return [part.to(home) for part in torch.split(recv, counts)]
+
+    row_bytes = math.prod(send.shape[1:]) * send.element_size()
+    sent = (sum(send_counts) - send_counts[me]) * row_bytes
+    received = (sum(counts) - counts[me]) * row_bytes
+    return Handle([work], finish, _charge(issued, "all_to_all", group, name, counter, sent=sent, received=received))
 
 
 def average_gradients(params: Sequence[torch.Tensor], group=None, counter: ByteCounter | None = None,
@@ -151,6 +294,7 @@ def average_gradients(params: Sequence[torch.Tensor], group=None, counter: ByteC
 def broadcast_tensors(tensors: Sequence[torch.Tensor], src: int = 0, group=None, name: str = "broadcast",
                       counter: ByteCounter | None = None) -> Sequence[torch.Tensor]:
     """Overwrite ``tensors`` in place with those of global rank ``src``, on every rank of ``group``."""
+    issued = time.perf_counter()
     counter = DEFAULT_COUNTER if counter is None else counter
     if not _active(group):
         return tensors
@@ -163,23 +307,23 @@ def broadcast_tensors(tensors: Sequence[torch.Tensor], src: int = 0, group=None,
         if buf.device != data.device:
             data.copy_(buf)
         nbytes += t.numel() * t.element_size()
-    counter.add(name, **({"sent": nbytes} if dist.get_rank() == src else {"received": nbytes}))
+    _sleep_until(_charge(issued, "broadcast", group, name, counter,
+                         **({"sent": nbytes} if dist.get_rank() == src else {"received": nbytes})))
     return tensors
 
 
 def broadcast_object(obj: Any, src: int = 0, group=None, name: str = "broadcast",
                      counter: ByteCounter | None = None) -> Any:
     """``obj`` of global rank ``src`` on every rank of ``group`` (pickled)."""
+    issued = time.perf_counter()
     counter = DEFAULT_COUNTER if counter is None else counter
     if not _active(group):
         return obj
     box = [obj if dist.get_rank() == src else None]
     dist.broadcast_object_list(box, src=src, group=group)
     size = len(pickle.dumps(box[0]))
-    if dist.get_rank() == src:
-        counter.add(name, sent=size)
-    else:
-        counter.add(name, received=size)
+    _sleep_until(_charge(issued, "broadcast", group, name, counter,
+                         **({"sent": size} if dist.get_rank() == src else {"received": size})))
     return box[0]
 
 
@@ -219,13 +363,15 @@ def result_of(work: Callable[[], Any], group=None, src: int = 0, timeout: timede
 def all_gather_object(obj: Any, group=None, name: str = "all_gather",
                       counter: ByteCounter | None = None) -> list[Any]:
     """Every rank's ``obj``, in group rank order."""
+    issued = time.perf_counter()
     counter = DEFAULT_COUNTER if counter is None else counter
     if not _active(group):
         return [obj]
     out: list[Any] = [None] * group_size(group)
     dist.all_gather_object(out, obj, group=group)
     mine = len(pickle.dumps(obj))
-    counter.add(name, sent=mine, received=sum(len(pickle.dumps(o)) for o in out) - mine)
+    received = sum(len(pickle.dumps(o)) for o in out) - mine
+    _sleep_until(_charge(issued, "all_gather", group, name, counter, sent=mine, received=received))
     return out
 
 
@@ -234,6 +380,7 @@ def barrier(group=None, timeout: timedelta | float = 300.0, name: str = "barrier
     """Wait for every rank of ``group``. On gloo it is ``monitored_barrier``: after ``timeout`` it
     raises naming the ranks that did not arrive, instead of hanging. NCCL has no monitored barrier
     and waits up to the process group's own timeout."""
+    issued = time.perf_counter()
     counter = DEFAULT_COUNTER if counter is None else counter
     if not _active(group):
         return
@@ -243,7 +390,7 @@ def barrier(group=None, timeout: timedelta | float = 300.0, name: str = "barrier
         dist.monitored_barrier(group=group, timeout=timeout, wait_all_ranks=True)
     else:
         dist.barrier(group=group)
-    counter.add(name)
+    _sleep_until(_charge(issued, "barrier", group, name, counter))
 
 
 def all_gather_rows(rows: torch.Tensor, group=None, name: str = "all_gather_rows",
@@ -251,6 +398,7 @@ def all_gather_rows(rows: torch.Tensor, group=None, name: str = "all_gather_rows
     """Every rank's ``rows [n_r, width]`` (n_r may differ per rank), in group rank order, on the
     device of ``rows``: sizes first, then one padded all_gather on the group's ``comm_device``.
     With one process: ``[rows]``."""
+    issued = time.perf_counter()
     counter = DEFAULT_COUNTER if counter is None else counter
     if not _active(group):
         return [rows]
@@ -261,7 +409,7 @@ def all_gather_rows(rows: torch.Tensor, group=None, name: str = "all_gather_rows
     counts = [int(s) for s in sizes]
     longest = max(counts)
     if longest == 0:
-        counter.add(name)
+        _sleep_until(_charge(issued, "all_gather", group, name, counter))
         return [rows[:0] for _ in range(n)]
     padded = torch.zeros((longest, *rows.shape[1:]), dtype=rows.dtype, device=dev)
     padded[: rows.shape[0]] = rows
@@ -269,5 +417,6 @@ def all_gather_rows(rows: torch.Tensor, group=None, name: str = "all_gather_rows
     dist.all_gather(out, padded, group=group)
     sent = rows.numel() * rows.element_size()
     row_bytes = padded[0].numel() * padded.element_size()
-    counter.add(name, sent=sent, received=sum(counts) * row_bytes - sent)
+    received = sum(counts) * row_bytes - sent
+    _sleep_until(_charge(issued, "all_gather", group, name, counter, sent=sent, received=received))
     return [o[:c].to(rows.device) for o, c in zip(out, counts)]

@@ -23,6 +23,7 @@ from tgdist.data.graph import (
     label_ranges,
 )
 from tgdist.data.sampler import TCSR, NegativeSampler, TemporalSampler
+from tgdist.distributed.link import parse_link
 from tgdist.distributed.schedule import Layout, passes_per_group
 from tgdist.errors import ConfigError
 from tgdist.kernels import graph as kernels
@@ -117,6 +118,7 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"sampler.fanouts={fanouts} gives {len(fanouts)} hops, but model.num_layers={m.num_layers} "
                           f"attends over {m.num_layers}: {fix}")
     layout = Layout(cfg.parallel.i, cfg.parallel.j, cfg.parallel.k)  # each a positive integer
+    parse_link(cfg.parallel.link)  # a link that is not one: refused before the launch
     if t.epochs == 0 and (layout.i * layout.j * layout.k > 1 or cfg.memory.backend == "daemon"):
         raise ConfigError(f"train.epochs=0 (evaluate the untrained model) runs in one process; a parallel run "
                           f"needs a positive multiple of parallel.j x parallel.k = {layout.j * layout.k}")

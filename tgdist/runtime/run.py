@@ -90,6 +90,7 @@ class Run:
         self._own_groups = groups is None
         self.groups = groups or ProcessGroups.init(self.world, self.layout,
                                                    agree=None if self.alone else shared_settings(cfg))
+        collectives.set_link(cfg.parallel.link)  # every collective from here on pays the simulated link
         try:
             self._set_up(run_dir, trainer)
         except BaseException as e:
@@ -160,6 +161,7 @@ class Run:
             self.trainer = None  # it holds group handles; destroy() frees the groups only with the last one
         if self._own_groups:
             self.groups.destroy()
+        collectives.set_link(None)  # not carried into a later run of this process
 
     # ------------------------------------------------------------------------------------------
 
