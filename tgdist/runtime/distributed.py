@@ -297,7 +297,8 @@ def run_parallel(cfg: DictConfig, run_dir) -> dict:
         trainer.memory = memory.create(backend, memory.StoreContext(
             trainer.g.num_nodes, m.mem_dim, m.mail_dim, m.mailbox_size, device=trainer.device, layout=layout,
             rank=world.rank, groups=groups, counter=par.counter, cfg=cfg, batch_size=trainer.batch_size,
-            fanouts=tuple(trainer.sampler.fanouts) if trainer.sampler is not None else ()))
+            fanouts=tuple(trainer.sampler.fanouts) if trainer.sampler is not None else (), graph=trainer.g,
+            train_end=par.n_train))
         if cfg.train.resume:  # every rank reads the same files (one machine or a shared file system)
             par.load(checkpoint.find(cfg.train.resume))
         res = par.train(progress=world.rank == 0 and cfg.train.progress)
