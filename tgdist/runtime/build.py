@@ -27,6 +27,7 @@ from tgdist.distributed.schedule import LR_SCALING_MODES, Layout, passes_per_gro
 from tgdist.distributed.world import detect
 from tgdist.errors import ConfigError
 from tgdist.kernels import graph as kernels
+from tgdist.memory.placement import PARTITIONED, check_settings
 from tgdist.models.modules import build_model, use_cpu_kernels
 from tgdist.runtime import checkpoint
 from tgdist.runtime.trainer import Trainer, memory_for, time_scale
@@ -104,8 +105,10 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"memory.timeout={cfg.memory.timeout}: give a positive, finite number of seconds")
     if cfg.memory.max_ids is not None and cfg.memory.max_ids < 1:
         raise ConfigError(f"memory.max_ids={cfg.memory.max_ids}: give a positive row count, or null")
-    if cfg.memory.backend not in ("auto", "local", "depcache", "daemon"):
-        raise ConfigError(f"memory.backend={cfg.memory.backend!r}: choose auto, local, depcache or daemon")
+    if cfg.memory.backend not in ("auto", "local", "depcache", "daemon", *PARTITIONED):
+        raise ConfigError(f"memory.backend={cfg.memory.backend!r}: choose auto, local, depcache, daemon, depcomm or sven")
+    if cfg.memory.backend in PARTITIONED:  # epoch parallelism, partition.* settings
+        check_settings(cfg.memory.backend, cfg.parallel.j, cfg.partition)
     if t.lr_scaling not in LR_SCALING_MODES:
         raise ConfigError(f"train.lr_scaling={t.lr_scaling!r}: choose {', '.join(LR_SCALING_MODES)}")
     if m.num_layers not in (1, 2):
