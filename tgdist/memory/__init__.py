@@ -69,4 +69,4 @@ def names() -> list[str]:
 def _load_backends() -> None:
     """Import the backend modules, which register themselves (not at package import: the daemon's
     module is large and most processes never need it)."""
-    from tgdist.memory import daemon, depcache, store, sven  # noqa: F401  (registering is their import)
+    from tgdist.memory import daemon, depcache, depcomm, store, sven  # noqa: F401  (registering is their import)
