@@ -501,7 +501,7 @@ INVALID = [
                                           "model.static_memory=false leaves out")),
     (["memory.timeout=0"], "memory.timeout=0.0: give a positive, finite number of seconds$"),
     (["memory.max_ids=0"], "memory.max_ids=0: give a positive row count, or null$"),
-    (["memory.backend=sven"], "memory.backend='sven': choose auto, local, depcache or daemon"),
+    (["memory.backend=nvme"], "memory.backend='nvme': choose auto, local, depcache, daemon, depcomm or sven"),
     (["train.lr_scaling=log"], "train.lr_scaling='log': choose linear, sqrt, none"),
     (["train.device=tpu"], "train.device='tpu': choose auto, cpu, cuda or cuda:N"),
     (["data.time_unit=days"], "data.time_unit='days': choose auto, s, ms, us, ns$"),
