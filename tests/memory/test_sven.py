@@ -131,6 +131,18 @@ def test_settings_a_partitioned_store_cannot_run_with_are_refused_in_one_line(ov
     assert str(e.value) == message
 
 
+def test_depcomm_refuses_a_last_batch_that_leaves_a_trainer_without_events():
+    from tgdist.distributed.schedule import Layout
+
+    cfg = compose([*SMALL, "memory.backend=depcomm"])
+    ctx = memory.StoreContext(10, 2, 4, 1, layout=Layout(4, 1, 1), cfg=cfg, batch_size=50, train_end=402)
+    with pytest.raises(ConfigError) as e:
+        memory.create("depcomm", ctx)
+    assert str(e.value) == ("memory.backend=depcomm: the last global batch has 2 events for parallel.i=4 trainers, so a "
+                            "trainer would have none and could not update the memory it owns for the others; change "
+                            "train.batch_size")
+
+
 def test_a_partitioned_store_of_one_trainer_trains_as_local_memory():
     """A memory group of one (no process group): every node is local, the collectives pass
     their input through, and training is the single-process loop's, bit for bit."""
@@ -150,6 +162,10 @@ def test_a_partitioned_store_of_one_trainer_trains_as_local_memory():
             tr.memory.exchange()
         st = tr.memory.full_state() if backend != "local" else {k: getattr(tr.memory, k) for k in ("mem", "mail")}
         out[backend] = losses, st["mem"], st["mail"]
+        if backend != "local":  # a checkpoint would hold one trainer's shard: not resumed from yet
+            with pytest.raises(ConfigError, match=f"^memory.backend={backend}: resuming a run from a checkpoint is "
+                                                  f"not supported yet$"):
+                tr.memory.load_state_dict(tr.memory.state_dict())
     for backend in ("sven", "depcomm"):
         assert out[backend][0] == out["local"][0]
         assert torch.equal(out[backend][1], out["local"][1]) and torch.equal(out[backend][2], out["local"][2])
