@@ -275,7 +275,7 @@ class PlacementConfig:
     """Which trainer of a memory group owns each node's memory under a partitioned backend
     (``memory.backend=sven|depcomm``; Sven 3.1.2 and 4.1). The other backends read none of it."""
 
-    # a `tgdist partition` artifact made for this data and partition.num_parts = parallel.i;
+    # a `tgdist partition` artifact made for this data and partition.num_parts = parallel.i * parallel.j;
     # null: computed at start with `method` over the first training pass's batches
     artifact: Optional[str] = None
     method: str = "reflexbicut"  # range | interval | reflexbicut | greedy (without an artifact)

@@ -104,23 +104,24 @@ def test_an_artifact_is_read_and_refused_in_one_line_when_it_does_not_fit(tmp_pa
     job.partition.out_dir, job.partition.progress, job.partition.method = str(tmp_path / "p"), False, "greedy"
     out = partition(job)
     g, _ = _graph()
-    owner, source = placement.load_owner(str(out), g, 2, 50)
+    owner, source = placement.load_owner(str(out), g, 2, 100)
     assert source == f"greedy from {out}" and owner.shape == (g.num_nodes,) and set(owner.tolist()) == {0, 1}
     with pytest.raises(ConfigError, match=r"partition was made for 2 trainers, this run has 4; re-run tgdist "
                                           r"partition with partition.num_parts=4$"):
-        placement.load_owner(str(out), g, 4, 50)
+        placement.load_owner(str(out), g, 4, 200)
     other = load_data(compose(["data=synthetic", "data.synthetic.num_events=2000", "data.synthetic.num_nodes=300"]).data)
     with pytest.raises(DataError, match=r"partition was made for data set 'collegemsg' \(source hash \w+\), not this "
                                         r"one \(source hash \w+\); re-run tgdist partition for this data$"):
-        placement.load_owner(str(out), other, 2, 50)
+        placement.load_owner(str(out), other, 2, 100)
     with pytest.raises(DataError, match="no such partition directory"):
-        placement.load_owner(str(tmp_path / "none"), g, 2, 50)
+        placement.load_owner(str(tmp_path / "none"), g, 2, 100)
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (["memory.backend=sven", "parallel.j=2", "train.epochs=2"],
-     "memory.backend=sven partitions memory among the parallel.i trainers of a batch; epoch parallelism "
-     "(parallel.j=2) is not supported with it: use parallel.j=1, or memory.backend=depcache"),
+    (["memory.backend=depcomm", "parallel.j=2", "train.epochs=2"],
+     "memory.backend=depcomm: with epoch parallelism (parallel.j=2) a trainer idles in the first and last "
+     "iterations and could not update the memory it owns for the others; use parallel.j=1, or memory.backend=sven "
+     "or depcache"),
     (["memory.backend=depcomm", "partition.method=metis"],
      "partition.method='metis': choose one of range, interval, reflexbicut, greedy"),
     (["memory.backend=sven", "partition.weights=all"], "partition.weights='all': choose one of dedup, raw"),
@@ -184,10 +185,10 @@ def test_sven_below_depcache_exactly_when_m_exceeds_t_plus_2():
 # Whole runs under torchrun: DepCache, Sven and DepComm on the same data
 
 
-def _probe(tmp_path, nproc: int, *overrides: str) -> list[dict]:
+def _probe(tmp_path, nproc: int, *overrides: str, runs: str = RUNS) -> list[dict]:
     out = tmp_path / "probe"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
-           "--rdzv-endpoint", f"127.0.0.1:{free_port()}", PROBE, str(out), RUNS, *SMALL, *overrides]
+           "--rdzv-endpoint", f"127.0.0.1:{free_port()}", PROBE, str(out), runs, *SMALL, *overrides]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-3000:]
     assert "still referenced after destroy" not in r.stderr
@@ -279,22 +280,24 @@ def _check_bytes(ranks: list[dict], run: str, group: list[int], formulas: bool) 
         assert totals["aggregation.payload"] == pytest.approx(c2, rel=1e-12)
 
 
-def _check_links_against_partitioner(ranks: list[dict], model_overrides: tuple, nproc: int) -> None:
+def _check_links_against_partitioner(ranks: list[dict], model_overrides: tuple, i: int, j: int = 1) -> None:
     """Over the first pass, the rows each sven trainer served each other one are the
     partitioner's C matrix (dedup weights) for that placement, sampler and negatives."""
     cfg = compose([*SMALL, *model_overrides])
     tr = build_trainer(cfg, progress=False)
     train_end = tr.split.range("train")[1]
-    access = placement.first_pass_access(tr.g, train_end, nproc, cfg.train.batch_size,
-                                         tr.sampler.fanouts if tr.sampler is not None else (), seed=cfg.train.seed)
+    access = placement.first_pass_access(tr.g, train_end, i, cfg.train.batch_size,
+                                         tr.sampler.fanouts if tr.sampler is not None else (), subgroups=j,
+                                         seed=cfg.train.seed)
+    m = i * j
     owner = ranks[0]["sven"]["trainer_of"].numpy()
-    predicted, _ = measures.comm_matrix(access.weights("dedup"), owner, nproc)
-    last = access.num_batches - 1  # the first pass's last iteration
-    served = np.stack([ranks[r]["sven"]["links"][last]["dispatch"].numpy() for r in range(nproc)])  # [owner, to]
+    predicted, _ = measures.comm_matrix(access.weights("dedup"), owner, m)
+    last = -(-train_end // (i * cfg.train.batch_size)) - 1  # the first pass's last iteration
+    served = np.stack([ranks[r]["sven"]["links"][last]["dispatch"].numpy() for r in range(m)])  # [owner, to]
     assert served.sum() > 0 and np.array_equal(served.T, predicted)
 
 
-def _check_runs(ranks: list[dict], groups: list[list[int]], formulas: bool) -> None:
+def _check_runs(ranks: list[dict], groups: list[list[int]], formulas: bool, depcomm: bool = True) -> None:
     nproc = len(ranks)
     for r in range(nproc):
         a, b = ranks[r]["depcache"], ranks[r]["sven"]
@@ -302,6 +305,8 @@ def _check_runs(ranks: list[dict], groups: list[list[int]], formulas: bool) -> N
         for t, (x, y) in enumerate(zip(a["states"], b["states"])):
             assert all(torch.equal(x[k], y[k]) for k in x), (r, t)  # the whole memory, mails, rings
         assert all(torch.equal(x, y) for x, y in zip(a["grads"], b["grads"]))
+        if not depcomm:
+            continue
         c, d = ranks[r][f"depcache:{DEPCOMM_LR}"], ranks[r][f"depcomm:{DEPCOMM_LR}"]
         assert c["losses"] == pytest.approx(d["losses"], rel=1e-6)
         for x, y in zip(c["states"], d["states"]):
@@ -313,9 +318,11 @@ def _check_runs(ranks: list[dict], groups: list[list[int]], formulas: bool) -> N
     assert _same_metrics(zero["depcache"]["metrics"], zero["sven"]["metrics"])
     assert all(torch.equal(zero["depcache"]["final_state"][k], zero["sven"]["final_state"][k])
                for k in zero["sven"]["final_state"])
-    assert _same_metrics(zero[f"depcache:{DEPCOMM_LR}"]["metrics"], zero[f"depcomm:{DEPCOMM_LR}"]["metrics"],
-                         METRIC_TOL)
-    for run in ("sven", f"depcomm:{DEPCOMM_LR}"):
+    runs = ("depcache", "sven", f"depcache:{DEPCOMM_LR}", f"depcomm:{DEPCOMM_LR}") if depcomm else ("depcache", "sven")
+    if depcomm:
+        assert _same_metrics(zero[f"depcache:{DEPCOMM_LR}"]["metrics"], zero[f"depcomm:{DEPCOMM_LR}"]["metrics"],
+                             METRIC_TOL)
+    for run in runs[1::2]:
         for group in groups:
             owner = ranks[group[0]][run]["trainer_of"]
             n = owner.numel()
@@ -323,7 +330,7 @@ def _check_runs(ranks: list[dict], groups: list[list[int]], formulas: bool) -> N
             assert held == torch.bincount(owner, minlength=len(group)).tolist() and sum(held) == n
             assert max(held) < n  # every trainer holds only its part
             assert [ranks[r][run]["rows_after_training"] for r in group] == [n if r == 0 else 0 for r in group]
-    for run in ("depcache", "sven", f"depcache:{DEPCOMM_LR}", f"depcomm:{DEPCOMM_LR}"):
+    for run in runs:
         for group in groups:
             _check_bytes(ranks, run, group, formulas)
 
@@ -387,3 +394,22 @@ def test_tgdist_train_with_sven_on_an_artifact_reports_what_depcache_does(tmp_pa
     line = [x for x in (tmp_path / "sven" / "train.log").read_text().splitlines() if "memory.backend=sven" in x]
     assert len(line) == 1 and (f"placement range from {tmp_path / 'parts'}; {n:,} nodes' memory and mails over 2 "
                                f"trainers, rows held per group rank [{(n + 1) // 2}, {n // 2}]") in line[0]
+
+
+@pytest.mark.distributed
+def test_1x2x1_sven_with_epoch_parallelism_is_depcache_bit_for_bit(tmp_path):
+    """Epoch parallelism: both subgroups read every position together (the second one for its
+    later iteration) and only the first writes; sven's group of 2 holds the memory split in two.
+    (depcomm refuses j > 1: a trainer idles in the first and last iterations.)"""
+    ranks = _probe(tmp_path, 2, "model=tgn", "parallel.j=2", "train.epochs=2", "train.lr=1e-3", runs="runs=depcache,sven")
+    assert None in ranks[1]["sven"]["losses"]  # the second subgroup's idle first iteration
+    _check_runs(ranks, [[0, 1]], formulas=False, depcomm=False)
+    _check_links_against_partitioner(ranks, ("model=tgn",), 1, 2)
+
+
+@pytest.mark.distributed
+def test_2x2x1_sven_with_both_parallelisms_is_depcache_bit_for_bit(tmp_path):
+    ranks = _probe(tmp_path, 4, "model=apan", "parallel.i=2", "parallel.j=2", "train.epochs=2", "train.lr=1e-3",
+                   runs="runs=depcache,sven")
+    _check_runs(ranks, [[0, 1, 2, 3]], formulas=False, depcomm=False)
+    _check_links_against_partitioner(ranks, ("model=apan",), 2, 2)
