@@ -109,7 +109,8 @@ def test_an_artifact_is_read_and_refused_in_one_line_when_it_does_not_fit(tmp_pa
     with pytest.raises(ConfigError, match=r"partition was made for 2 trainers, this run has 4; re-run tgdist "
                                           r"partition with partition.num_parts=4$"):
         placement.load_owner(str(out), g, 4, 200)
-    other = load_data(compose(["data=synthetic", "data.synthetic.num_events=2000", "data.synthetic.num_nodes=300"]).data)
+    other = load_data(compose(["data=synthetic", "data.synthetic.num_events=2000",
+                               "data.synthetic.num_nodes=300"]).data)
     with pytest.raises(DataError, match=r"partition was made for data set 'collegemsg' \(source hash \w+\), not this "
                                         r"one \(source hash \w+\); re-run tgdist partition for this data$"):
         placement.load_owner(str(out), other, 2, 100)
@@ -139,8 +140,8 @@ def test_depcomm_refuses_a_last_batch_that_leaves_a_trainer_without_events():
     ctx = memory.StoreContext(10, 2, 4, 1, layout=Layout(4, 1, 1), cfg=cfg, batch_size=50, train_end=402)
     with pytest.raises(ConfigError) as e:
         memory.create("depcomm", ctx)
-    assert str(e.value) == ("memory.backend=depcomm: the last global batch has 2 events for parallel.i=4 trainers, so a "
-                            "trainer would have none and could not update the memory it owns for the others; change "
+    assert str(e.value) == ("memory.backend=depcomm: the last global batch has 2 events for parallel.i=4 trainers, so "
+                            "a trainer would have none and could not update the memory it owns for the others; change "
                             "train.batch_size")
 
 
@@ -401,7 +402,8 @@ def test_1x2x1_sven_with_epoch_parallelism_is_depcache_bit_for_bit(tmp_path):
     """Epoch parallelism: both subgroups read every position together (the second one for its
     later iteration) and only the first writes; sven's group of 2 holds the memory split in two.
     (depcomm refuses j > 1: a trainer idles in the first and last iterations.)"""
-    ranks = _probe(tmp_path, 2, "model=tgn", "parallel.j=2", "train.epochs=2", "train.lr=1e-3", runs="runs=depcache,sven")
+    ranks = _probe(tmp_path, 2, "model=tgn", "parallel.j=2", "train.epochs=2", "train.lr=1e-3",
+                   runs="runs=depcache,sven")
     assert None in ranks[1]["sven"]["losses"]  # the second subgroup's idle first iteration
     _check_runs(ranks, [[0, 1]], formulas=False, depcomm=False)
     _check_links_against_partitioner(ranks, ("model=tgn",), 1, 2)

@@ -292,7 +292,8 @@ def _from_bytes(buf: torch.Tensor, dtype: torch.dtype, shape: tuple, rows: int, 
 def _count_parts(counter: ByteCounter, name: str, index: Sequence[str], specs: dict, sent_rows: dict,
                  received_rows: dict) -> None:
     """One counter entry per kind: ``NAME.index`` (the parts named in ``index``), ``NAME.payload``."""
-    for kind, chosen in (("index", [p for p in specs if p in index]), ("payload", [p for p in specs if p not in index])):
+    kinds = (("index", [p for p in specs if p in index]), ("payload", [p for p in specs if p not in index]))
+    for kind, chosen in kinds:
         if chosen:
             counter.add(f"{name}.{kind}", sent=sum(sent_rows[p] * specs[p][2] for p in chosen),
                         received=sum(received_rows[p] * specs[p][2] for p in chosen))

@@ -73,8 +73,8 @@ def _cat(writes, width: int, dev) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     if not writes:
         return (torch.zeros(0, dtype=torch.long, device=dev), torch.zeros(0, width, device=dev),
                 torch.zeros(0, dtype=torch.float64, device=dev))
-    return (torch.cat([w[0] for w in writes]).to(dev, torch.long), torch.cat([w[1] for w in writes]).to(dev, torch.float32),
-            torch.cat([w[2] for w in writes]).to(dev, torch.float64))
+    return tuple(torch.cat([w[i] for w in writes]).to(dev, dtype)
+                 for i, dtype in enumerate((torch.long, torch.float32, torch.float64)))
 
 
 @register("depcache")

@@ -205,8 +205,8 @@ class PartitionedMemory(MemoryStore):
         psi, order, counts, requests = self._request(ids)
         served = [self.shard.read(r) for r in requests]
         self._count_links("dispatch", [r.numel() for r in requests])
-        got = collectives.all_to_all_rows({k: [getattr(r, k) for r in served] for k in ("mem", "mem_ts", "mail", "mail_ts")},
-                                          self.group, name="dispatch", counter=self.counter)
+        rows = {k: [getattr(r, k) for r in served] for k in ("mem", "mem_ts", "mail", "mail_ts")}
+        got = collectives.all_to_all_rows(rows, self.group, name="dispatch", counter=self.counter)
         rows = {k: _unsort(torch.cat(v), order) for k, v in got.items()}
         if psi is not None:  # Psi restores the repeats
             rows = {k: v.index_select(0, psi) for k, v in rows.items()}

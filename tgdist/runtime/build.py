@@ -106,7 +106,8 @@ def validate(cfg: DictConfig) -> None:
     if cfg.memory.max_ids is not None and cfg.memory.max_ids < 1:
         raise ConfigError(f"memory.max_ids={cfg.memory.max_ids}: give a positive row count, or null")
     if cfg.memory.backend not in ("auto", "local", "depcache", "daemon", *PARTITIONED):
-        raise ConfigError(f"memory.backend={cfg.memory.backend!r}: choose auto, local, depcache, daemon, depcomm or sven")
+        raise ConfigError(f"memory.backend={cfg.memory.backend!r}: choose auto, local, depcache, daemon, depcomm or "
+                          "sven")
     if cfg.memory.backend in PARTITIONED:  # epoch parallelism, partition.* settings
         check_settings(cfg.memory.backend, cfg.parallel.j, cfg.partition)
     if t.lr_scaling not in LR_SCALING_MODES:
