@@ -53,7 +53,7 @@ def test_no_pipeline_by_default():
     assert dict(checked_compose([]).pipeline) == {}
 
 
-@pytest.mark.parametrize("group,options", [("memory", "auto, daemon, depcache, local"),
+@pytest.mark.parametrize("group,options", [("memory", "auto, daemon, depcache, depcomm, local, sven"),
                                            ("parallel", "disttgl_2x1x2, single"), ("pipeline", "none"),
                                            ("experiment", "wikipedia_apan")])
 def test_an_unknown_option_names_the_options(group, options):

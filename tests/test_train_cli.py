@@ -395,7 +395,8 @@ def test_help_lists_this_commands_groups(tmp_path):
               r.stdout.split("== Configuration groups (GROUP=OPTION) ==\n")[1].split("\n\n")[0].splitlines()}
     assert groups == {"data": ["bitcoin_otc", "collegemsg", "enron", "file", "sfhh", "synthetic", "wikipedia"],
                       "model": ["apan", "jodie", "tgat2", "tgn"], "train": ["default"],
-                      "parallel": ["disttgl_2x1x2", "single"], "memory": ["auto", "daemon", "depcache", "local"],
+                      "parallel": ["disttgl_2x1x2", "single"],
+                      "memory": ["auto", "daemon", "depcache", "depcomm", "local", "sven"],
                       "pipeline": ["none"], "experiment": ["wikipedia_apan"]}
     assert "mem_dim: 100" in r.stdout and "_schema" not in r.stdout
     r = tgdist("partition", "--help", cwd=tmp_path)

@@ -301,10 +301,25 @@ class MemoryConfig:
     """Where node memory lives. ``auto``: in the process for one trainer per memory copy
     (i * j = 1), ``depcache`` otherwise."""
 
-    backend: MemoryBackend = MemoryBackend.auto  # auto | local | depcache | daemon | depcomm, sven (planned)
+    backend: MemoryBackend = MemoryBackend.auto  # auto | local | depcache | daemon | depcomm | sven
     max_ids: Optional[int] = None  # daemon: rows per read slot (null: bounded from batch and fanouts)
     timeout: float = 120.0  # daemon: seconds a trainer waits for it before failing
     num_threads: int = 1  # daemon: torch threads of the daemon process
+
+
+@dataclass
+class PlacementConfig:
+    """Which trainer of a memory group owns each node's memory under a partitioned backend
+    (``memory.backend=sven|depcomm``; Sven 3.1.2 and 4.1). The other backends read none of it."""
+
+    # a `tgdist partition` artifact made for this data and partition.num_parts = parallel.i * parallel.j;
+    # null: computed at start with `method` over the first training pass's batches
+    artifact: Optional[str] = None
+    method: str = "reflexbicut"  # range | interval | reflexbicut | greedy (without an artifact)
+    weights: str = "dedup"  # what reflexbicut / greedy balance: dedup (once per batch) | raw
+    imbalance: float = 0.05  # a trainer owns at most ceil((1 + imbalance) N / M) nodes
+    seed: int = 0  # reflexbicut / greedy tie-breaking
+    tolerance: float = 0.001  # reflexbicut: relative bracket at which the search on the load bound stops
 
 
 @dataclass
@@ -323,6 +338,7 @@ class TrainApp:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)  # stages overlapping across iterations: none yet
+    partition: PlacementConfig = field(default_factory=PlacementConfig)  # node placement of sven / depcomm
     # where the run writes config.yaml, metrics.jsonl, summary.json, train.log and checkpoints/
     run_dir: str = "runs/${now:%Y%m%d-%H%M%S}-${data.name}-${model_tag:${model.name},${model.num_layers}}"
 

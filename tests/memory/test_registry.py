@@ -9,10 +9,10 @@ from tgdist.memory.store import LocalMemory
 
 
 def test_the_built_backends_are_registered_and_an_unknown_one_is_named():
-    assert memory.names() == ["daemon", "depcache", "local"]
+    assert memory.names() == ["daemon", "depcache", "depcomm", "local", "sven"]
     with pytest.raises(ConfigError) as e:
-        memory.create("sven", memory.StoreContext(4, 2, 3, 1))
-    assert str(e.value) == "memory.backend=sven: choose one of daemon, depcache, local"
+        memory.create("nvme", memory.StoreContext(4, 2, 3, 1))
+    assert str(e.value) == "memory.backend=nvme: choose one of daemon, depcache, depcomm, local, sven"
 
 
 def test_a_local_store_is_built_on_its_device_and_resets_when_a_pass_starts():

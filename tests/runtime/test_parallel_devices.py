@@ -63,7 +63,8 @@ def _train(cfg, layout, rank: int, groups, backend: str, device: str) -> dict:
 
     def read(ids):
         got = store_read(ids)
-        read_devices.update(t.device.type for t in vars(got).values())
+        values = tree_flatten(list(vars(got).values()))[0]  # (depcomm's read holds lists of slots)
+        read_devices.update(t.device.type for t in values if isinstance(t, torch.Tensor))
         return got
 
     trainer.memory.read = read
@@ -107,7 +108,7 @@ def _worker(rank: int, port: int, layout_ijk: tuple, backend: str, out) -> None:
 
         # fused Adam refuses the meta device; both runs take the plain loop, so they stay comparable
         trainer_module.adam = lambda params, lr: torch.optim.Adam(list(params), lr=lr)
-        for name in ("all_reduce", "all_gather", "broadcast"):
+        for name in ("all_reduce", "all_gather", "broadcast", "all_to_all_single"):
             setattr(dist, name, _check_devices(name, getattr(dist, name)))
         layout = Layout(*layout_ijk)
         cfg = compose(OVERRIDES + [f"parallel.i={layout.i}", f"parallel.j={layout.j}", f"memory.backend={backend}"])
@@ -155,7 +156,8 @@ def _run(layout_ijk: tuple, backend: str) -> dict:
                 p.join()
 
 
-@pytest.mark.parametrize("layout,backend", [((1, 2, 1), "depcache"), ((2, 1, 1), "daemon")])
+@pytest.mark.parametrize("layout,backend", [((1, 2, 1), "depcache"), ((2, 1, 1), "daemon"), ((2, 1, 1), "sven"),
+                                            ((2, 1, 1), "depcomm")])
 def test_compute_on_another_device_than_the_collectives_trains_the_same(layout, backend):
     """1 x 2 x 1 with depcache: one rank writes, the other flushes nothing, and each is idle once
     (its zeros averaged with ``active=False``); 2 x 1 x 1 with the daemon: both ranks read the

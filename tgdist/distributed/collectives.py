@@ -420,3 +420,137 @@ def all_gather_rows(rows: torch.Tensor, group=None, name: str = "all_gather_rows
     received = sum(counts) * row_bytes - sent
     _sleep_until(_charge(issued, "all_gather", group, name, counter, sent=sent, received=received))
     return [o[:c].to(rows.device) for o, c in zip(out, counts)]
+
+
+# ------------------------------------------------------------------------------------------------
+# Rows of partitioned node memory (Sven, DepComm; DepCache's all-gather too): several typed parts
+# packed into one byte buffer per peer, so a phase is one collective, and counted per phase with
+# the payload (memory and mail rows) apart from the index bytes (ids, slots, rounds) and the sizes
+# exchanged before the rows. Bytes a rank keeps for itself are neither sent nor counted.
+
+__all__ += ["all_to_all_rows", "all_gather_parts"]
+
+
+def _part_specs(parts: dict[str, Sequence[torch.Tensor]], n: int) -> dict[str, tuple[torch.dtype, tuple, int]]:
+    """``{part: (dtype, row shape, row bytes)}``, checking every part has one tensor per peer of
+    one dtype and row shape."""
+    specs = {}
+    for p, tensors in parts.items():
+        if len(tensors) != n:
+            raise ValueError(f"part {p!r}: {len(tensors)} tensors for a group of {n}")
+        t0 = tensors[0]
+        if any(t.dtype != t0.dtype or t.shape[1:] != t0.shape[1:] for t in tensors):
+            raise ValueError(f"part {p!r}: every tensor needs one dtype and row shape")
+        specs[p] = (t0.dtype, tuple(t0.shape[1:]), t0.shape[1:].numel() * t0.element_size())
+    return specs
+
+
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def _from_bytes(buf: torch.Tensor, dtype: torch.dtype, shape: tuple, rows: int, device) -> torch.Tensor:
+    # a copy first: view(dtype) needs a storage offset aligned to the element size
+    return buf.to(device, copy=True).view(dtype).view(rows, *shape)
+
+
+def _count_parts(counter: ByteCounter, name: str, index: Sequence[str], specs: dict, sent_rows: dict,
+                 received_rows: dict) -> None:
+    """One counter entry per kind: ``NAME.index`` (the parts named in ``index``), ``NAME.payload``."""
+    kinds = (("index", [p for p in specs if p in index]), ("payload", [p for p in specs if p not in index]))
+    for kind, chosen in kinds:
+        if chosen:
+            counter.add(f"{name}.{kind}", sent=sum(sent_rows[p] * specs[p][2] for p in chosen),
+                        received=sum(received_rows[p] * specs[p][2] for p in chosen))
+
+
+def all_to_all_rows(parts: dict[str, Sequence[torch.Tensor]], group=None, name: str = "all_to_all_rows",
+                    counter: ByteCounter | None = None, index: Sequence[str] = ()) -> dict[str, list[torch.Tensor]]:
+    """Personalised exchange: ``parts[p][d]`` (``[n_d, *row]``, one dtype and row shape per part)
+    goes to group rank d; returns ``out[p][s]``, the rows group rank s sent here, on the device of
+    the parts. ``out[p][me]`` is ``parts[p][me]`` itself (it never travels).
+
+    One ``all_to_all_single`` of the row counts, then one of all parts packed as bytes per peer on
+    the group's ``comm_device``. Counted: ``NAME.sizes`` (the counts), ``NAME.index`` (the parts
+    named in ``index``) and ``NAME.payload`` (the other parts), each the bytes sent to and received
+    from other ranks. With one process: ``{p: [parts[p][0]]}``."""
+    counter = DEFAULT_COUNTER if counter is None else counter
+    n = group_size(group) if _active(group) else 1
+    specs = _part_specs(parts, n)
+    if n == 1:
+        return {p: [tensors[0]] for p, tensors in parts.items()}
+    me, dev = group_rank(group), comm_device(group)
+    names = list(parts)
+    out_dev = parts[names[0]][me].device
+    counts = torch.tensor([[parts[p][d].shape[0] if d != me else 0 for p in names] for d in range(n)],
+                          dtype=torch.int64, device=dev)
+    got = torch.empty_like(counts)
+    dist.all_to_all_single(got, counts, group=group)
+    counts, got = counts.cpu(), got.cpu()
+    row_bytes = torch.tensor([specs[p][2] for p in names], dtype=torch.int64)
+    send = torch.cat([_as_bytes(parts[p][d]) for d in range(n) if d != me for p in names]).to(dev) \
+        if len(names) else torch.zeros(0, dtype=torch.uint8, device=dev)
+    recv = torch.empty(int((got * row_bytes).sum()), dtype=torch.uint8, device=dev)
+    # (even with nothing to move: whether a peer has rows for another is not known here)
+    dist.all_to_all_single(recv, send, output_split_sizes=(got * row_bytes).sum(1).tolist(),
+                           input_split_sizes=(counts * row_bytes).sum(1).tolist(), group=group)
+    out: dict[str, list[torch.Tensor]] = {p: [] for p in names}
+    offset = 0
+    for s in range(n):
+        for k, p in enumerate(names):
+            if s == me:
+                out[p].append(parts[p][me])
+                continue
+            dtype, shape, rb = specs[p]
+            rows = int(got[s, k])
+            out[p].append(_from_bytes(recv[offset:offset + rows * rb], dtype, shape, rows, out_dev))
+            offset += rows * rb
+    counter.add(f"{name}.sizes", sent=(n - 1) * len(names) * 8, received=(n - 1) * len(names) * 8)
+    _count_parts(counter, name, index, specs, dict(zip(names, counts.sum(0).tolist())),
+                 dict(zip(names, got.sum(0).tolist())))
+    return out
+
+
+def all_gather_parts(parts: dict[str, torch.Tensor], group=None, name: str = "all_gather_parts",
+                     counter: ByteCounter | None = None, index: Sequence[str] = ()) -> dict[str, list[torch.Tensor]]:
+    """Every rank's ``parts[p]`` (``[n_r, *row]``), in group rank order, on the device of the parts:
+    one all-gather of the row counts, one of all parts packed as bytes (padded to the longest).
+
+    Counted as ``all_to_all_rows`` is, as if each rank sent its rows to each peer: ``sent`` is its
+    rows times ``group size - 1``, ``received`` the other ranks' rows, so the group's sent and
+    received totals are equal, as an all-to-all's are. With one process: ``{p: [parts[p]]}``."""
+    counter = DEFAULT_COUNTER if counter is None else counter
+    n = group_size(group) if _active(group) else 1
+    specs = _part_specs({p: [t] for p, t in parts.items()}, 1)
+    if n == 1:
+        return {p: [t] for p, t in parts.items()}
+    me, dev = group_rank(group), comm_device(group)
+    names = list(parts)
+    out_dev = parts[names[0]].device
+    mine = torch.tensor([parts[p].shape[0] for p in names], dtype=torch.int64, device=dev)
+    every = [torch.empty_like(mine) for _ in range(n)]
+    dist.all_gather(every, mine, group=group)
+    counts = torch.stack(every).cpu()  # [n, parts]
+    row_bytes = torch.tensor([specs[p][2] for p in names], dtype=torch.int64)
+    sizes = (counts * row_bytes).sum(1)
+    longest = int(sizes.max())
+    buf = torch.zeros(longest, dtype=torch.uint8, device=dev)
+    packed = torch.cat([_as_bytes(parts[p]) for p in names]).to(dev)
+    buf[:packed.numel()] = packed
+    gathered = [torch.empty_like(buf) for _ in range(n)]
+    if longest:  # nobody wrote: no second collective
+        dist.all_gather(gathered, buf, group=group)
+    out: dict[str, list[torch.Tensor]] = {p: [] for p in names}
+    for s in range(n):
+        offset = 0
+        for k, p in enumerate(names):
+            dtype, shape, rb = specs[p]
+            rows = int(counts[s, k])
+            out[p].append(parts[p] if s == me else _from_bytes(gathered[s][offset:offset + rows * rb], dtype, shape,
+                                                               rows, out_dev))
+            offset += rows * rb
+    counter.add(f"{name}.sizes", sent=(n - 1) * len(names) * 8, received=(n - 1) * len(names) * 8)
+    others = counts.sum(0) - counts[me]
+    _count_parts(counter, name, index, specs, dict(zip(names, (counts[me] * (n - 1)).tolist())),
+                 dict(zip(names, others.tolist())))
+    return out

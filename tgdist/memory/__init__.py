@@ -1,7 +1,8 @@
 """Node memory stores behind one interface (DESIGN.md "Memory stores"), chosen by name from a
 registry: ``store`` (the interface, ``MemoryRead`` and the in-process ``LocalMemory``),
 ``depcache`` (Sven's DepCache replicas), ``daemon`` (DistTGL's memory daemon and its client, over
-``shm``'s shared-memory segments). A new backend is one module that registers its factory here
+``shm``'s shared-memory segments), ``sven`` and ``depcomm`` (memory partitioned among a group's
+trainers, placed by ``placement``). A new backend is one module that registers its factory here
 under the name ``memory.backend`` uses."""
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from tgdist.errors import ConfigError
 class StoreContext:
     """What a store is built from: the memory's shape and device, and where this trainer sits in
     the run (``layout``, ``rank``, the named process ``groups``, the run's byte ``counter``, and
-    the config, whose ``memory.*`` and batch settings a daemon sizes its buffers from)."""
+    the config, whose ``memory.*`` and batch settings a daemon sizes its buffers from). The
+    partitioned stores (sven, depcomm) place nodes from ``cfg.partition``, pre-sampling the
+    ``graph``'s training events ``[0, train_end)`` when no artifact is given."""
 
     num_nodes: int
     mem_dim: int
@@ -33,6 +36,8 @@ class StoreContext:
     cfg: Any = None
     batch_size: int = 0
     fanouts: tuple[int, ...] = ()
+    graph: Any = None  # the run's TemporalGraph
+    train_end: int = 0  # training events [0, train_end)
 
 
 # name -> factory(StoreContext) -> MemoryStore
@@ -64,4 +69,4 @@ def names() -> list[str]:
 def _load_backends() -> None:
     """Import the backend modules, which register themselves (not at package import: the daemon's
     module is large and most processes never need it)."""
-    from tgdist.memory import daemon, depcache, store  # noqa: F401  (registering is their import)
+    from tgdist.memory import daemon, depcache, depcomm, store, sven  # noqa: F401  (registering is their import)

@@ -13,7 +13,7 @@ from tgdist.memory.store import LocalMemory, MemoryStore
 class DepCacheMemory(LocalMemory):
     """DepCache: a full replica of the group's memory in every trainer of the group.
 
-    ``write_memory`` / ``write_mail`` are buffered; ``flush`` all-gathers the buffered rows of the
+    ``write_memory`` / ``write_mail`` are buffered; ``flush`` all-gathers the buffered writes of the
     group (in group-rank order) and applies them to every replica, so replicas stay identical. With
     ``sync = False`` (evaluation on one rank) writes apply at once, like ``LocalMemory``.
     """
@@ -24,14 +24,13 @@ class DepCacheMemory(LocalMemory):
         self.group = group
         self.counter = counter
         self.sync = True
-        self._mem_rows: list[torch.Tensor] = []
-        self._mail_rows: list[torch.Tensor] = []
+        self._mem_writes: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self._mail_writes: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # one round per call
 
     def write_memory(self, ids, mem, mem_ts):
         if not self.sync:
             return super().write_memory(ids, mem, mem_ts)
-        # float64 rows [id, mem_ts, mem...]: exact for ids < 2**53 and float32 memory values
-        self._mem_rows.append(torch.cat([ids.double()[:, None], mem_ts.double()[:, None], mem.detach().double()], 1))
+        self._mem_writes.append((ids, mem.detach(), mem_ts))
 
     deliver_mails = MemoryStore.deliver_mails  # in rounds of write_mail, which buffers them
 
@@ -48,26 +47,38 @@ class DepCacheMemory(LocalMemory):
     def write_mail(self, ids, mail, mail_ts):
         if not self.sync:
             return super().write_mail(ids, mail, mail_ts)
-        rnd = torch.full((ids.shape[0], 1), float(len(self._mail_rows)), dtype=torch.float64, device=mail.device)
-        self._mail_rows.append(torch.cat([rnd, ids.double()[:, None], mail_ts.double()[:, None],
-                                          mail.detach().double()], 1))
+        self._mail_writes.append((ids, mail.detach(), mail_ts))
 
     def flush(self) -> None:
         """Exchange and apply this iteration's writes of the whole memory group (every rank of the
-        group must call it, writers and non-writers alike)."""
-        dev = self.mem.device  # all_gather_rows answers on the device it is given: the replica's
-        mem = torch.cat(self._mem_rows) if self._mem_rows else \
-            torch.zeros(0, 2 + self.mem_dim, dtype=torch.float64, device=dev)
-        mail = torch.cat(self._mail_rows) if self._mail_rows else \
-            torch.zeros(0, 3 + self.mail_dim, dtype=torch.float64, device=dev)
-        self._mem_rows, self._mail_rows = [], []
-        for rows in collectives.all_gather_rows(mem, self.group, name="memory_write", counter=self.counter):
-            if rows.shape[0]:
-                super().write_memory(rows[:, 0].long(), rows[:, 2:].float(), rows[:, 1])
-        for rows in collectives.all_gather_rows(mail, self.group, name="mail_write", counter=self.counter):
-            for r in torch.unique(rows[:, 0]).tolist():  # rounds in order (APAN delivers several)
-                sel = rows[rows[:, 0] == r]
-                super().write_mail(sel[:, 1].long(), sel[:, 3:].float().view(-1, self.mail_dim), sel[:, 2])
+        group must call it, writers and non-writers alike): one all-gather (phase ``aggregation``),
+        each rank's writes applied in group-rank order, its mails in the order of its calls."""
+        dev = self.mem.device  # all_gather_parts answers on the device it is given: the replica's
+        mem_ids, mem, mem_ts = _cat(self._mem_writes, self.mem_dim, dev)
+        mail_ids, mail, mail_ts = _cat(self._mail_writes, self.mail_dim, dev)
+        rounds = torch.cat([torch.full((w[0].shape[0],), r, dtype=torch.long, device=dev)
+                            for r, w in enumerate(self._mail_writes)]) if self._mail_writes else mail_ids
+        self._mem_writes, self._mail_writes = [], []
+        got = collectives.all_gather_parts(
+            {"mem_ids": mem_ids, "mem": mem, "mem_ts": mem_ts, "mail_round": rounds, "mail_ids": mail_ids,
+             "mail": mail, "mail_ts": mail_ts}, self.group, name="aggregation", counter=self.counter,
+            index=("mem_ids", "mail_round", "mail_ids"))
+        for s in range(len(got["mem_ids"])):
+            if got["mem_ids"][s].numel():
+                super().write_memory(got["mem_ids"][s], got["mem"][s], got["mem_ts"][s])
+            rnd = got["mail_round"][s]
+            for r in torch.unique(rnd).tolist():  # rounds in order (APAN delivers several)
+                sel = torch.nonzero(rnd == r).squeeze(1)
+                super().write_mail(got["mail_ids"][s][sel], got["mail"][s][sel], got["mail_ts"][s][sel])
+
+
+def _cat(writes, width: int, dev) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Buffered ``(ids, rows [n, width], ts)`` writes concatenated in call order."""
+    if not writes:
+        return (torch.zeros(0, dtype=torch.long, device=dev), torch.zeros(0, width, device=dev),
+                torch.zeros(0, dtype=torch.float64, device=dev))
+    return tuple(torch.cat([w[i] for w in writes]).to(dev, dtype)
+                 for i, dtype in enumerate((torch.long, torch.float32, torch.float64)))
 
 
 @register("depcache")

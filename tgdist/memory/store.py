@@ -76,6 +76,11 @@ class MemoryStore(nn.Module):
     def read(self, ids: torch.Tensor) -> MemoryRead:
         raise NotImplementedError
 
+    def update(self, read, updater):
+        """The memory update of a read (what ``read`` returned): ``updater(read)`` here; a store
+        whose owners update the rows they serve (DepComm) runs it its own way."""
+        return updater(read)
+
     def write_memory(self, ids: torch.Tensor, mem: torch.Tensor, mem_ts: torch.Tensor) -> None:
         raise NotImplementedError
 

@@ -101,7 +101,7 @@ def batch_trainers(num_events: int, batch_size: int, num_parts: int) -> tuple[np
 def build_access_graph(graph: TemporalGraph, *, num_parts: int, batch_size: int, train_end: Optional[int] = None,
                        fanouts: Sequence[int] = (10,), strategy: str = "recent", num_neg: int = 1, seed: int = 0,
                        both_directions: bool = True, num_threads: int = 0, per_batch: bool = True,
-                       chunk_ids: int = 1 << 20,
+                       chunk_ids: int = 1 << 20, negatives: Optional[Callable[[int, int], np.ndarray]] = None,
                        progress: Optional[Callable[[str], None]] = None) -> AccessGraph:
     """Pre-sample one epoch of ``graph`` (events ``[0, train_end)``, all when None) and count accesses.
 
@@ -109,8 +109,10 @@ def build_access_graph(graph: TemporalGraph, *, num_parts: int, batch_size: int,
     neighbour memory (JODIE): only the roots count. Deterministic for a given ``seed`` (and, with
     ``strategy="uniform"``, a given ``chunk_ids``: uniform draws depend on the sampler's calls).
     ``per_batch`` keeps the unique vertices of every (batch, trainer) for per-batch measures
-    (memory: one id per unique access, ``dedup.sum()`` ids). ``progress`` receives a short line
-    now and then (the CLI prints it to stderr).
+    (memory: one id per unique access, ``dedup.sum()`` ids). ``negatives(lo, hi)``: the negative
+    destinations ``[hi - lo, num_neg]`` of events ``[lo, hi)``, e.g. the keyed ones of a parallel
+    run's first pass (default: ``NegativeSampler(graph, seed).train``, drawn in event order).
+    ``progress`` receives a short line now and then (the CLI prints it to stderr).
     """
     start = time.perf_counter()
     n_events = graph.num_events if train_end is None else int(train_end)
@@ -144,7 +146,8 @@ def build_access_graph(graph: TemporalGraph, *, num_parts: int, batch_size: int,
     no_record = np.empty(0, dtype=np.int64)
     for lo in range(0, n_events, per_chunk):
         hi = min(n_events, lo + per_chunk)
-        roots = np.concatenate([graph.src[lo:hi, None], graph.dst[lo:hi, None], negs.train(hi - lo, num_neg)], axis=1)
+        neg = negs.train(hi - lo, num_neg) if negatives is None else np.asarray(negatives(lo, hi), dtype=np.int64)
+        roots = np.concatenate([graph.src[lo:hi, None], graph.dst[lo:hi, None], neg.reshape(hi - lo, num_neg)], axis=1)
         parts = [roots]
         if sampler is not None:
             hops = sampler.sample(roots.reshape(-1), np.repeat(graph.t[lo:hi], roots.shape[1]))

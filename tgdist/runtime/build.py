@@ -27,6 +27,7 @@ from tgdist.distributed.link import parse_link
 from tgdist.distributed.schedule import Layout, passes_per_group
 from tgdist.errors import ConfigError
 from tgdist.kernels import graph as kernels
+from tgdist.memory.placement import PARTITIONED, check_settings
 from tgdist.models.modules import build_model, use_cpu_kernels
 from tgdist.runtime import checkpoint
 from tgdist.runtime.trainer import Trainer, memory_for, time_scale
@@ -104,6 +105,8 @@ def validate(cfg: DictConfig) -> None:
     if cfg.memory.backend not in built:  # an option of the schema whose store is not registered yet
         raise ConfigError(f"memory.backend={cfg.memory.backend} is not built yet (planned, docs/architecture.md); "
                           f"choose one of {', '.join(built)}")
+    if cfg.memory.backend in PARTITIONED:  # epoch parallelism, partition.* settings
+        check_settings(cfg.memory.backend, cfg.parallel.j, cfg.partition)
     if m.num_layers not in (1, 2):
         raise ConfigError(f"model.num_layers={m.num_layers}: 1 or 2 attention layers are supported")
     if m.name != "tgn" and m.num_layers != 1:

@@ -136,7 +136,8 @@ class Run:
             tr.memory = memory.create(self.backend, memory.StoreContext(
                 tr.g.num_nodes, m.mem_dim, m.mail_dim, m.mailbox_size, device=tr.device, layout=lay, rank=self.rank,
                 groups=self.groups, counter=self.counter, cfg=cfg, batch_size=tr.batch_size,
-                fanouts=tuple(tr.sampler.fanouts) if tr.sampler is not None else ()))
+                fanouts=tuple(tr.sampler.fanouts) if tr.sampler is not None else (), graph=tr.g,
+                train_end=self.n_train))
         self.ckpt_dir = self.dir / "checkpoints"
         self.ckpt_path = self.ckpt_dir / "last.pt"
         self.start_iteration = 0

@@ -223,7 +223,7 @@ class Trainer:
         b = hi - lo
         t3 = time.perf_counter()
         with torch.set_grad_enabled(train):
-            upd = model.updater(p.read)
+            upd = self.memory.update(p.read, model.updater)
             h = model.node_repr(p.ids, upd, None if self.node_feat is None else self.node_feat[p.ids])
             root_t_rel = torch.from_numpy(np.tile(self.t_rel[lo:hi], 2 + num_neg)).to(dev)
             emb = model.embedding(EmbedInput(h, upd.mem_ts, p.root_idx, root_t_rel, p.hop_tables))

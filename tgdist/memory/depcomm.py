@@ -1,0 +1,107 @@
+"""Sven's DepComm (2.3, Fig. 4b; DESIGN.md "Memory stores"): memory partitioned as sven's, but
+the owners update it.
+
+A read sends the batch's distinct nodes to their owners (dispatch: slots only). At the update,
+each owner runs the model's memory updater on the rows every trainer asked it for (local
+dispatch; a node two trainers need is updated twice, once per requester) and sends the updated
+memory back (remote dispatch) through an all-to-all whose backward is the reverse all-to-all, so
+the gradients of that memory return to the owners and the updater trains as under DepCache (the
+group's gradient all-reduce sums the owners' parts). Writes are aggregated as sven's are.
+
+Not bit-identical to DepCache: an owner's updater sees a batch of rows from several trainers, and
+the gradient of one parameter is summed in another order, so results agree to float rounding
+(amplified by Adam where a gradient entry is near zero); the tests state the tolerance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from tgdist.distributed import collectives
+from tgdist.errors import ConfigError
+from tgdist.memory import StoreContext, register
+from tgdist.memory.store import MemoryRead
+from tgdist.memory.sven import PartitionedMemory, build
+
+
+@dataclass
+class DepCommRead:
+    """What a DepComm read leaves for the update: ``requests[s]`` the slots group rank s asked
+    this trainer (their owner) for, ``order`` / ``counts`` how this trainer's distinct nodes are
+    grouped by owner, ``psi`` the repeats to restore (None: none)."""
+
+    requests: list
+    order: torch.Tensor
+    counts: list
+    psi: torch.Tensor | None
+
+
+class _RemoteDispatch(torch.autograd.Function):
+    """All-to-all of updated memory rows, owner -> requester; backward: the reverse all-to-all of
+    their gradients, requester -> owner (phase ``backward``)."""
+
+    @staticmethod
+    def forward(ctx, mem, mem_ts, updated, anchor, sizes, store):
+        got = collectives.all_to_all_rows({"mem": list(mem.split(sizes)), "mem_ts": list(mem_ts.split(sizes)),
+                                           "updated": list(updated.split(sizes))}, store.group,
+                                          name="remote_dispatch", counter=store.counter)
+        ctx.store, ctx.back = store, [t.shape[0] for t in got["mem"]]
+        ts, upd = torch.cat(got["mem_ts"]), torch.cat(got["updated"])
+        ctx.mark_non_differentiable(ts, upd)
+        return torch.cat(got["mem"]), ts, upd
+
+    @staticmethod
+    def backward(ctx, grad, _ts, _updated):
+        store = ctx.store
+        got = collectives.all_to_all_rows({"grad": list(grad.contiguous().split(ctx.back))}, store.group,
+                                          name="backward", counter=store.counter)
+        return torch.cat(got["grad"]), None, None, None, None, None
+
+
+class DepCommMemory(PartitionedMemory):
+    """``memory.backend=depcomm``: the partitioned store whose owners update the rows they serve."""
+
+    name = "depcomm"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.link_rows["remote_dispatch"] = self.link_rows.pop("dispatch")
+
+    def read(self, ids: torch.Tensor):
+        if self.alone:
+            return self.shard.read(ids)
+        psi, order, counts, requests = self._request(ids)
+        return DepCommRead(requests, order, counts, psi)
+
+    def update(self, read, updater):
+        """Local dispatch and update at the owners, remote dispatch of the updated memory."""
+        if not isinstance(read, DepCommRead):  # alone (evaluation), or a read of another store
+            return updater(read)
+        sizes = [r.numel() for r in read.requests]
+        served: MemoryRead = self.shard.read(torch.cat(read.requests))
+        upd = updater(served)
+        self._count_links("remote_dispatch", sizes)
+        # anchor: the dispatch is recorded (and its backward collective made) on every trainer
+        # while training, even one whose served rows need no gradient
+        anchor = torch.zeros((), requires_grad=torch.is_grad_enabled())
+        mem, mem_ts, updated = _RemoteDispatch.apply(upd.mem, upd.mem_ts, upd.updated, anchor, sizes, self)
+        inverse = torch.empty_like(read.order)
+        inverse[read.order] = torch.arange(read.order.numel(), device=read.order.device)
+        if read.psi is not None:
+            inverse = inverse.index_select(0, read.psi)
+        return dataclasses.replace(upd, mem=mem.index_select(0, inverse), mem_ts=mem_ts.index_select(0, inverse),
+                                   updated=updated.index_select(0, inverse))
+
+
+@register("depcomm")
+def _depcomm(ctx: StoreContext) -> DepCommMemory:
+    if ctx.layout is not None and ctx.train_end:
+        i, rest = ctx.layout.i, ctx.train_end % (ctx.layout.i * ctx.batch_size)
+        if 0 < rest < i:  # an idle trainer would not serve the rows it owns
+            raise ConfigError(f"memory.backend=depcomm: the last global batch has {rest} event{'s' * (rest != 1)} for "
+                              f"parallel.i={i} trainers, so a trainer would have none and could not update the memory "
+                              f"it owns for the others; change train.batch_size")
+    return build(DepCommMemory, ctx)
