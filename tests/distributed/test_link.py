@@ -17,10 +17,9 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from tests.device_shim import ShimDevice
-from tests.launcher.helpers import free_port
+from tests.launcher.helpers import spawn_ranks
 from tgdist.distributed import collectives as C
 from tgdist.distributed.link import PRESETS, Link, link_seconds, parse_link, wire_bytes
 from tgdist.errors import ConfigError
@@ -251,24 +250,7 @@ def _worker(rank: int, port: int, out) -> None:
 
 @functools.cache  # one run of two ranks for the module
 def _run() -> dict:
-    ctx = mp.get_context("spawn")
-    out, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_worker, args=(rank, port, out)) for rank in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        results = {}
-        for _ in procs:
-            rank, status, value = out.get(timeout=180)
-            assert status == "ok", f"rank {rank}:\n{value}"
-            results[rank] = torch.load(io.BytesIO(value), weights_only=True)
-        return results
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-                p.join()
+    return spawn_ranks(_worker, timeout=180)
 
 
 @pytest.mark.distributed

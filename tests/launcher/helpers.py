@@ -116,3 +116,32 @@ def read_ranks(folder: Path, n: int, freed: bool = True) -> list[dict]:
 
 def expected_mean(ranks: list[int]) -> float:
     return sum(ranks) / len(ranks)
+
+
+def spawn_ranks(worker, *args, ranks: int = 2, timeout: float = 240) -> dict:
+    """Start ``worker(rank, port, *args, out)`` in ``ranks`` spawned processes (they meet at
+    ``port``) and return ``{rank: value}`` of what each put on ``out`` as ``(rank, "ok", bytes of
+    torch.save)``; a rank that reports ``(rank, "failed", traceback)`` fails the test with it."""
+    import io
+
+    import torch
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    out, port = ctx.Queue(), free_port()
+    procs = [ctx.Process(target=worker, args=(rank, port, *args, out)) for rank in range(ranks)]
+    for p in procs:
+        p.start()
+    try:
+        results = {}
+        for _ in procs:
+            rank, status, value = out.get(timeout=timeout)
+            assert status == "ok", f"rank {rank}:\n{value}"
+            results[rank] = torch.load(io.BytesIO(value), weights_only=True)
+        return results
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+                p.join()

@@ -21,11 +21,10 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.utils._pytree import tree_flatten
 
 from tests.device_shim import ShimDevice
-from tests.launcher.helpers import free_port
+from tests.launcher.helpers import spawn_ranks
 from tgdist.distributed import collectives
 
 pytestmark = pytest.mark.distributed
@@ -136,24 +135,7 @@ def _worker(rank: int, port: int, layout_ijk: tuple, backend: str, out) -> None:
 
 @functools.cache  # one run per layout for the whole module
 def _run(layout_ijk: tuple, backend: str) -> dict:
-    ctx = mp.get_context("spawn")
-    out, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_worker, args=(rank, port, layout_ijk, backend, out)) for rank in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        results = {}
-        for _ in procs:
-            rank, status, value = out.get(timeout=240)
-            assert status == "ok", f"rank {rank}:\n{value}"
-            results[rank] = torch.load(io.BytesIO(value), weights_only=True)
-        return results
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-                p.join()
+    return spawn_ranks(_worker, layout_ijk, backend)
 
 
 @pytest.mark.parametrize("layout,backend", [((1, 2, 1), "depcache"), ((2, 1, 1), "daemon"), ((2, 1, 1), "sven"),
