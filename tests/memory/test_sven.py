@@ -164,10 +164,14 @@ def test_a_partitioned_store_of_one_trainer_trains_as_local_memory():
             tr.memory.exchange()
         st = tr.memory.full_state() if backend != "local" else {k: getattr(tr.memory, k) for k in ("mem", "mail")}
         out[backend] = losses, st["mem"], st["mail"]
-        if backend != "local":  # a checkpoint would hold one trainer's shard: not resumed from yet
-            with pytest.raises(ConfigError, match=f"^memory.backend={backend}: resuming a run from a checkpoint is "
-                                                  f"not supported yet$"):
-                tr.memory.load_state_dict(tr.memory.state_dict())
+        if backend != "local":  # a checkpoint's shard loads back as it was, and only onto its placement
+            saved = {k: v.clone() for k, v in tr.memory.state_dict().items()}
+            tr.memory.reset_state()
+            tr.memory.load_state_dict(saved)
+            assert all(torch.equal(v, tr.memory.state_dict()[k]) for k, v in saved.items())
+            with pytest.raises(ConfigError, match=f"^memory.backend={backend}: the checkpoint's shard of group rank 0 "
+                                                  f"holds other nodes than this run's placement gives it"):
+                tr.memory.load_state_dict({**saved, "owned": saved["owned"].flip(0)})
     for backend in ("sven", "depcomm"):
         assert out[backend][0] == out["local"][0]
         assert torch.equal(out[backend][1], out["local"][1]) and torch.equal(out[backend][2], out["local"][2])

@@ -147,9 +147,27 @@ class PartitionedMemory(MemoryStore):
             out[k][torch.cat(got["ids"])] = torch.cat(got[k])
         return out
 
+    # -- checkpoints: a shard per trainer ----------------------------------------------------------
+
+    def checkpoint_part(self, ii: int, jj: int, kk: int) -> tuple[str, bool]:
+        """Every trainer of the group writes and loads its own shard, ``memory-KK-sR.pt`` (R its
+        rank in the memory group)."""
+        return f"memory-{kk}-s{self.me}.pt", True
+
+    def state_dict(self, *args, **kwargs):
+        """The shard's memory and mails, and the global ids of the nodes it holds (``owned``), by
+        which a resume checks that its placement is the one the shard was written under."""
+        state = super().state_dict(*args, **kwargs)
+        state["owned"] = torch.from_numpy(self.maps.globals_of(self.me).astype(np.int64))
+        return state
+
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        # a checkpoint holds the group writer's shard only (issue 29, point 5)
-        raise ConfigError(f"memory.backend={self.name}: resuming a run from a checkpoint is not supported yet")
+        owned = state_dict.get("owned")
+        if owned is None or not np.array_equal(owned.numpy(), self.maps.globals_of(self.me)):
+            raise ConfigError(f"memory.backend={self.name}: the checkpoint's shard of group rank {self.me} holds other "
+                              f"nodes than this run's placement gives it (another partition.* setting or data); resume "
+                              f"with the placement it was written under")
+        return super().load_state_dict({k: v for k, v in state_dict.items() if k != "owned"}, strict, assign)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
