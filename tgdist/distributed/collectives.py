@@ -454,14 +454,26 @@ def _from_bytes(buf: torch.Tensor, dtype: torch.dtype, shape: tuple, rows: int, 
     return buf.to(device, copy=True).view(dtype).view(rows, *shape)
 
 
-def _count_parts(counter: ByteCounter, name: str, index: Sequence[str], specs: dict, sent_rows: dict,
-                 received_rows: dict) -> None:
-    """One counter entry per kind: ``NAME.index`` (the parts named in ``index``), ``NAME.payload``."""
-    kinds = (("index", [p for p in specs if p in index]), ("payload", [p for p in specs if p not in index]))
-    for kind, chosen in kinds:
+def _count_parts(issued: float, kind: str, group, counter: ByteCounter, name: str, index: Sequence[str],
+                 specs: dict, sent_rows: dict, received_rows: dict, size_bytes: int) -> None:
+    """Count one call as ``NAME.sizes`` (the row counts, ``size_bytes`` each way), ``NAME.index``
+    (the parts named in ``index``) and ``NAME.payload``, and pay the installed link for its two
+    collectives, the counts' and the rows' (``_charge``'s model; the rows' time is shared between
+    index and payload by their bytes), returning no earlier than ``issued`` plus both."""
+    sizes_s = link_seconds(kind, size_bytes, group_size(group), _link)
+    entries = []
+    for part, chosen in (("index", [p for p in specs if p in index]), ("payload", [p for p in specs if p not in index])):
         if chosen:
-            counter.add(f"{name}.{kind}", sent=sum(sent_rows[p] * specs[p][2] for p in chosen),
-                        received=sum(received_rows[p] * specs[p][2] for p in chosen))
+            entries.append((f"{name}.{part}", sum(sent_rows[p] * specs[p][2] for p in chosen),
+                            sum(received_rows[p] * specs[p][2] for p in chosen)))
+    sent, received = sum(e[1] for e in entries), sum(e[2] for e in entries)
+    rows_s = link_seconds(kind, max(sent, received), group_size(group), _link) if sent or received else 0.0
+    priced = _link is not None
+    counter.add(f"{name}.sizes", sent=size_bytes, received=size_bytes, seconds=sizes_s if priced else None)
+    for entry, s, r in entries:
+        share = rows_s * max(s, r) / max(sent, received) if max(sent, received) else 0.0
+        counter.add(entry, sent=s, received=r, seconds=share if priced else None)
+    _sleep_until(issued + sizes_s + rows_s)
 
 
 def all_to_all_rows(parts: dict[str, Sequence[torch.Tensor]], group=None, name: str = "all_to_all_rows",
@@ -474,6 +486,7 @@ def all_to_all_rows(parts: dict[str, Sequence[torch.Tensor]], group=None, name: 
     the group's ``comm_device``. Counted: ``NAME.sizes`` (the counts), ``NAME.index`` (the parts
     named in ``index``) and ``NAME.payload`` (the other parts), each the bytes sent to and received
     from other ranks. With one process: ``{p: [parts[p][0]]}``."""
+    issued = time.perf_counter()
     counter = DEFAULT_COUNTER if counter is None else counter
     n = group_size(group) if _active(group) else 1
     specs = _part_specs(parts, n)
@@ -505,9 +518,8 @@ def all_to_all_rows(parts: dict[str, Sequence[torch.Tensor]], group=None, name: 
             rows = int(got[s, k])
             out[p].append(_from_bytes(recv[offset:offset + rows * rb], dtype, shape, rows, out_dev))
             offset += rows * rb
-    counter.add(f"{name}.sizes", sent=(n - 1) * len(names) * 8, received=(n - 1) * len(names) * 8)
-    _count_parts(counter, name, index, specs, dict(zip(names, counts.sum(0).tolist())),
-                 dict(zip(names, got.sum(0).tolist())))
+    _count_parts(issued, "all_to_all", group, counter, name, index, specs, dict(zip(names, counts.sum(0).tolist())),
+                 dict(zip(names, got.sum(0).tolist())), (n - 1) * len(names) * 8)
     return out
 
 
@@ -519,6 +531,7 @@ def all_gather_parts(parts: dict[str, torch.Tensor], group=None, name: str = "al
     Counted as ``all_to_all_rows`` is, as if each rank sent its rows to each peer: ``sent`` is its
     rows times ``group size - 1``, ``received`` the other ranks' rows, so the group's sent and
     received totals are equal, as an all-to-all's are. With one process: ``{p: [parts[p]]}``."""
+    issued = time.perf_counter()
     counter = DEFAULT_COUNTER if counter is None else counter
     n = group_size(group) if _active(group) else 1
     specs = _part_specs({p: [t] for p, t in parts.items()}, 1)
@@ -549,8 +562,8 @@ def all_gather_parts(parts: dict[str, torch.Tensor], group=None, name: str = "al
             out[p].append(parts[p] if s == me else _from_bytes(gathered[s][offset:offset + rows * rb], dtype, shape,
                                                                rows, out_dev))
             offset += rows * rb
-    counter.add(f"{name}.sizes", sent=(n - 1) * len(names) * 8, received=(n - 1) * len(names) * 8)
     others = counts.sum(0) - counts[me]
-    _count_parts(counter, name, index, specs, dict(zip(names, (counts[me] * (n - 1)).tolist())),
-                 dict(zip(names, others.tolist())))
+    _count_parts(issued, "all_gather", group, counter, name, index, specs,
+                 dict(zip(names, (counts[me] * (n - 1)).tolist())), dict(zip(names, others.tolist())),
+                 (n - 1) * len(names) * 8)
     return out
