@@ -162,7 +162,7 @@ def launch(nproc: int, runs: list[str], overrides: list[str], timeout: float) ->
                *overrides]
         try:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+                               env={**os.environ, "OMP_NUM_THREADS": "1"}, check=False)
         except subprocess.TimeoutExpired:
             raise RunFailure(f"{nproc} ranks, {runs}: no result within {timeout:.0f} s") from None
         if r.returncode:
