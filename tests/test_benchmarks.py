@@ -23,6 +23,8 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
     ("step_profile.py", ["--window", "0"], "argument --window: 0: give at least 1"),
     ("parallel.py", ["--layouts", "1,1,2", "--epochs", "1"], "train.epochs = 1 is not a multiple of parallel.j x"),
     ("partition.py", ["--synthetic-events", "-1"], "argument --synthetic-events: -1: give at least 1"),
+    ("memory_backends.py", ["--trainers", "2", "1"], "argument --trainers: 1: give at least 2"),
+    ("memory_backends.py", ["--global-batch", "1001"], "--global-batch 1001 is not a multiple of every trainer count"),
 ])
 def test_a_bad_argument_is_one_line_before_any_work(script, args, message):
     r = subprocess.run([sys.executable, script, *args], cwd=BENCH, capture_output=True, text=True, timeout=120,
