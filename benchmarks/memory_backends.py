@@ -308,11 +308,11 @@ def section_memory(args) -> dict:
 
 
 def unpriced_seconds(counters: dict, link) -> float:
-    """What ``link`` would charge this rank's memory exchanges (``latency`` per collective, the
-    busier direction over the bandwidth), from the counts: the memory stores' collectives
-    (``all_to_all_rows``, ``all_gather_parts``) count bytes but are not delayed by
-    ``parallel.link`` at this commit (only ``_charge``'s callers are). Summing the epoch's bytes
-    before taking the busier direction makes it a slight underestimate."""
+    """What ``link`` charges this rank's memory exchanges, recomputed from the counts
+    (``latency`` per collective, the busier direction over the bandwidth): a cross-check of the
+    counters' ``modelled_seconds``, which the exchanges pay since the partitioned collectives
+    were priced (the first runs of this section were made before, when only the gradients paid).
+    Summing the epoch's bytes before taking the busier direction makes it a slight underestimate."""
     calls = sum(c["calls"] for k, c in counters.items() if k.split(".")[0] in PHASES and k.endswith(".sizes"))
     sent = sum(c["bytes_sent"] for k, c in counters.items() if k.split(".")[0] in PHASES)
     received = sum(c["bytes_received"] for k, c in counters.items() if k.split(".")[0] in PHASES)
