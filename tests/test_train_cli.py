@@ -57,14 +57,6 @@ def test_an_unknown_option_of_a_key_is_one_line_naming_the_options(tmp_path, bad
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_planned_memory_backend_is_refused_before_training(tmp_path):
-    r = tgdist("train", *QUICK, "memory.backend=sven", f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
-    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
-        ("tgdist train: error: memory.backend=sven is not built yet (planned, docs/architecture.md); choose one of "
-         "auto, local, depcache, daemon")]
-    assert list(tmp_path.iterdir()) == []
-
-
 def test_options_read_as_plain_names_in_the_run_files(tmp_path):
     r = tgdist("train", *QUICK, "model=jodie", "memory=local", "train.lr_scaling=sqrt", "data.time_unit=s",
                f"run_dir={tmp_path / 'run'}", cwd=tmp_path)

@@ -535,9 +535,8 @@ class ProcessGroups:
         import torch
         import torch.distributed as dist
 
-        if cls._current is not None and not cls._current._destroyed and cls._current._initialised_dist:
+        if cls._current is not None and not cls._current._destroyed:
             raise RuntimeError("process groups are already initialised; call destroy() first")
-        # (groups of a world of one hold nothing: a later one replaces them, e.g. a Run never trained)
         _check_world_size(layout, world)
         if not isinstance(timeout, timedelta):
             timeout = timedelta(seconds=float(timeout))
@@ -593,6 +592,13 @@ class ProcessGroups:
         if cls._current is None or cls._current._destroyed:
             raise RuntimeError("process groups are not initialised (ProcessGroups.init)")
         return cls._current
+
+    @classmethod
+    def release_single(cls) -> None:
+        """Destroy the current groups if they are a world of one's, which hold nothing (a run of
+        one process made and never trained, say): a new run of one process may start."""
+        if cls._current is not None and not cls._current._initialised_dist:
+            cls._current.destroy()
 
     def get(self, name: str):
         """The torch process group ``name`` (``None`` stands for the whole world of a single

@@ -88,6 +88,8 @@ class Run:
         self._trained = False
         self.trainer: Trainer | None = None
         self._own_groups = groups is None
+        if self._own_groups and self.alone:
+            ProcessGroups.release_single()  # an earlier Run of this process never trained (or closed)
         self.groups = groups or ProcessGroups.init(self.world, self.layout,
                                                    agree=None if self.alone else shared_settings(cfg))
         collectives.set_link(cfg.parallel.link)  # every collective from here on pays the simulated link
