@@ -371,6 +371,7 @@ class Run:
             log.warning("the trainers' model replicas differ after training (%d distinct parameter digests "
                         "over %d ranks); rank 0's model is evaluated", len({s["model"] for s in stats}), len(stats))
         tr.memory.end_training(evaluates=self.rank == 0)  # rank 0 evaluates alone on group 0's memory
+        trained_any = any(s["events"] for s in stats)
 
         def evaluate() -> dict:  # rank 0: memory group 0 ends its last pass at the end of the stream
             metrics = {**tr.evaluate("val"), **tr.evaluate("test")}
@@ -387,7 +388,6 @@ class Run:
             (self.dir / "summary.json").write_text(json.dumps(summary, indent=1))
             return summary
 
-        trained_any = any(s["events"] for s in stats)
         # the other ranks wait for rank 0's evaluation however long it takes (not the groups' timeout)
         summary = collectives.result_of(evaluate, world_group, name="summary")
         # every rank is done before any tears its process group down: a rank that leaves while a

@@ -131,7 +131,6 @@ class Trainer:
         self.writes_enabled = True
         if num_threads > 0:
             torch.set_num_threads(num_threads)
-        self.epoch_loss_sum, self.epoch_events = 0.0, 0
         jit.track_compiles()  # an epoch's events/s leaves out one-time kernel compiles
 
     # ------------------------------------------------------------------------------------------
@@ -328,34 +327,25 @@ class Trainer:
         for s in range(lo, hi, self.batch_size):
             yield s, min(s + self.batch_size, hi)
 
-    def train_epoch(self, epoch: int, start_batch: int = 0, on_batch=None) -> dict:
-        """Train over the training events from batch ``start_batch`` on. The running loss sum and
-        event count live on the trainer (``epoch_loss_sum``, ``epoch_events``) so a mid-epoch
-        checkpoint carries them and a resumed epoch reports the same mean loss."""
+    def train_epoch(self, epoch: int) -> dict:
+        """One epoch of the plain loop over the training events, negatives from the sampler's
+        running stream, memory as it is (benchmarks and tests that time or probe the trainer
+        alone; a run, with its schedule, checkpoints and evaluation, is ``runtime.run.Run``)."""
         self.model.train()
         lo, hi = self.split.range("train")
-        if start_batch == 0:
-            self.epoch_loss_sum, self.epoch_events = 0.0, 0
         prog = Progress(hi - lo, f"epoch {epoch} train", self.progress)
-        prog.done = self.epoch_events
-        ran = 0
+        loss_sum, events = 0.0, 0
         t0, c0 = time.perf_counter(), jit.compile_seconds()
-        for i, (s, e) in enumerate(self.batches("train")):
-            if i < start_batch:
-                continue
+        for s, e in self.batches("train"):
             out = self.step(s, e, self.negatives.train(e - s, 1), train=True)
-            self.epoch_loss_sum += out.loss * (e - s)
-            self.epoch_events += e - s
-            ran += e - s
-            prog.update(e - s, loss=self.epoch_loss_sum / self.epoch_events)  # the epoch's mean so far
-            if on_batch is not None:
-                on_batch(epoch, i + 1)
+            loss_sum += out.loss * (e - s)
+            events += e - s
+            prog.update(e - s, loss=loss_sum / events)  # the epoch's mean so far
         el, compiled = time.perf_counter() - t0, jit.compile_seconds() - c0
-        if not math.isfinite(self.epoch_loss_sum):
-            log.warning("epoch %d: the training loss is %s: training diverged (lower train.lr?)", epoch,
-                        self.epoch_loss_sum)
-        return {"loss": self.epoch_loss_sum / max(self.epoch_events, 1), "train_events": self.epoch_events,
-                "train_seconds": el, "compile_seconds": compiled, "events_per_s": ran / max(el - compiled, 1e-9)}
+        if not math.isfinite(loss_sum):
+            log.warning("epoch %d: the training loss is %s: training diverged (lower train.lr?)", epoch, loss_sum)
+        return {"loss": loss_sum / max(events, 1), "train_events": events, "train_seconds": el,
+                "compile_seconds": compiled, "events_per_s": events / max(el - compiled, 1e-9)}
 
     @torch.no_grad()
     def evaluate(self, part: str) -> dict:
