@@ -324,9 +324,15 @@ class PlacementConfig:
 
 @dataclass
 class PipelineConfig:
-    """How the stages of consecutive iterations overlap. None yet: every stage runs after the
-    previous one (DESIGN.md "One training iteration"); the pipelines of the issues after the
-    restructuring add their switches here."""
+    """How the stages of consecutive iterations overlap (Sven 3.3; ``tgdist.runtime.pipeline``).
+    All off by default: every stage runs after the previous one (DESIGN.md "One training iteration")."""
+
+    prefetch: int = 0  # batches sampled ahead by a background thread (0: none); bit-identical results
+    # micro-batches per batch (Sven 3.3.2): 1 (none), N, or auto (eq. (12) fitted over the first iterations)
+    micro_batches: str = "1"
+    async_allreduce: bool = False  # gradient all-reduce overlapping the next iteration (staleness 1, eq. (13))
+    profile_iterations: int = 6  # micro_batches=auto: iterations measured before n is chosen
+    max_micro_batches: int = 8  # micro_batches=auto: the largest n it may choose
 
 
 @dataclass
@@ -337,7 +343,7 @@ class TrainApp:
     train: TrainConfig = field(default_factory=TrainConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
-    pipeline: PipelineConfig = field(default_factory=PipelineConfig)  # stages overlapping across iterations: none yet
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)  # stages overlapping across iterations
     partition: PlacementConfig = field(default_factory=PlacementConfig)  # node placement of sven / depcomm
     # where the run writes config.yaml, metrics.jsonl, summary.json, train.log and checkpoints/
     run_dir: str = "runs/${now:%Y%m%d-%H%M%S}-${data.name}-${model_tag:${model.name},${model.num_layers}}"

@@ -41,8 +41,8 @@ def run(backend: str, cfg, layout: Layout, world, groups) -> dict:
     prepare, write_memory, write_mail = tr.prepare, store.write_memory, store.write_mail
     end_training = store.end_training
 
-    def recording_prepare(lo, hi, neg, read=None):
-        p = prepare(lo, hi, neg, read)
+    def recording_prepare(lo, hi, neg, read=None, sampled=None):
+        p = prepare(lo, hi, neg, read, sampled)
         reads.append(p.ids.clone())
         occurrences.append(p.root_idx.numel() + sum(int(h.mask.sum()) for h in p.hop_tables))
         events.append(hi - lo)
@@ -71,7 +71,8 @@ def run(backend: str, cfg, layout: Layout, world, groups) -> dict:
 
     def record(t, loss):
         rec["losses"].append(loss)
-        rec["grads"].append(torch.cat([p.grad.reshape(-1) for p in m.parameters()]))
+        rec["grads"].append(torch.cat([p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel())
+                                       for p in m.parameters()]))  # (None: asynchronous all-reduce, first step)
         rec["states"].append(state_of(store))
         rec["counters"].append(driver.counter.as_dict())
         rec["links"].append({k: torch.from_numpy(v.copy()) for k, v in getattr(store, "link_rows", {}).items()})

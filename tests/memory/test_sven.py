@@ -419,3 +419,46 @@ def test_2x2x1_sven_with_both_parallelisms_is_depcache_bit_for_bit(tmp_path):
                    runs="runs=depcache,sven")
     _check_runs(ranks, [[0, 1, 2, 3]], formulas=False, depcomm=False)
     _check_links_against_partitioner(ranks, ("model=apan",), 2, 2)
+
+
+# ------------------------------------------------------------------------------------------------
+# Sven's pipelining on the partitioned stores (tgdist.runtime.pipeline)
+
+
+@pytest.mark.distributed
+def test_2x1x1_micro_batches_and_prefetch_on_every_store(tmp_path):
+    """Each store with 3 micro-batches against itself with one, at DepComm's tiny learning rate
+    (see DEPCOMM_LR: micro-batches sum each gradient in another order too): the first step's
+    memory and mails are identical bit for bit (same reads, same parameters), later ones within
+    rounding, as are losses and gradients. Prefetch leaves sven bit-identical, and sven's
+    asynchronous all-reduce trains with replicas that stay identical."""
+    lr = DEPCOMM_LR
+    micro = "pipeline.micro_batches=3"
+    runs = [f"{b}:{lr}" for b in ("depcache", "sven", "depcomm")] + \
+        [f"{b}:{lr};{micro}" for b in ("depcache", "sven", "depcomm")] + \
+        ["sven", "sven:pipeline.prefetch=2", "sven:pipeline.async_allreduce=true"]
+    ranks = _probe(tmp_path, 2, "model=tgn", "parallel.i=2", "train.epochs=1", "train.lr=1e-3",
+                   runs="runs=" + ",".join(runs))
+    for r in range(2):
+        for b in ("depcache", "sven", "depcomm"):
+            one, many = ranks[r][f"{b}:{lr}"], ranks[r][f"{b}:{lr};{micro}"]
+            assert len(one["losses"]) == len(many["losses"]) > 2
+            assert all(torch.equal(one["states"][0][k], many["states"][0][k]) for k in one["states"][0]), (r, b)
+            assert many["losses"] == pytest.approx(one["losses"], rel=1e-5)
+            for x, y in zip(one["states"], many["states"]):
+                for k in x:
+                    torch.testing.assert_close(y[k], x[k], **(STATE_TOL if x[k].is_floating_point() else {}))
+            for x, y in zip(one["grads"], many["grads"]):
+                torch.testing.assert_close(y, x, rtol=0, atol=1e-4 * float(x.abs().max()))
+        plain, ahead = ranks[r]["sven"], ranks[r]["sven:pipeline.prefetch=2"]
+        assert plain["losses"] == ahead["losses"]
+        assert all(torch.equal(x[k], y[k]) for x, y in zip(plain["states"], ahead["states"]) for k in x)
+        stale = ranks[r]["sven:pipeline.async_allreduce=true"]
+        assert all(torch.equal(plain["states"][0][k], stale["states"][0][k]) for k in plain["states"][0])
+        assert stale["losses"] != plain["losses"] and all(math.isfinite(x) for x in stale["losses"] if x is not None)
+    assert all(torch.equal(a, b) for a, b in zip(ranks[0]["sven:pipeline.async_allreduce=true"]["params"],
+                                                ranks[1]["sven:pipeline.async_allreduce=true"]["params"]))
+    zero = ranks[0]
+    for b in ("depcache", "sven", "depcomm"):
+        assert _same_metrics(zero[f"{b}:{lr}"]["metrics"], zero[f"{b}:{lr};{micro}"]["metrics"], METRIC_TOL)
+    assert _same_metrics(zero["sven"]["metrics"], zero["sven:pipeline.prefetch=2"]["metrics"])

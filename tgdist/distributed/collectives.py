@@ -15,8 +15,10 @@ Simulated interconnect (``parallel.link``, ``tgdist.distributed.link``): once th
 ``link_seconds`` models for what it counted, sleeping for what remains after the real work (so a
 collective that really took longer is not delayed further). Asynchronous helpers (``*_async``)
 return a ``Handle`` whose ``wait()`` does the same, so computation between issue and wait
-overlaps the modelled transfer. ``_charge`` is the one place that prices and counts a collective;
-a new helper calls it with its counted bytes. Collectives of one process cost nothing.
+overlaps the modelled transfer. Each rank has one link: collectives in flight together queue on it
+(a transfer starts when those issued before it are through), so overlapping two transfers never
+makes them cheaper than one after the other. ``_charge`` is the one place that prices and counts a
+collective; a new helper calls it with its counted bytes. Collectives of one process cost nothing.
 
 Devices: a collective takes its tensors on its group's communication device (``comm_device``: the
 rank's CUDA device under NCCL, the CPU under gloo and MPI), whatever the compute device of the
@@ -42,6 +44,7 @@ from tgdist.errors import RunFailure, TgdistError
 log = logging.getLogger(__name__)
 
 __all__ = ["ByteCounter", "Traffic", "Handle", "all_reduce_mean", "all_reduce_mean_async", "all_to_all_rows_async",
+           "all_to_all_parts_async", "resolve",
            "average_gradients", "all_gather_object", "all_gather_rows", "broadcast_object", "broadcast_tensors",
            "result_of", "barrier", "comm_device", "group_rank", "group_size", "set_link", "current_link"]
 
@@ -96,14 +99,16 @@ class ByteCounter:
 DEFAULT_COUNTER = ByteCounter()
 
 _link: Link | None = None  # the simulated interconnect of this process (set_link)
+_link_free = 0.0  # perf_counter time at which this rank's link has sent all it was given so far
 
 
 def set_link(link: Link | str | None) -> Link | None:
     """Install the simulated interconnect every collective of this process pays from now on: a
     ``Link``, a ``parallel.link`` value (``none``, a preset, ``BANDWIDTH:LATENCY``; a bad one is a
     ``ConfigError``) or None for none. Returns the installed link."""
-    global _link
+    global _link, _link_free
     _link = parse_link(link) if not isinstance(link, Link) else link
+    _link_free = 0.0
     if _link is not None:
         log.info("simulated interconnect: %s (a model, not a measurement)", _link.describe())
     return _link
@@ -120,7 +125,18 @@ def _charge(issued: float, kind: str, group, name: str, counter: ByteCounter, se
     issue time plus ``link_seconds`` for the larger of what this rank sent and received."""
     seconds = link_seconds(kind, max(sent, received), group_size(group), _link)
     counter.add(name, sent=sent, received=received, seconds=seconds if _link is not None else None)
-    return issued + seconds
+    return _occupy(issued, seconds)
+
+
+def _occupy(issued: float, seconds: float) -> float:
+    """The time at which a transfer of ``seconds`` issued at ``issued`` is through: one link per
+    rank, so a transfer starts when the ones issued before it are through (asynchronous collectives
+    in flight together queue, as on one network card, instead of each getting the whole link)."""
+    global _link_free
+    if seconds <= 0:
+        return issued
+    _link_free = max(issued, _link_free) + seconds
+    return _link_free
 
 
 def _sleep_until(deadline: float) -> None:
@@ -157,6 +173,17 @@ class Handle:
     def is_completed(self) -> bool:
         """Whether ``wait()`` would return at once (the real work is done and the modelled time is over)."""
         return self._done or (all(w.is_completed() for w in self._works) and time.perf_counter() >= self._deadline)
+
+    def then(self, fn: Callable[[Any], Any]) -> "Handle":
+        """A handle on ``fn(result)``: waiting for it waits for this one, then applies ``fn`` once."""
+        after = Handle([], lambda: fn(self.wait()), 0.0)
+        after.is_completed = lambda: after._done or self.is_completed()  # (fn itself is not waited for)
+        return after
+
+
+def resolve(value: Any) -> Any:
+    """``value.wait()`` for a ``Handle``, else ``value``: a consumer that may be given either."""
+    return value.wait() if isinstance(value, Handle) else value
 
 
 def _active(group) -> bool:
@@ -455,11 +482,11 @@ def _from_bytes(buf: torch.Tensor, dtype: torch.dtype, shape: tuple, rows: int, 
 
 
 def _count_parts(issued: float, kind: str, group, counter: ByteCounter, name: str, index: Sequence[str],
-                 specs: dict, sent_rows: dict, received_rows: dict, size_bytes: int) -> None:
+                 specs: dict, sent_rows: dict, received_rows: dict, size_bytes: int) -> float:
     """Count one call as ``NAME.sizes`` (the row counts, ``size_bytes`` each way), ``NAME.index``
-    (the parts named in ``index``) and ``NAME.payload``, and pay the installed link for its two
-    collectives, the counts' and the rows' (``_charge``'s model; the rows' time is shared between
-    index and payload by their bytes), returning no earlier than ``issued`` plus both."""
+    (the parts named in ``index``) and ``NAME.payload``, and price its two collectives on the
+    installed link, the counts' and the rows' (``_charge``'s model; the rows' time is shared between
+    index and payload by their bytes): returns the time before which the call must not complete."""
     sizes_s = link_seconds(kind, size_bytes, group_size(group), _link)
     entries = []
     for part, chosen in (("index", [p for p in specs if p in index]), ("payload", [p for p in specs if p not in index])):
@@ -473,7 +500,7 @@ def _count_parts(issued: float, kind: str, group, counter: ByteCounter, name: st
     for entry, s, r in entries:
         share = rows_s * max(s, r) / max(sent, received) if max(sent, received) else 0.0
         counter.add(entry, sent=s, received=r, seconds=share if priced else None)
-    _sleep_until(issued + sizes_s + rows_s)
+    return _occupy(issued, sizes_s + rows_s)
 
 
 def all_to_all_rows(parts: dict[str, Sequence[torch.Tensor]], group=None, name: str = "all_to_all_rows",
@@ -486,12 +513,20 @@ def all_to_all_rows(parts: dict[str, Sequence[torch.Tensor]], group=None, name: 
     the group's ``comm_device``. Counted: ``NAME.sizes`` (the counts), ``NAME.index`` (the parts
     named in ``index``) and ``NAME.payload`` (the other parts), each the bytes sent to and received
     from other ranks. With one process: ``{p: [parts[p][0]]}``."""
+    return all_to_all_parts_async(parts, group, name, counter, index).wait()
+
+
+def all_to_all_parts_async(parts: dict[str, Sequence[torch.Tensor]], group=None, name: str = "all_to_all_rows",
+                           counter: ByteCounter | None = None, index: Sequence[str] = ()) -> Handle:
+    """``all_to_all_rows`` issued without waiting for the rows: the counts travel now (a small
+    blocking exchange), the packed rows asynchronously; ``wait()`` returns ``out`` (Sven's
+    micro-batches keep the dispatch of the next micro-batch in flight this way)."""
     issued = time.perf_counter()
     counter = DEFAULT_COUNTER if counter is None else counter
     n = group_size(group) if _active(group) else 1
     specs = _part_specs(parts, n)
     if n == 1:
-        return {p: [tensors[0]] for p, tensors in parts.items()}
+        return Handle.completed({p: [tensors[0]] for p, tensors in parts.items()})
     me, dev = group_rank(group), comm_device(group)
     names = list(parts)
     out_dev = parts[names[0]][me].device
@@ -505,22 +540,28 @@ def all_to_all_rows(parts: dict[str, Sequence[torch.Tensor]], group=None, name: 
         if len(names) else torch.zeros(0, dtype=torch.uint8, device=dev)
     recv = torch.empty(int((got * row_bytes).sum()), dtype=torch.uint8, device=dev)
     # (even with nothing to move: whether a peer has rows for another is not known here)
-    dist.all_to_all_single(recv, send, output_split_sizes=(got * row_bytes).sum(1).tolist(),
-                           input_split_sizes=(counts * row_bytes).sum(1).tolist(), group=group)
-    out: dict[str, list[torch.Tensor]] = {p: [] for p in names}
-    offset = 0
-    for s in range(n):
-        for k, p in enumerate(names):
-            if s == me:
-                out[p].append(parts[p][me])
-                continue
-            dtype, shape, rb = specs[p]
-            rows = int(got[s, k])
-            out[p].append(_from_bytes(recv[offset:offset + rows * rb], dtype, shape, rows, out_dev))
-            offset += rows * rb
-    _count_parts(issued, "all_to_all", group, counter, name, index, specs, dict(zip(names, counts.sum(0).tolist())),
-                 dict(zip(names, got.sum(0).tolist())), (n - 1) * len(names) * 8)
-    return out
+    work = dist.all_to_all_single(recv, send, output_split_sizes=(got * row_bytes).sum(1).tolist(),
+                                  input_split_sizes=(counts * row_bytes).sum(1).tolist(), group=group, async_op=True)
+    own = {p: parts[p][me] for p in names}
+
+    def finish() -> dict[str, list[torch.Tensor]]:
+        out: dict[str, list[torch.Tensor]] = {p: [] for p in names}
+        offset = 0
+        for s in range(n):
+            for k, p in enumerate(names):
+                if s == me:
+                    out[p].append(own[p])
+                    continue
+                dtype, shape, rb = specs[p]
+                rows = int(got[s, k])
+                out[p].append(_from_bytes(recv[offset:offset + rows * rb], dtype, shape, rows, out_dev))
+                offset += rows * rb
+        return out
+
+    deadline = _count_parts(issued, "all_to_all", group, counter, name, index, specs,
+                            dict(zip(names, counts.sum(0).tolist())), dict(zip(names, got.sum(0).tolist())),
+                            (n - 1) * len(names) * 8)
+    return Handle([work], finish, deadline)
 
 
 def all_gather_parts(parts: dict[str, torch.Tensor], group=None, name: str = "all_gather_parts",
@@ -563,7 +604,7 @@ def all_gather_parts(parts: dict[str, torch.Tensor], group=None, name: str = "al
                                                                rows, out_dev))
             offset += rows * rb
     others = counts.sum(0) - counts[me]
-    _count_parts(issued, "all_gather", group, counter, name, index, specs,
-                 dict(zip(names, (counts[me] * (n - 1)).tolist())), dict(zip(names, others.tolist())),
-                 (n - 1) * len(names) * 8)
+    _sleep_until(_count_parts(issued, "all_gather", group, counter, name, index, specs,
+                              dict(zip(names, (counts[me] * (n - 1)).tolist())), dict(zip(names, others.tolist())),
+                              (n - 1) * len(names) * 8))
     return out

@@ -23,7 +23,7 @@ import torch
 from tgdist.distributed import collectives
 from tgdist.errors import ConfigError
 from tgdist.memory import StoreContext, register
-from tgdist.memory.store import MemoryRead
+from tgdist.memory.store import MemoryRead, MemoryStore
 from tgdist.memory.sven import PartitionedMemory, build
 
 
@@ -69,6 +69,9 @@ class DepCommMemory(PartitionedMemory):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.link_rows["remote_dispatch"] = self.link_rows.pop("dispatch")
+
+    # micro-batches: each read in turn (a read sends slots only; the rows travel in ``update``)
+    read_many = MemoryStore.read_many
 
     def read(self, ids: torch.Tensor):
         if self.alone:

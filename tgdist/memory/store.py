@@ -76,6 +76,13 @@ class MemoryStore(nn.Module):
     def read(self, ids: torch.Tensor) -> MemoryRead:
         raise NotImplementedError
 
+    def read_many(self, ids: list[torch.Tensor]) -> list:
+        """The reads of several id sets (a batch's micro-batches), all of the memory as it is now,
+        before any write that follows: each a ``MemoryRead``, or a ``collectives.Handle`` on one
+        where the store fetches rows over the network (its transfer then overlaps what the caller
+        computes before it resolves it, ``collectives.resolve``). Here: ``read`` of each, in turn."""
+        return [self.read(i) for i in ids]
+
     def update(self, read, updater):
         """The memory update of a read (what ``read`` returned): ``updater(read)`` here; a store
         whose owners update the rows they serve (DepComm) runs it its own way."""

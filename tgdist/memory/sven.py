@@ -220,15 +220,30 @@ class PartitionedMemory(MemoryStore):
         """Algorithm 2's dispatch: each distinct node once, raw rows from its owner."""
         if self.alone:
             return self.shard.read(ids)
+        return self._dispatch(ids).wait()
+
+    def read_many(self, ids: list[torch.Tensor]) -> list:
+        """The dispatches of several reads issued one after the other, each waited for only when its
+        reader resolves it (micro-batches: the next one's rows travel while one is updated). Every
+        owner serves its rows at issue time, and the group's writes wait for ``exchange``, so each
+        read is what ``read`` would have returned before them."""
+        if self.alone:
+            return [self.shard.read(i) for i in ids]
+        return [self._dispatch(i) for i in ids]
+
+    def _dispatch(self, ids: torch.Tensor) -> collectives.Handle:
         psi, order, counts, requests = self._request(ids)
         served = [self.shard.read(r) for r in requests]
         self._count_links("dispatch", [r.numel() for r in requests])
         rows = {k: [getattr(r, k) for r in served] for k in ("mem", "mem_ts", "mail", "mail_ts")}
-        got = collectives.all_to_all_rows(rows, self.group, name="dispatch", counter=self.counter)
-        rows = {k: _unsort(torch.cat(v), order) for k, v in got.items()}
-        if psi is not None:  # Psi restores the repeats
-            rows = {k: v.index_select(0, psi) for k, v in rows.items()}
-        return MemoryRead(**rows)
+
+        def arrived(got: dict) -> MemoryRead:
+            rows = {k: _unsort(torch.cat(v), order) for k, v in got.items()}
+            if psi is not None:  # Psi restores the repeats
+                rows = {k: v.index_select(0, psi) for k, v in rows.items()}
+            return MemoryRead(**rows)
+
+        return collectives.all_to_all_parts_async(rows, self.group, name="dispatch", counter=self.counter).then(arrived)
 
     def _count_links(self, phase: str, rows_to: list[int]) -> None:
         for d, n in enumerate(rows_to):

@@ -59,6 +59,32 @@ def seed_everything(seed: int, deterministic: bool) -> None:
     torch.use_deterministic_algorithms(bool(deterministic))
 
 
+def micro_batches(pipe) -> int | None:
+    """``pipeline.micro_batches`` as a count, or None for ``auto``; a bad value is a ConfigError."""
+    text = str(pipe.micro_batches).strip().lower()
+    if text == "auto":
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ConfigError(f"pipeline.micro_batches={pipe.micro_batches}: give a number of micro-batches per batch "
+                          f"(1: none) or auto")
+    return n
+
+
+def validate_pipeline(pipe) -> None:
+    micro_batches(pipe)
+    if pipe.prefetch < 0:
+        raise ConfigError(f"pipeline.prefetch={pipe.prefetch}: give the batches to sample ahead (0: none)")
+    if pipe.profile_iterations < 2:
+        raise ConfigError(f"pipeline.profile_iterations={pipe.profile_iterations}: give at least 2 (auto measures "
+                          f"iterations with one and with two micro-batches)")
+    if pipe.max_micro_batches < 1:
+        raise ConfigError(f"pipeline.max_micro_batches={pipe.max_micro_batches}: give at least 1")
+
+
 def validate(cfg: DictConfig) -> None:
     """Reject invalid settings (and a resume checkpoint that is not there) before any data is read.
     A value outside a key's options (``model.name``, ``memory.backend``, ...) is refused earlier,
@@ -70,6 +96,7 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"train.epochs={t.epochs}: give a count of at least 0 (0 evaluates the untrained model)")
     if not 0 < t.lr < math.inf:
         raise ConfigError(f"train.lr={t.lr}: give a positive, finite learning rate")
+    validate_pipeline(cfg.pipeline)
     fanouts = list(cfg.sampler.fanouts)
     if (not fanouts and m.name != "jodie") or (fanouts and min(fanouts) <= 0):  # JODIE samples none
         raise ConfigError(f"sampler.fanouts={fanouts}: give one positive neighbour count per hop, e.g. [10]")

@@ -32,18 +32,20 @@ FORMAT = 2
 _FREE = {"train": {"epochs", "resume", "progress", "checkpoint_every", "stop_after_batches", "num_threads", "device",
                    "test_every_epoch", "overwrite"},
          "data": {"cache", "cache_dir", "name", "require_path"}, "sampler": {"num_threads"},
-         "parallel": {"link"}}  # the simulated link only delays collectives
+         "parallel": {"link"},  # the simulated link only delays collectives
+         # prefetching changes nothing computed; micro-batches change only rounding
+         "pipeline": {"prefetch", "micro_batches", "profile_iterations", "max_micro_batches"}}
 
 
 # Keys added after checkpoints were first written, with the value an older checkpoint was
 # written under (data.time_unit: times were read as seconds, which "auto" still does for all but
 # Unix-epoch ms/us/ns data).
-_ADDED = {"data.time_unit": repr("auto")}
+_ADDED = {"data.time_unit": repr("auto"), "pipeline.async_allreduce": repr(False)}
 
 
 def identity(cfg: DictConfig) -> dict:
     """The part of the config a checkpoint must match, as plain strings (weights_only-safe)."""
-    return settings(cfg, ("data", "sampler", "model", "train", "parallel"),
+    return settings(cfg, ("data", "sampler", "model", "train", "parallel", "pipeline"),
                     {f"{g}.{k}" for g, keys in _FREE.items() for k in keys})
 
 

@@ -49,11 +49,12 @@ from tgdist.errors import ConfigError
 from tgdist.kernels import jit
 from tgdist.memory.store import MemoryRead
 from tgdist.runtime import checkpoint, rundir
-from tgdist.runtime.build import build_trainer, validate
+from tgdist.runtime.build import build_trainer, micro_batches, validate
 from tgdist.runtime.distributed import (cpu_share, fault_injection, memory_backend, model_digest, rank_logging,
                                         shared_settings)
+from tgdist.runtime.pipeline import GradientSync, Prefetcher, fit_granularity
 from tgdist.runtime.tasks import downstream_alone, pretrain_static
-from tgdist.runtime.trainer import Progress, StageTimer, Trainer
+from tgdist.runtime.trainer import SIDE_STREAMS, Progress, StageTimer, Trainer, micro_bounds
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,7 @@ class Run:
         self.ii, self.jj, self.kk = self.layout.coords(self.rank)
         self._trained = False
         self.trainer: Trainer | None = None
+        self.prefetcher: Prefetcher | None = None
         self._own_groups = groups is None
         if self._own_groups and self.alone:
             ProcessGroups.release_single()  # an earlier Run of this process never trained (or closed)
@@ -129,6 +131,13 @@ class Run:
         self.iterations = num_iterations(lay, self.n_train, tr.batch_size, cfg.train.epochs) if cfg.train.epochs else 0
         self.batches_per_epoch = num_global_batches(self.n_train, lay.i, tr.batch_size)
         self.counter = collectives.ByteCounter()
+        pipe = cfg.pipeline
+        self.grads = GradientSync(world_group, self.counter, stale=pipe.async_allreduce)
+        self.micro = micro_batches(pipe)  # None: auto, measured over the first iterations (``_profile``)
+        self.fit = None  # the eq. (12) fit of micro_batches=auto
+        self._profile_rows: list = []  # micro_batches=auto: per profiled batch, its read and eta data
+        self._profile_steps: list = []  # ... and the seconds of each profiled iteration
+        self._sampler_calls = None  # the sampler's call count after the last batch consumed (prefetch)
         self._resume = None  # (path, state) of train.resume, checked here and loaded by train()
         if cfg.train.resume:  # a refused resume leaves the run directory (maybe the checkpoint's own) as it was
             self._resume = checkpoint.check_resume(cfg)
@@ -158,6 +167,7 @@ class Run:
     def close(self) -> None:
         """Release the store (a daemon's client detaches and stops the daemon it started) and the
         process groups. ``train()`` closes; a ``Run`` never trained should be closed by its maker."""
+        self._stop_prefetch()
         if self.trainer is not None and self.backend != "local":  # a store made here (a caller's is the caller's)
             self.trainer.memory.close()
         if not self.alone and self._own_groups:
@@ -230,30 +240,37 @@ class Run:
                 epoch = self._begin_epoch(t // nb)
             if fault == t:  # tests: a real SIGKILL of this rank at a chosen iteration
                 os.kill(os.getpid(), signal.SIGKILL)
+            began = time.perf_counter()
             # read-ahead: the position this subgroup trains at iteration t + jj is read now, before
             # subgroup 0 writes it at the end of this iteration
             ahead = self._step(t + self.jj) if t + self.jj < self.iterations else None
             if ahead is not None and ahead.active:
                 mem.open_position(ahead.position, ahead.read_slot, ahead.reset_memory)
-                self.slots[ahead.read_slot] = tr.prepare(ahead.lo, ahead.hi, self._negatives(ahead))
+                self.slots[ahead.read_slot] = self._prepare(t, ahead)
                 if self.jj:  # this position's read is done; subgroup 0 writes it below
                     mem.close_position()
             now = self._step(t)
             loss = None
             if now.active and now.hi > now.lo:
                 out = tr.compute(self.slots.pop(now.read_slot), train=True, write=now.writes,
-                                 sync_gradients=self._average)
+                                 sync_gradients=self.grads)
                 loss = out.loss
                 self._add_loss(now.pass_index, out.loss * now.num_events, now.num_events)
                 trained += now.num_events
             else:  # an idle rank still joins the gradient exchange and applies the same update
                 self.slots.pop(now.read_slot, None)
                 tr.optimizer.zero_grad(set_to_none=True)
-                collectives.average_gradients(tr.model.parameters(), world_group, self.counter, active=False)
-                tr.optimizer.step()
+                if self.grads(tr.model.parameters(), active=False):
+                    tr.optimizer.step()
+            if t == self.iterations - 1 and self.grads.drain(tr.model.parameters()):
+                tr.optimizer.step()  # asynchronous all-reduce: the last gradient, still in flight, is applied too
             if self.jj == 0 and ahead is not None and ahead.active:
                 mem.close_position()  # subgroup 0 has written the position it read
             mem.exchange()  # the group's writes of this iteration, everywhere (depcache's all-gather)
+            if self.micro is None:
+                self._profile_steps.append(time.perf_counter() - began)
+                if t + 1 - self.start_iteration == cfg.pipeline.profile_iterations:
+                    self._choose_micro_batches()
             if on_iteration is not None:
                 on_iteration(t, loss)
             done += 1
@@ -261,6 +278,7 @@ class Run:
                 epoch.progress.update(now.num_events, loss=self._epoch_loss(epoch.index)[0])
                 epoch.ran += now.num_events
             if epoch is not None and (t + 1) % nb == 0:
+                self._stop_prefetch()  # (it had sampled to here) evaluation samples on this sampler too
                 self._end_epoch(epoch, t + 1)  # evaluates and saves
                 epoch = None
             elif every and (t + 1) % every == 0 and t + 1 < self.iterations:
@@ -279,8 +297,117 @@ class Run:
     def _negatives(self, s) -> np.ndarray:
         return self.trainer.negatives.keyed(3 + s.neg_set, s.lo, s.hi, 1)
 
-    def _average(self, params) -> None:
-        collectives.average_gradients(params, self.groups.get("world"), self.counter)
+    # ------------------------------------------------------------------------------------------
+    # Pipelining (``runtime.pipeline``)
+
+    def _prepare(self, t: int, s):
+        """The batch of step ``s`` (read ahead at iteration ``t``) sampled, organized and read:
+        one ``Prepared``, or one per micro-batch. Its sampling comes from the prefetch worker when
+        there is one; the memory read is always made here, in order with the writes."""
+        tr, n = self.trainer, self.micro or 1
+        if self.micro is None:  # auto: measuring, with one micro-batch, then two
+            n = 1 if t - self.start_iteration < self.cfg.pipeline.profile_iterations // 2 else 2
+        if self.cfg.pipeline.prefetch and self.micro is not None:
+            if self.prefetcher is None:
+                self._start_prefetch(t)
+            sampled, self._sampler_calls = self.prefetcher.get(t)
+            neg = self._negatives(s)
+        else:
+            sampled, neg = None, self._negatives(s)
+        if n == 1 and not isinstance(sampled, list):
+            started = (dict(tr.timer.seconds), time.perf_counter())
+            p = tr.prepare(s.lo, s.hi, neg, sampled=sampled)
+            if self.micro is None:
+                self._measure_rows(s, neg, started)
+            return p
+        return tr.prepare_micro(s.lo, s.hi, neg, n, sampled=sampled)
+
+    def _pipeline(self) -> dict:
+        """The pipelining this run used, for its summary (``micro_batches``: the n auto chose)."""
+        pipe = self.cfg.pipeline
+        fit = None if self.fit is None else {k: round(float(v), 6) for k, v in vars(self.fit).items()}
+        return {"prefetch": pipe.prefetch, "micro_batches": self.micro, "async_allreduce": pipe.async_allreduce,
+                "fit": fit}
+
+    def _start_prefetch(self, t: int) -> None:
+        """A worker sampling the batches this rank reads from iteration ``t`` on: to the end of the
+        epoch in a run of one process (evaluation, which samples too, follows it), else to the end."""
+        tr, n = self.trainer, self.micro or 1
+        end = (t // self.batches_per_epoch + 1) * self.batches_per_epoch if self.alone else self.iterations
+
+        def jobs():
+            for u in range(t, end):
+                s = self._step(u + self.jj) if u + self.jj < self.iterations else None
+                if s is not None and s.active:
+                    yield u, s
+
+        def make(s):
+            neg = self._negatives(s)
+            sampled = tr.sample(s.lo, s.hi, neg) if n == 1 else tr.sample_micro(s.lo, s.hi, neg, n)
+            return sampled, (tr.sampler.calls if tr.sampler is not None else 0)
+
+        self.prefetcher = Prefetcher(make, jobs(), self.cfg.pipeline.prefetch)
+
+    def _stop_prefetch(self) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.close()
+            self.prefetcher = None
+            if self._sampler_calls is not None and self.trainer.sampler is not None:
+                self.trainer.sampler.calls = self._sampler_calls  # as if nothing were sampled ahead
+            self._sampler_calls = None
+
+    def _measure_rows(self, s, neg, started) -> None:
+        """micro_batches=auto: eq. (22)'s data for this batch (rows to read per event in
+        micro-batches of 1/1, 1/2, 1/4 and 1/8 of it; sampled on a side stream, so training's
+        sampling is untouched) and the seconds its read took."""
+        tr = self.trainer
+        seconds, _ = started
+        read_s = tr.timer.seconds["memory_read"] - seconds.get("memory_read", 0.0)
+        b = s.hi - s.lo
+        points = []
+        with tr.side_stream(SIDE_STREAMS["replay"]):
+            for parts in (1, 2, 4, 8):
+                if b // parts < 1:
+                    break
+                rows = sum(int(tr.sample(a, c, neg[a - s.lo:c - s.lo]).ids.numel())
+                           for a, c in micro_bounds(s.lo, s.hi, parts))
+                points.append((b / parts, rows / b))
+        self._profile_rows.append({"read_s": read_s, "eta": points, "events": b})
+
+    def _choose_micro_batches(self) -> None:
+        """micro_batches=auto, after the profiled iterations: eq. (12) fitted on rank 0 from what
+        it measured (one micro-batch in the first half, two in the second), and its n used by every
+        rank from here on."""
+        tr, cfg = self.trainer, self.cfg
+        fit = None
+        if self.rank == 0:
+            half = cfg.pipeline.profile_iterations // 2
+            steps = self._profile_steps
+            one, two = steps[:half], steps[half:]
+            reads = [r for r in self._profile_rows if r["events"]]
+            sizes = [m for r in reads for m, _ in r["eta"]]
+            eta = [e for r in reads for _, e in r["eta"]]
+            if reads and len(set(sizes)) >= 2 and one and two:
+                dispatch = float(np.median([r["read_s"] for r in reads]))
+                total1, total2 = float(np.median(one)), float(np.median(two))  # (the first compiles kernels)
+                compute = max(total1 - dispatch, 1e-6)
+                link = collectives.current_link()
+                floor = (2 * link.latency if link is not None else 0.0) + 1e-4
+                overhead = max(total2 - total1 + min(compute, dispatch) / 2, floor)
+                fit = fit_granularity(sizes, eta, int(np.median([r["events"] for r in reads])), compute, dispatch,
+                                      overhead, cfg.pipeline.max_micro_batches)
+        if not self.alone:
+            fit = collectives.broadcast_object(fit, group=self.groups.get("world"), name="micro_batches",
+                                               counter=collectives.ByteCounter())
+        self.fit = fit
+        self.micro = fit.n if fit is not None else 1
+        if fit is None:
+            log.info("pipeline.micro_batches=auto: too little measured (empty batches?); using 1")
+        elif self.rank == 0:
+            log.info("pipeline.micro_batches=auto: n=%d from eq. (12) n = (A bs + B) / S with A=%.3f, B=%.1f, S=%.1f "
+                     "rows (measured per batch: compute %.1f ms, dispatch %.1f ms, %.2f ms per extra micro-batch; "
+                     "cost-model optimum %.2f)", fit.n, fit.A, fit.B, fit.S, 1e3 * fit.compute_s,
+                     1e3 * fit.dispatch_s, 1e3 * fit.overhead_s, fit.n_model)
 
     # ------------------------------------------------------------------------------------------
     # Epochs of a run of one process
@@ -402,7 +529,7 @@ class Run:
         """The run's summary from its metrics lines (rank 0)."""
         cfg, m = self.cfg, self.cfg.model
         out = {"run_dir": str(self.dir), "data": cfg.data.name, "model": model_tag(m.name, m.num_layers),
-               "parallel": str(self.layout), "memory_backend": self.backend, "epochs": 0,
+               "parallel": str(self.layout), "memory_backend": self.backend, "pipeline": self._pipeline(), "epochs": 0,
                "batch_size": cfg.train.batch_size, "lr": self.lr, "iterations": self.iterations}
         if not self.history:
             return out
@@ -433,11 +560,15 @@ class Run:
     def save(self, iteration: int) -> None:
         tr, d = self.trainer, self.ckpt_dir / f"it{iteration:08d}"
         world_group = self.groups.get("world")
-        slots = {slot: {"lo": p.lo, "hi": p.hi, "neg": torch.from_numpy(p.neg), "read": vars(p.read)}
-                 for slot, p in self.slots.items()}
+        def saved(p):  # a read still in flight (micro-batches) is waited for
+            return {"lo": p.lo, "hi": p.hi, "neg": torch.from_numpy(p.neg), "read": vars(collectives.resolve(p.read))}
+
+        slots = {slot: [saved(q) for q in p] if isinstance(p, list) else saved(p) for slot, p in self.slots.items()}
+        calls = self._sampler_calls if self._sampler_calls is not None else tr.sampler.calls if tr.sampler else 0
         checkpoint.atomic_save({"torch_rng": torch.get_rng_state(), "slots": slots, "losses": self.losses,
-                                "sampler_calls": tr.sampler.calls if tr.sampler is not None else 0},
+                                "sampler_calls": calls, "micro_batches": self.micro},
                                d / f"rank-{self.rank}.pt")
+        pending = self.grads.pending()  # asynchronous all-reduce: the averaged gradient not yet applied
         name, writes = tr.memory.checkpoint_part(self.ii, self.jj, self.kk)
         if writes:
             checkpoint.atomic_save(tr.memory.state_dict(), d / name)
@@ -449,6 +580,7 @@ class Run:
                                     "iteration": iteration, "epochs": self.cfg.train.epochs, "dir": d.name,
                                     "parts": [r for r, _ in files] + [m for _, m in files if m is not None],
                                     "model": tr.model.state_dict(), "optimizer": tr.optimizer.state_dict(),
+                                    "pending_gradients": pending,
                                     "history": [dict(h) for h in self.history]}, self.ckpt_path)
             for old in self.ckpt_dir.glob("it*"):
                 if old.name != d.name:
@@ -475,9 +607,15 @@ class Run:
         self.losses, self._passes = [], {}
         for g, loss_sum, events in mine["losses"]:
             self._add_loss(int(g), float(loss_sum), int(events))
-        self.slots = {int(slot): tr.prepare(v["lo"], v["hi"], v["neg"].numpy(),  # reads on the compute device
-                                            read=MemoryRead(**{k: t.to(tr.device) for k, t in v["read"].items()}))
+        def restored(v):  # reads on the compute device
+            return tr.prepare(v["lo"], v["hi"], v["neg"].numpy(),
+                              read=MemoryRead(**{k: t.to(tr.device) for k, t in v["read"].items()}))
+
+        self.slots = {int(slot): [restored(q) for q in v] if isinstance(v, list) else restored(v)
                       for slot, v in mine["slots"].items()}
+        if self.micro is None and mine.get("micro_batches") is not None:
+            self.micro = int(mine["micro_batches"])  # auto chose it before the checkpoint: not measured again
+        self.grads.restore(state.get("pending_gradients"), tr.device)
         self.history = [dict(h) for h in state["history"]]
         self.start_iteration = int(state["iteration"])
         log.info("resumed from %s at iteration %d of %d", path, self.start_iteration, self.iterations)

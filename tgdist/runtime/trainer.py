@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from tgdist.data.graph import Split, TemporalGraph
 from tgdist.data.sampler import NegativeSampler, TemporalSampler
+from tgdist.distributed import collectives
 from tgdist.kernels import graph as kernels
 from tgdist.kernels import jit
 from tgdist.memory.store import LocalMemory, MemoryStore
@@ -62,6 +63,31 @@ class Prepared:
     hops: list
     read: object
     neg: np.ndarray  # [hi - lo, num_neg]
+
+
+@dataclass
+class Sampled:
+    """A batch's roots after phases sample and features, before its memory read: what a prefetch
+    worker can build ahead of time (``Trainer.sample``), since it depends on the graph alone."""
+
+    lo: int
+    hi: int
+    ids: torch.Tensor
+    root_idx: torch.Tensor
+    hop_tables: list
+    hops: list
+
+
+def micro_bounds(lo: int, hi: int, n: int) -> list[tuple[int, int]]:
+    """Events ``[lo, hi)`` cut into ``n`` consecutive micro-batches of sizes differing by at most
+    one, the larger first (empty ones at the end when there are fewer events than ``n``)."""
+    size, extra = divmod(hi - lo, n)
+    out, a = [], lo
+    for m in range(n):
+        b = a + size + (m < extra)
+        out.append((a, b))
+        a = b
+    return out
 
 
 @dataclass
@@ -141,20 +167,44 @@ class Trainer:
         """One iteration over events ``[lo, hi)`` with negatives ``neg [hi - lo, num_neg]``."""
         return self.compute(self.prepare(lo, hi, neg), train, keep_emb=keep_emb, sync_gradients=sync_gradients)
 
-    def prepare(self, lo: int, hi: int, neg: np.ndarray, read=None) -> "Prepared":
+    def prepare(self, lo: int, hi: int, neg: np.ndarray, read=None, sampled: Sampled | None = None) -> "Prepared":
         """Phases sample, features and memory read: everything before the model runs. Parallel
         modes call it ahead of ``compute`` (epoch parallelism reads memory before the write of the
-        position it will train later)."""
-        g = self.g
-        num_neg = neg.shape[1]
-        # roots are [src (b) | dst (b) | neg column 0 (b) | neg column 1 (b) | ...]
-        roots = np.concatenate([g.src[lo:hi], g.dst[lo:hi], neg.T.reshape(-1)])
-        ids, root_idx, hop_tables, hops = self._sample_and_organize(roots, np.tile(g.t[lo:hi], 2 + num_neg))
+        position it will train later). ``sampled``: the batch's ``sample`` made earlier (a prefetch
+        worker's); ``read``: its memory read, restored from a checkpoint."""
+        s = sampled if sampled is not None else self.sample(lo, hi, neg)
         t2 = time.perf_counter()
         if read is None:  # a read restored from a checkpoint is used as it was
-            read = self.memory.read(ids)
+            read = self.memory.read(s.ids)
         self.timer.add("memory_read", time.perf_counter() - t2)
-        return Prepared(lo, hi, num_neg, ids, root_idx, hop_tables, hops, read, neg)
+        return Prepared(lo, hi, neg.shape[1], s.ids, s.root_idx, s.hop_tables, s.hops, read, neg)
+
+    def prepare_micro(self, lo: int, hi: int, neg: np.ndarray, n: int,
+                      sampled: list[Sampled] | None = None) -> list["Prepared"]:
+        """``prepare`` of the ``n`` micro-batches of ``[lo, hi)`` (``micro_bounds``), their reads
+        issued together before any of them trains (``MemoryStore.read_many``), so each reads the
+        memory the whole batch would read; a store that fetches rows over the network leaves them
+        in flight (``Prepared.read`` a ``Handle``) until ``compute`` needs them."""
+        bounds = micro_bounds(lo, hi, n)
+        samples = sampled if sampled is not None else self.sample_micro(lo, hi, neg, n)
+        t2 = time.perf_counter()
+        reads = self.memory.read_many([s.ids for s in samples])
+        self.timer.add("memory_read", time.perf_counter() - t2)
+        return [Prepared(a, b, neg.shape[1], s.ids, s.root_idx, s.hop_tables, s.hops, r, neg[a - lo:b - lo])
+                for (a, b), s, r in zip(bounds, samples, reads)]
+
+    def sample(self, lo: int, hi: int, neg: np.ndarray) -> Sampled:
+        """Phases sample and features of events ``[lo, hi)`` with negatives ``neg``: the roots
+        ``[src | dst | neg column 0 | neg column 1 | ...]``, their neighbours and the unique tables.
+        Reads the graph only, so it may run in another thread (prefetch)."""
+        g = self.g
+        num_neg = neg.shape[1]
+        roots = np.concatenate([g.src[lo:hi], g.dst[lo:hi], neg.T.reshape(-1)])
+        ids, root_idx, hop_tables, hops = self._sample_and_organize(roots, np.tile(g.t[lo:hi], 2 + num_neg))
+        return Sampled(lo, hi, ids, root_idx, hop_tables, hops)
+
+    def sample_micro(self, lo: int, hi: int, neg: np.ndarray, n: int) -> list[Sampled]:
+        return [self.sample(a, b, neg[a - lo:b - lo]) for a, b in micro_bounds(lo, hi, n)]
 
     def _sample_and_organize(self, roots: np.ndarray, root_t: np.ndarray):
         """Phases sample (the roots' neighbours before their times) and features (unique nodes
@@ -211,46 +261,82 @@ class Trainer:
         finally:
             model.train(training)
 
-    def compute(self, p: "Prepared", train: bool, keep_emb: bool = False, write: bool | None = None,
+    def compute(self, p: "Prepared | list[Prepared]", train: bool, keep_emb: bool = False, write: bool | None = None,
                 sync_gradients=None) -> BatchOutput:
         """Phases compute (update memory once per unique node, embed, score, learn) and memory
         write. ``write`` overrides ``writes_enabled`` (epoch-parallel subgroups other than the
         first do not write). ``sync_gradients(params)`` runs between backward and the optimizer
-        step (a parallel run's averaging over the replicas, ``collectives.average_gradients``)."""
+        step (a parallel run's averaging over the replicas); it returns False when no step is to
+        be taken now (the first iteration of asynchronous all-reduce), anything else steps.
+
+        ``p`` may be a batch's micro-batches (``prepare_micro``): each runs forward and backward
+        in turn with its loss weighted by its share of the events, so the gradients accumulate to
+        the whole batch's (up to float rounding) and one optimizer step follows; the memory write
+        is the whole batch's, from every micro-batch's updated memory, so memory and mails end as
+        with one batch. A micro-batch's read is resolved (its transfer waited for) only when it
+        trains, so the next ones' rows travel meanwhile."""
         model, dev, tm = self.model, self.device, self.timer
-        lo, hi, num_neg = p.lo, p.hi, p.num_neg
+        parts = p if isinstance(p, list) else [p]
+        lo, hi, num_neg = parts[0].lo, parts[-1].hi, parts[0].num_neg
         b = hi - lo
         t3 = time.perf_counter()
+        rows, rows_ts, hop1, pos_l, neg_l, src_l, dst_l = [], [], [], [], [], [], []
+        loss_value = 0.0
         with torch.set_grad_enabled(train):
-            upd = self.memory.update(p.read, model.updater)
-            h = model.node_repr(p.ids, upd, None if self.node_feat is None else self.node_feat[p.ids])
-            root_t_rel = torch.from_numpy(np.tile(self.t_rel[lo:hi], 2 + num_neg)).to(dev)
-            emb = model.embedding(EmbedInput(h, upd.mem_ts, p.root_idx, root_t_rel, p.hop_tables))
-            # split, not slices: the backward of slices zero-fills a full-size gradient per slice
-            h_src, rest = emb.split([b, emb.shape[0] - b])
-            h_dst = rest[:b]
-            # one call scores [dst | neg_0 | neg_1 ...] per source, so W_s h_src is computed once
-            logits = model.predictor(h_src, rest.view(1 + num_neg, b, -1).transpose(0, 1))
-            pos, negl = logits.split([1, num_neg], dim=1)
-            pos = pos.squeeze(1)
-            loss = (F.binary_cross_entropy_with_logits(pos, torch.ones_like(pos))
-                    + F.binary_cross_entropy_with_logits(negl, torch.zeros_like(negl)))
             if train:
                 self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                if sync_gradients is not None:
-                    sync_gradients(self.model.parameters())
+            for q in parts:
+                bq = q.hi - q.lo
+                upd = self.memory.update(collectives.resolve(q.read), model.updater)
+                if bq == 0:  # a micro-batch left without events: its update still runs (a store's may be a
+                    if train and upd.mem.requires_grad:  # collective, DepComm's), and so does its backward
+                        (upd.mem.sum() * 0).backward()
+                    continue
+                h = model.node_repr(q.ids, upd, None if self.node_feat is None else self.node_feat[q.ids])
+                root_t_rel = torch.from_numpy(np.tile(self.t_rel[q.lo:q.hi], 2 + num_neg)).to(dev)
+                emb = model.embedding(EmbedInput(h, upd.mem_ts, q.root_idx, root_t_rel, q.hop_tables))
+                # split, not slices: the backward of slices zero-fills a full-size gradient per slice
+                h_src, rest = emb.split([bq, emb.shape[0] - bq])
+                h_dst = rest[:bq]
+                # one call scores [dst | neg_0 | neg_1 ...] per source, so W_s h_src is computed once
+                logits = model.predictor(h_src, rest.view(1 + num_neg, bq, -1).transpose(0, 1))
+                pos, negl = logits.split([1, num_neg], dim=1)
+                pos = pos.squeeze(1)
+                loss = (F.binary_cross_entropy_with_logits(pos, torch.ones_like(pos))
+                        + F.binary_cross_entropy_with_logits(negl, torch.zeros_like(negl)))
+                if len(parts) > 1:  # the batch's mean loss is the micro-batches' means weighted by their events
+                    loss = loss * (bq / b)
+                if train:
+                    loss.backward()
+                loss_value += float(loss.detach())
+                pos_idx = q.root_idx[:2 * bq]  # the positive roots [src | dst]: what the write needs
+                rows.append(upd.mem.detach().index_select(0, pos_idx))
+                rows_ts.append(upd.mem_ts.index_select(0, pos_idx))
+                if q.hops:
+                    hop1.append((q.hops[0].nbr[:2 * bq], q.hops[0].mask[:2 * bq]))
+                pos_l.append(pos.detach())
+                neg_l.append(negl.detach())
+                if keep_emb:
+                    src_l.append(h_src.detach())
+                    dst_l.append(h_dst.detach())
+            if train and (sync_gradients is None or sync_gradients(self.model.parameters()) is not False):
                 self.optimizer.step()
         t4 = time.perf_counter()
         tm.add("compute", t4 - t3)
 
         # memory write: positive roots only, with values from this forward pass (detached)
-        if self.writes_enabled if write is None else write:
-            self.write_back(lo, hi, upd, p.root_idx[:2 * b], p.hops)
+        if (self.writes_enabled if write is None else write) and b > 0:
+            sizes = [q.hi - q.lo for q in parts if q.hi > q.lo]
+            mem_rows, ts_rows = _src_then_dst(rows, sizes), _src_then_dst(rows_ts, sizes)
+            nbr = mask = None
+            if hop1:
+                nbr = np.concatenate([n[:k] for (n, _), k in zip(hop1, sizes)] + [n[k:] for (n, _), k in zip(hop1, sizes)])
+                mask = np.concatenate([m[:k] for (_, m), k in zip(hop1, sizes)] + [m[k:] for (_, m), k in zip(hop1, sizes)])
+            self.write_back(lo, hi, mem_rows, ts_rows, nbr, mask)
         tm.add("memory_write", time.perf_counter() - t4)
-        out = BatchOutput(lo, hi, float(loss.detach()), pos.detach(), negl.detach())
+        out = BatchOutput(lo, hi, loss_value, _cat(pos_l), _cat(neg_l))
         if keep_emb:
-            out.h_src, out.h_dst = h_src.detach(), h_dst.detach()
+            out.h_src, out.h_dst = _cat(src_l), _cat(dst_l)
         return out
 
     def _seconds(self, dt: np.ndarray) -> np.ndarray:
@@ -278,32 +364,34 @@ class Trainer:
                          edge_index, edge_feat)
 
     @torch.no_grad()
-    def write_back(self, lo: int, hi: int, upd, pos_idx: torch.Tensor, hops) -> None:
+    def write_back(self, lo: int, hi: int, mem_rows: torch.Tensor, mem_ts: torch.Tensor, nbr: np.ndarray | None,
+                   mask: np.ndarray | None) -> None:
         """memory <- s' and mem_ts <- applied mail time for src/dst; new mail [s'_u || s'_v || e_uv]
-        at the event time; COMB = latest per node (DESIGN.md step 7)."""
+        at the event time; COMB = latest per node (DESIGN.md step 7). ``mem_rows [2b, mem_dim]``
+        and ``mem_ts [2b]``: the updated memory of the positive roots ``[src (b) | dst (b)]``;
+        ``nbr`` / ``mask [2b, fanout]``: their sampled hop-1 neighbours (APAN's mail recipients)."""
         g, dev = self.g, self.device
         b = hi - lo
         # Interleave as [src_0, dst_0, src_1, dst_1, ...] so "latest position" is "latest event".
-        inter = torch.stack([pos_idx[:b], pos_idx[b:]], 1).reshape(-1)  # unique-node indices
+        own = torch.stack([mem_rows[:b], mem_rows[b:]], 1).reshape(2 * b, -1)
+        other = torch.stack([mem_rows[b:], mem_rows[:b]], 1).reshape(2 * b, -1)
+        own_ts = torch.stack([mem_ts[:b], mem_ts[b:]], 1).reshape(-1)
         nodes_np = np.stack([g.src[lo:hi], g.dst[lo:hi]], 1).reshape(-1)
-        other = torch.stack([pos_idx[b:], pos_idx[:b]], 1).reshape(-1)
-        mem = upd.mem.detach()
         ts = torch.from_numpy(np.repeat(self.t_rel[lo:hi], 2)).to(dev)
 
         uniq, _, phi = kernels.organize(nodes_np)
         last = torch.from_numpy(phi).to(dev)
         node_ids = torch.from_numpy(uniq).to(dev)
-        uidx = inter.index_select(0, last)  # (index_select: 3-4x faster than x[idx] on CPU)
-        self.memory.write_memory(node_ids, mem.index_select(0, uidx), upd.mem_ts.index_select(0, uidx))
+        latest = own.index_select(0, last)  # (index_select: 3-4x faster than x[idx] on CPU)
+        self.memory.write_memory(node_ids, latest, own_ts.index_select(0, last))
         if not self.model.deliver_to_neighbors:  # only each node's latest mail is kept (COMB = latest)
-            self.memory.write_mail(node_ids, self._mails(mem, uidx, other.index_select(0, last), lo + last // 2),
+            self.memory.write_mail(node_ids, self._mails(latest, other.index_select(0, last), lo + last // 2),
                                    ts.index_select(0, last))
             return
-        mail = self._mails(mem, inter, other, torch.arange(lo, hi, device=dev).repeat_interleave(2))
+        mail = self._mails(own, other, torch.arange(lo, hi, device=dev).repeat_interleave(2))
         # APAN: each positive root's mail also goes to its sampled hop-1 neighbours.
-        h1 = hops[0]
-        nb = torch.from_numpy(h1.nbr[: 2 * b]).to(dev)
-        mk = torch.from_numpy(h1.mask[: 2 * b]).to(dev)
+        nb = torch.from_numpy(nbr).to(dev)
+        mk = torch.from_numpy(mask).to(dev)
         # hop rows follow roots order [src | dst]; map to interleaved positions 2*i (+1 for dst)
         pos_of_row = torch.cat([torch.arange(b) * 2, torch.arange(b) * 2 + 1]).to(dev)
         rows = pos_of_row.unsqueeze(1).expand_as(nb)[mk]
@@ -312,9 +400,9 @@ class Trainer:
         order = src_pos.to(torch.float64)  # positions are in event order already
         self.memory.deliver_mails(recip, order, self.model.mailbox_size, mail, ts, src_pos)
 
-    def _mails(self, mem: torch.Tensor, own: torch.Tensor, other: torch.Tensor, event: torch.Tensor) -> torch.Tensor:
-        """Mails ``[s'_own || s'_other || e_event]`` (rows of ``mem`` and event ids; DESIGN.md step 7)."""
-        parts = [mem.index_select(0, own), mem.index_select(0, other)]
+    def _mails(self, own: torch.Tensor, other: torch.Tensor, event: torch.Tensor) -> torch.Tensor:
+        """Mails ``[s'_own || s'_other || e_event]`` (memory rows, and event ids; DESIGN.md step 7)."""
+        parts = [own, other]
         if self.edge_feat is not None:
             parts.append(self.edge_feat.index_select(0, event))
         return torch.cat(parts, 1)
@@ -408,6 +496,17 @@ class Trainer:
             out = self.compute(self.prepare(lo, hi, neg[:, c:c + chunk]), train=False, write=None if last else False)
             scores.append(out.neg.cpu().numpy())
         return out.pos.cpu().numpy(), np.concatenate(scores, axis=1) if len(scores) > 1 else scores[0]
+
+
+def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts) if parts else torch.zeros(0)
+
+
+def _src_then_dst(parts: list[torch.Tensor], sizes: list[int]) -> torch.Tensor:
+    """Per micro-batch rows ``[src (b_m) | dst (b_m)]`` as the batch's ``[src (b) | dst (b)]``."""
+    if len(parts) == 1:
+        return parts[0]
+    return torch.cat([q[:k] for q, k in zip(parts, sizes)] + [q[k:] for q, k in zip(parts, sizes)])
 
 
 def adam(params, lr: float) -> torch.optim.Adam:
