@@ -64,6 +64,11 @@ class MemoryStore(nn.Module):
     def close_position(self) -> None:
         """This trainer is done with the open position: its reads, and its writes if it writes."""
 
+    def start_exchange(self) -> None:
+        """This iteration's writes are all made: a store may start sending them (asynchronously)
+        so that ``exchange`` finds them arrived. Every trainer of the group calls it at the same
+        point of the iteration, or none does; ``exchange`` alone does the whole exchange."""
+
     def exchange(self) -> None:
         """The end of an iteration: make this iteration's writes of the whole group visible."""
 

@@ -115,6 +115,7 @@ class PartitionedMemory(MemoryStore):
         self.alone = False  # after end_training: no group, ids are slots
         self._mem_writes: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self._mail_writes: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # one round per call
+        self._aggregation: collectives.Handle | None = None  # an aggregation issued, not yet applied
         self.link_rows = {phase: np.zeros(size, dtype=np.int64) for phase in ("dispatch", "aggregation")}
 
     # -- what it holds ----------------------------------------------------------------------
@@ -180,7 +181,7 @@ class PartitionedMemory(MemoryStore):
         alone, as on DepCache's replica; the others drop their shards."""
         if self.alone:
             return
-        if self._mem_writes or self._mail_writes:
+        if self._mem_writes or self._mail_writes or self._aggregation is not None:
             raise RuntimeError("end_training with writes not exchanged")
         flags = collectives.all_gather_object(bool(evaluates), self.group, name="end_training",
                                               counter=collectives.ByteCounter())
@@ -264,10 +265,10 @@ class PartitionedMemory(MemoryStore):
 
     deliver_mails = MemoryStore.deliver_mails  # in rounds of write_mail, as DepCache delivers them
 
-    def exchange(self) -> None:
-        """Aggregation: this iteration's writes of the group, each to its owner, applied there in
-        DepCache's order (group rank, then call): memory the latest per node, mails appended."""
-        if self.alone:
+    def start_exchange(self) -> None:
+        """Aggregation, issued: this iteration's writes leave for their owners while the trainer
+        computes on (its backward pass); ``exchange`` applies what arrived."""
+        if self.alone or self._aggregation is not None:
             return
         m, dev = self.maps.num_parts, self.shard.mem.device
         mem_ids, mem, mem_ts = _cat(self._mem_writes, (torch.long, torch.float32, torch.float64),
@@ -289,8 +290,17 @@ class PartitionedMemory(MemoryStore):
                  "mail_slot": mail_slot[lo].split(lc), "mail_round": rounds[lo].split(lc), "mail": mail[lo].split(lc),
                  "mail_ts": mail_ts[lo].split(lc)}
         self._count_links("aggregation", [a + b for a, b in zip(mc, lc)])
-        got = collectives.all_to_all_rows({k: list(v) for k, v in parts.items()}, self.group, name="aggregation",
-                                          counter=self.counter, index=("mem_slot", "mail_slot", "mail_round"))
+        self._aggregation = collectives.all_to_all_parts_async(
+            {k: list(v) for k, v in parts.items()}, self.group, name="aggregation", counter=self.counter,
+            index=("mem_slot", "mail_slot", "mail_round"))
+
+    def exchange(self) -> None:
+        """Aggregation: this iteration's writes of the group, each to its owner, applied there in
+        DepCache's order (group rank, then call): memory the latest per node, mails appended."""
+        if self.alone:
+            return
+        self.start_exchange()  # (unless the loop started it already)
+        got, self._aggregation = self._aggregation.wait(), None
         slots = torch.cat(got["mem_slot"])
         if slots.numel():  # a later group rank's row wins, as in DepCache's rank-order application
             keep = latest(slots)

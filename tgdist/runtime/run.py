@@ -253,13 +253,14 @@ class Run:
             loss = None
             if now.active and now.hi > now.lo:
                 out = tr.compute(self.slots.pop(now.read_slot), train=True, write=now.writes,
-                                 sync_gradients=self.grads)
+                                 sync_gradients=self.grads, written=mem.start_exchange)
                 loss = out.loss
                 self._add_loss(now.pass_index, out.loss * now.num_events, now.num_events)
                 trained += now.num_events
             else:  # an idle rank still joins the gradient exchange and applies the same update
                 self.slots.pop(now.read_slot, None)
                 tr.optimizer.zero_grad(set_to_none=True)
+                mem.start_exchange()  # where the active trainers start it: before the gradients
                 if self.grads(tr.model.parameters(), active=False):
                     tr.optimizer.step()
             if t == self.iterations - 1 and self.grads.drain(tr.model.parameters()):

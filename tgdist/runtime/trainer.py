@@ -262,12 +262,16 @@ class Trainer:
             model.train(training)
 
     def compute(self, p: "Prepared | list[Prepared]", train: bool, keep_emb: bool = False, write: bool | None = None,
-                sync_gradients=None) -> BatchOutput:
+                sync_gradients=None, written=None) -> BatchOutput:
         """Phases compute (update memory once per unique node, embed, score, learn) and memory
         write. ``write`` overrides ``writes_enabled`` (epoch-parallel subgroups other than the
         first do not write). ``sync_gradients(params)`` runs between backward and the optimizer
         step (a parallel run's averaging over the replicas); it returns False when no step is to
         be taken now (the first iteration of asynchronous all-reduce), anything else steps.
+
+        The memory write needs the forward pass only, so it is made before the (last) backward
+        pass, and ``written()`` is called after it: a parallel run starts sending the writes
+        there (``MemoryStore.start_exchange``), which then travel during the backward pass.
 
         ``p`` may be a batch's micro-batches (``prepare_micro``): each runs forward and backward
         in turn with its loss weighted by its share of the events, so the gradients accumulate to
@@ -281,16 +285,19 @@ class Trainer:
         b = hi - lo
         t3 = time.perf_counter()
         rows, rows_ts, hop1, pos_l, neg_l, src_l, dst_l = [], [], [], [], [], [], []
-        loss_value = 0.0
+        loss_value, pending, wrote = 0.0, None, 0.0
         with torch.set_grad_enabled(train):
             if train:
                 self.optimizer.zero_grad(set_to_none=True)
             for q in parts:
+                if pending is not None:  # the previous micro-batch's backward
+                    pending.backward()
+                    pending = None
                 bq = q.hi - q.lo
                 upd = self.memory.update(collectives.resolve(q.read), model.updater)
                 if bq == 0:  # a micro-batch left without events: its update still runs (a store's may be a
                     if train and upd.mem.requires_grad:  # collective, DepComm's), and so does its backward
-                        (upd.mem.sum() * 0).backward()
+                        pending = upd.mem.sum() * 0
                     continue
                 h = model.node_repr(q.ids, upd, None if self.node_feat is None else self.node_feat[q.ids])
                 root_t_rel = torch.from_numpy(np.tile(self.t_rel[q.lo:q.hi], 2 + num_neg)).to(dev)
@@ -307,7 +314,7 @@ class Trainer:
                 if len(parts) > 1:  # the batch's mean loss is the micro-batches' means weighted by their events
                     loss = loss * (bq / b)
                 if train:
-                    loss.backward()
+                    pending = loss
                 loss_value += float(loss.detach())
                 pos_idx = q.root_idx[:2 * bq]  # the positive roots [src | dst]: what the write needs
                 rows.append(upd.mem.detach().index_select(0, pos_idx))
@@ -319,21 +326,27 @@ class Trainer:
                 if keep_emb:
                     src_l.append(h_src.detach())
                     dst_l.append(h_dst.detach())
+            # memory write: positive roots only, with values from this forward pass (detached)
+            w0 = time.perf_counter()
+            if (self.writes_enabled if write is None else write) and b > 0:
+                sizes = [q.hi - q.lo for q in parts if q.hi > q.lo]
+                mem_rows, ts_rows = _src_then_dst(rows, sizes), _src_then_dst(rows_ts, sizes)
+                nbr = mask = None
+                if hop1:
+                    nbr = np.concatenate([n[:k] for (n, _), k in zip(hop1, sizes)]
+                                         + [n[k:] for (n, _), k in zip(hop1, sizes)])
+                    mask = np.concatenate([m[:k] for (_, m), k in zip(hop1, sizes)]
+                                          + [m[k:] for (_, m), k in zip(hop1, sizes)])
+                self.write_back(lo, hi, mem_rows, ts_rows, nbr, mask)
+            if written is not None:
+                written()
+            wrote = time.perf_counter() - w0
+            if pending is not None:
+                pending.backward()
             if train and (sync_gradients is None or sync_gradients(self.model.parameters()) is not False):
                 self.optimizer.step()
-        t4 = time.perf_counter()
-        tm.add("compute", t4 - t3)
-
-        # memory write: positive roots only, with values from this forward pass (detached)
-        if (self.writes_enabled if write is None else write) and b > 0:
-            sizes = [q.hi - q.lo for q in parts if q.hi > q.lo]
-            mem_rows, ts_rows = _src_then_dst(rows, sizes), _src_then_dst(rows_ts, sizes)
-            nbr = mask = None
-            if hop1:
-                nbr = np.concatenate([n[:k] for (n, _), k in zip(hop1, sizes)] + [n[k:] for (n, _), k in zip(hop1, sizes)])
-                mask = np.concatenate([m[:k] for (_, m), k in zip(hop1, sizes)] + [m[k:] for (_, m), k in zip(hop1, sizes)])
-            self.write_back(lo, hi, mem_rows, ts_rows, nbr, mask)
-        tm.add("memory_write", time.perf_counter() - t4)
+        tm.add("compute", time.perf_counter() - t3 - wrote)
+        tm.add("memory_write", wrote)
         out = BatchOutput(lo, hi, loss_value, _cat(pos_l), _cat(neg_l))
         if keep_emb:
             out.h_src, out.h_dst = _cat(src_l), _cat(dst_l)
