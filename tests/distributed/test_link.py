@@ -194,6 +194,26 @@ def _checks(rank: int) -> dict:
     # the same without computation in between: the full modelled time
     out["async_wait_at_once_s"], _ = _timed(lambda: C.all_reduce_mean_async([y], name="async", counter=c).wait())
 
+    # two asynchronous all-reduces issued together share the rank's one link: the second is through
+    # no earlier than both delays after the issue (queued, not each on a link of its own)
+    def two_at_once():
+        first = C.all_reduce_mean_async([x], name="queued", counter=c)
+        second = C.all_reduce_mean_async([x.clone()], name="queued", counter=c)
+        first.wait()
+        out["queued_first_s"] = time.perf_counter() - began[0]
+        return second.wait()
+
+    began = [0.0]
+    dist.barrier()
+    began[0] = time.perf_counter()
+    two_at_once()
+    out["queued_both_s"] = time.perf_counter() - began[0]
+    # a parts exchange (the counts now, the rows asynchronously) arrives as the synchronous one does
+    parts = {"a": [torch.full((q + rank + 1, 2), float(10 * rank + q)) for q in range(2)],
+             "b": [torch.arange(q + rank + 1) + 100 * rank for q in range(2)]}
+    out["parts_async"] = {k: [t.tolist() for t in v] for k, v in C.all_to_all_parts_async(parts, name="pa", counter=c).wait().items()}
+    out["parts_sync"] = {k: [t.tolist() for t in v] for k, v in C.all_to_all_rows(parts, name="ps", counter=c).items()}
+
     # all-to-all of rows: rank 0 sends 1 row to itself and 2 to rank 1; rank 1 sends 3 to rank 0, none to itself
     counts = [1, 2] if rank == 0 else [3, 0]
     rows = [torch.arange(n * 3, dtype=torch.float64).view(n, 3) + 100 * rank + 10 * q for q, n in enumerate(counts)]
@@ -277,6 +297,15 @@ def test_an_asynchronous_collective_overlaps_computation():
         assert modelled <= got["async_wait_at_once_s"] < modelled + 1.5, rank  # nothing to overlap: the whole delay
         assert got["counter"]["async"] == {"calls": 2, "bytes_sent": 1_200_000, "bytes_received": 1_200_000,
                                            "modelled_seconds": pytest.approx(2 * modelled)}
+
+
+@pytest.mark.distributed
+def test_collectives_in_flight_together_queue_on_the_ranks_link():
+    one = link_seconds("all_reduce", 200_000, 2, LINK)
+    for rank, got in _run().items():
+        assert one <= got["queued_first_s"] < one + 1.0, rank
+        assert 2 * one <= got["queued_both_s"] < 2 * one + 1.5, rank  # not about one: the link is shared
+        assert got["parts_async"] == got["parts_sync"] and len(got["parts_sync"]["a"]) == 2
 
 
 @pytest.mark.distributed

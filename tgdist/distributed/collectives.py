@@ -125,18 +125,31 @@ def _charge(issued: float, kind: str, group, name: str, counter: ByteCounter, se
     issue time plus ``link_seconds`` for the larger of what this rank sent and received."""
     seconds = link_seconds(kind, max(sent, received), group_size(group), _link)
     counter.add(name, sent=sent, received=received, seconds=seconds if _link is not None else None)
-    return _occupy(issued, seconds)
+    return _occupy(issued, seconds, name)
 
 
-def _occupy(issued: float, seconds: float) -> float:
+def _occupy(issued: float, seconds: float, name: str = "") -> float:
     """The time at which a transfer of ``seconds`` issued at ``issued`` is through: one link per
     rank, so a transfer starts when the ones issued before it are through (asynchronous collectives
     in flight together queue, as on one network card, instead of each getting the whole link)."""
     global _link_free
     if seconds <= 0:
         return issued
-    _link_free = max(issued, _link_free) + seconds
+    start = max(issued, _link_free)
+    _link_free = start + seconds
+    if _link_spans is not None:
+        _link_spans.append((name, start, _link_free))
     return _link_free
+
+
+_link_spans: list | None = None
+
+
+def trace_link(spans: list | None) -> None:
+    """Record ``(name, start, end)`` of every modelled transfer on this rank's link into ``spans``
+    (``time.perf_counter`` times; timelines), or stop recording (None)."""
+    global _link_spans
+    _link_spans = spans
 
 
 def _sleep_until(deadline: float) -> None:
@@ -500,7 +513,7 @@ def _count_parts(issued: float, kind: str, group, counter: ByteCounter, name: st
     for entry, s, r in entries:
         share = rows_s * max(s, r) / max(sent, received) if max(sent, received) else 0.0
         counter.add(entry, sent=s, received=r, seconds=share if priced else None)
-    return _occupy(issued, sizes_s + rows_s)
+    return _occupy(issued, sizes_s + rows_s, name)
 
 
 def all_to_all_rows(parts: dict[str, Sequence[torch.Tensor]], group=None, name: str = "all_to_all_rows",

@@ -103,25 +103,37 @@ class GradientSync:
     """Gradient averaging over ``group`` before each optimizer step: at once (``stale=False``,
     ``collectives.average_gradients``), or with staleness one (Sven eq. (13)).
 
-    Stale: ``__call__`` issues the all-reduce of this iteration's gradients and puts the previous
-    iteration's averages, which travelled while this one computed, in the parameters' ``.grad``;
-    the first call has none and returns False (no step: w_1 = w_0). ``drain`` applies the last
-    one when training ends, so every gradient computed is applied once. ``pending()`` (a
-    checkpoint) waits for the one in flight and returns it; ``restore`` puts it back."""
+    Stale: ``__call__`` keeps this iteration's gradients and puts the previous iteration's
+    averages in the parameters' ``.grad``; the first call has none and returns False (no step:
+    w_1 = w_0). The kept gradients' all-reduce is issued by ``issue()``, which the loop calls at
+    the start of the next iteration's computation, after that iteration's memory reads have gone
+    out: the reduction then travels while the forward and backward passes run, instead of queueing
+    before the reads on the rank's link. ``drain`` applies the last gradients when training ends,
+    so every gradient computed is applied once. ``pending()`` (a checkpoint) returns the averages
+    not yet applied; ``restore`` puts them back."""
 
     def __init__(self, group=None, counter: collectives.ByteCounter | None = None, stale: bool = False):
         self.group, self.counter, self.stale = group, counter, stale
-        self._pending: collectives.Handle | None = None
+        self._kept: tuple[list[torch.Tensor], bool] | None = None  # gradients not yet sent, and active
+        self._sent: collectives.Handle | None = None
+
+    def issue(self) -> None:
+        """Send the kept gradients (every rank at the same point of its iteration)."""
+        if self._kept is not None:
+            grads, active = self._kept
+            self._kept = None
+            self._sent = collectives.all_reduce_mean_async(grads, self.group, name="gradients", counter=self.counter,
+                                                           active=active)
 
     def __call__(self, params, active: bool = True) -> bool:
         params = list(params)
         if not self.stale:
             collectives.average_gradients(params, self.group, self.counter, active=active)
             return True
-        grads = [p.grad.detach().clone() if active and p.grad is not None else torch.zeros_like(p) for p in params]
-        issued = collectives.all_reduce_mean_async(grads, self.group, name="gradients", counter=self.counter,
-                                                   active=active)
-        previous, self._pending = self._pending, issued
+        self.issue()  # (the loop issued them already; a caller that does not, here)
+        previous, self._sent = self._sent, None
+        self._kept = ([p.grad.detach().clone() if active and p.grad is not None else torch.zeros_like(p)
+                       for p in params], active)
         if previous is None:
             return False
         for p, g in zip(params, previous.wait()):
@@ -129,19 +141,22 @@ class GradientSync:
         return True
 
     def drain(self, params) -> bool:
-        """Put the gradient still in flight in ``.grad`` (True: step now), or False when none is."""
-        if self._pending is None:
+        """Put the last gradients' averages in ``.grad`` (True: step now), or False when none are."""
+        self.issue()
+        if self._sent is None:
             return False
-        for p, g in zip(list(params), self._pending.wait()):
+        for p, g in zip(list(params), self._sent.wait()):
             p.grad = g
-        self._pending = None
+        self._sent = None
         return True
 
     def pending(self) -> list[torch.Tensor] | None:
-        return None if self._pending is None else [g.detach().cpu() for g in self._pending.wait()]
+        self.issue()
+        return None if self._sent is None else [g.detach().cpu() for g in self._sent.wait()]
 
     def restore(self, grads: Sequence[torch.Tensor] | None, device) -> None:
-        self._pending = None if grads is None else collectives.Handle.completed([g.to(device) for g in grads])
+        self._kept = None
+        self._sent = None if grads is None else collectives.Handle.completed([g.to(device) for g in grads])
 
 
 # ----------------------------------------------------------------------------------------------

@@ -52,7 +52,7 @@ from tgdist.runtime import checkpoint, rundir
 from tgdist.runtime.build import build_trainer, micro_batches, validate
 from tgdist.runtime.distributed import (cpu_share, fault_injection, memory_backend, model_digest, rank_logging,
                                         shared_settings)
-from tgdist.runtime.pipeline import GradientSync, Prefetcher, fit_granularity
+from tgdist.runtime.pipeline import GradientSync, Prefetcher, fit_eta, fit_granularity
 from tgdist.runtime.tasks import downstream_alone, pretrain_static
 from tgdist.runtime.trainer import SIDE_STREAMS, Progress, StageTimer, Trainer, micro_bounds
 
@@ -251,6 +251,7 @@ class Run:
                     mem.close_position()
             now = self._step(t)
             loss = None
+            self.grads.issue()  # asynchronous all-reduce: the last iteration's, now that the reads are out
             if now.active and now.hi > now.lo:
                 out = tr.compute(self.slots.pop(now.read_slot), train=True, write=now.writes,
                                  sync_gradients=self.grads, written=mem.start_exchange)
@@ -389,14 +390,18 @@ class Run:
             sizes = [m for r in reads for m, _ in r["eta"]]
             eta = [e for r in reads for _, e in r["eta"]]
             if reads and len(set(sizes)) >= 2 and one and two:
-                dispatch = float(np.median([r["read_s"] for r in reads]))
-                total1, total2 = float(np.median(one)), float(np.median(two))  # (the first compiles kernels)
+                # the least of each: on a shared machine noise only ever adds time (the first compiles kernels)
+                dispatch = float(np.min([r["read_s"] for r in reads]))
+                total1, total2 = float(np.min(one)), float(np.min(two))
                 compute = max(total1 - dispatch, 1e-6)
+                bs = int(np.median([r["events"] for r in reads]))
+                A, B = fit_eta(sizes, eta)
+                # what one more micro-batch surely costs: the latencies of its reads' collectives (slots,
+                # counts and rows) and its B rows that another micro-batch also reads (eq. (22)'s offset)
                 link = collectives.current_link()
-                floor = (2 * link.latency if link is not None else 0.0) + 1e-4
-                overhead = max(total2 - total1 + min(compute, dispatch) / 2, floor)
-                fit = fit_granularity(sizes, eta, int(np.median([r["events"] for r in reads])), compute, dispatch,
-                                      overhead, cfg.pipeline.max_micro_batches)
+                floor = (3 * link.latency if link is not None else 0.0) + max(B, 0.0) * dispatch / max(A * bs + B, 1.0)
+                overhead = max(total2 - total1 + min(compute, dispatch) / 2, floor, 1e-4)
+                fit = fit_granularity(sizes, eta, bs, compute, dispatch, overhead, cfg.pipeline.max_micro_batches)
         if not self.alone:
             fit = collectives.broadcast_object(fit, group=self.groups.get("world"), name="micro_batches",
                                                counter=collectives.ByteCounter())

@@ -10,6 +10,7 @@ import contextlib
 import logging
 import math
 import sys
+import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -95,9 +96,14 @@ class StageTimer:
     """Accumulated seconds per stage (MSPipe Table 1 style breakdown)."""
 
     seconds: dict = field(default_factory=lambda: defaultdict(float))
+    # a list to record ``(stage, thread, start, end)`` of every interval in (timelines); None: not
+    spans: list | None = None
 
     def add(self, stage: str, dt: float) -> None:
         self.seconds[stage] += dt
+        if self.spans is not None:
+            now = time.perf_counter()
+            self.spans.append((stage, threading.current_thread().name, now - dt, now))
 
     def table(self, events: int) -> str:
         total = sum(self.seconds.values()) or 1e-12

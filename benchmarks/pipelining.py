@@ -1,0 +1,322 @@
+"""Sven's hierarchical pipelining (issue 25): epoch time and accuracy of each level on the sven backend.
+
+    python benchmarks/pipelining.py                          # both sections, both data sets, M = 2 and 4
+    python benchmarks/pipelining.py --sections speed --data collegemsg --trainers 2 --timeline timeline.png
+
+Every number is a real parallel run: one ``torchrun`` per (data, M) (gloo on CPU, one torch thread
+per rank), this script as each rank (``--worker``), where the configurations are trained one after
+the other in the same processes, each a ``tgdist.runtime.run.Run`` with ``memory.backend=sven``,
+mini-batch parallelism M x 1 x 1, after a short warm-up run (imports, numba compiles).
+
+- ``speed``: the cumulative ladder no pipelining, + prefetch (``pipeline.prefetch=2``),
+  + micro-batches (``pipeline.micro_batches=auto``), + asynchronous all-reduce, under each
+  simulated link (``parallel.link``: a model of a network, the alpha-beta cost of each collective,
+  not a measurement of one). Epoch time is the slowest rank's training loop (evaluation apart).
+  Besides the presets ``eth10`` and ``ib100`` the ladder runs on a link 100x slower than ``eth10``
+  (``100mbps:50us``): these CPU ranks compute about 100x slower than a GPU, so that link keeps
+  communication about as large as computation, the regime Sven's pipelining is for.
+- ``accuracy``: at equal traversed events (same epochs), test AP of no pipelining, each level alone
+  (micro-batches at a fixed n = 4, since without a link ``auto`` measures no dispatch to hide and
+  keeps one) and all three together; no link (accuracy does not depend on it).
+
+- ``single``: one process (``tgdist.train.train``, as ``tgdist train`` runs it), Wikipedia, TGN,
+  ``pipeline.prefetch=0`` and ``2`` alternating (``--repeats`` pairs, one epoch each): training events/s
+  from each run's summary (one-time kernel compiling left out).
+
+``--timeline PNG`` draws a few iterations of rank 0 without and with all three levels on the slow
+link: the main thread's stages, the prefetch thread's sampling and the transfers on the link.
+Prints one JSON object on stdout, progress on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from common import at_least, emit, machine, note, run_main
+
+SECTIONS = ("speed", "accuracy", "single")
+SLOW_LINK = "100mbps:50us"
+LADDER = {"none": [], "+prefetch": ["pipeline.prefetch=2"],
+          "+micro-batches": ["pipeline.prefetch=2", "pipeline.micro_batches=auto"],
+          "+async all-reduce": ["pipeline.prefetch=2", "pipeline.micro_batches=auto", "pipeline.async_allreduce=true"]}
+ALONE = {"none": [], "prefetch": ["pipeline.prefetch=2"], "micro-batches (n=4)": ["pipeline.micro_batches=4"],
+         "async all-reduce": ["pipeline.async_allreduce=true"],
+         "all three": ["pipeline.prefetch=2", "pipeline.micro_batches=4", "pipeline.async_allreduce=true"]}
+TIMELINE_WINDOW = (8, 11)  # iterations drawn: after auto's 6 profiled ones (pipeline.profile_iterations)
+
+
+# ------------------------------------------------------------------------------------------------
+# One rank (under torchrun)
+
+
+def one_run(spec: list[str], base: list[str], groups, rank: int, trace: bool) -> dict:
+    import shutil
+
+    from tgdist.distributed import collectives
+    from tgdist.runtime.build import build_trainer, compose
+    from tgdist.runtime.run import Run
+
+    cfg = compose([*base, *spec])
+    run_dir = tempfile.mkdtemp(prefix="tgdist-pipebench-") if rank == 0 else None
+    driver = Run(cfg, run_dir, trainer=build_trainer(cfg, progress=False), groups=groups)
+    tr, store = driver.trainer, driver.trainer.memory
+    rec = {"spec": spec, "iterations": 0}
+    stamps, spans, link_spans = [], [], []
+    if trace:
+        tr.timer.spans = spans
+        collectives.trace_link(link_spans)
+    end_training = store.end_training
+
+    def ended(evaluates):  # the training loop is over; evaluation (rank 0) is not timed
+        rec["train_seconds"] = time.perf_counter() - rec.pop("_start")
+        rec["stage_seconds"] = {k: round(v, 4) for k, v in tr.timer.seconds.items()}
+        rec["counters"] = driver.counter.as_dict()
+        collectives.trace_link(None)
+        end_training(evaluates)
+
+    def tick(t, loss):
+        rec["iterations"] += 1
+        stamps.append(time.perf_counter())
+
+    store.end_training = ended
+    try:
+        rec["_start"] = time.perf_counter()
+        summary = driver.train(on_iteration=tick)
+    finally:
+        collectives.trace_link(None)
+        if run_dir is not None:
+            shutil.rmtree(run_dir, ignore_errors=True)
+    rec["test_ap"] = summary.get("test_ap")
+    rec["pipeline"] = summary.get("pipeline")
+    if trace:
+        lo, hi = TIMELINE_WINDOW
+        t0, t1 = stamps[lo - 1], stamps[hi - 1]
+        keep = lambda a, b: b > t0 and a < t1  # noqa: E731
+        rec["timeline"] = {"start": t0, "end": t1, "iterations": [s - t0 for s in stamps[lo - 1:hi]],
+                           "stages": [(n, th, a - t0, b - t0) for n, th, a, b in spans if keep(a, b)],
+                           "link": [(n, a - t0, b - t0) for n, a, b in link_spans if keep(a, b)]}
+    return rec
+
+
+def worker(out: str, specs: list[list[str]], traced: list[bool], base: list[str]) -> None:
+    from tgdist.distributed import collectives
+    from tgdist.distributed.schedule import Layout
+    from tgdist.distributed.world import ProcessGroups, detect
+    from tgdist.runtime.build import compose
+
+    world = detect()
+    cfg = compose(base)
+    groups = ProcessGroups.init(world, Layout(cfg.parallel.i, cfg.parallel.j, cfg.parallel.k))
+    try:
+        result = [one_run(spec, base, groups, world.rank, trace and world.rank == 0)
+                  for spec, trace in zip(specs, traced)]
+        Path(f"{out}.{world.rank}").write_text(json.dumps(result))
+        collectives.barrier(groups.get("world"), name="shutdown")
+    finally:
+        groups.destroy()
+
+
+# ------------------------------------------------------------------------------------------------
+# The parent
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(nproc: int, specs: list[list[str]], traced: list[bool], base: list[str], timeout: float) -> list[list[dict]]:
+    """One torchrun of ``nproc`` ranks training ``specs`` in turn; per spec, per rank, its record."""
+    from tgdist.errors import RunFailure
+
+    with tempfile.TemporaryDirectory(prefix="tgdist-pipebench-") as d:
+        out = f"{d}/rank"
+        plan = Path(d) / "plan.json"
+        plan.write_text(json.dumps({"specs": specs, "traced": traced}))
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--rdzv-backend",
+               "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", __file__, "--worker", out, str(plan), *base]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"}, check=False)
+        except subprocess.TimeoutExpired:
+            raise RunFailure(f"{nproc} ranks: no result within {timeout:.0f} s") from None
+        if r.returncode:
+            lines = [ln for ln in r.stderr.strip().splitlines() if "Error" in ln or "error:" in ln]
+            raise RunFailure(f"{nproc} ranks failed (exit {r.returncode}): " + " | ".join(lines[-3:]))
+        ranks = [json.loads(Path(f"{out}.{k}").read_text()) for k in range(nproc)]
+    return [[ranks[k][i] for k in range(nproc)] for i in range(len(specs))]
+
+
+def base_overrides(args, data: str, m: int, epochs: int) -> list[str]:
+    out = [f"data={data}", f"model={args.model}", "memory.backend=sven", f"parallel.i={m}", "parallel.j=1",
+           "parallel.k=1", f"train.epochs={epochs}", f"train.batch_size={args.global_batch // m}",
+           "train.num_threads=1", "sampler.num_threads=1", "train.progress=false", "train.num_neg_eval=1"]
+    if args.max_events.get(data):
+        out.append(f"data.max_events={args.max_events[data]}")
+    return out
+
+
+def modelled(ranks: list[dict]) -> dict:
+    """Modelled link seconds per phase, the slowest rank's."""
+    phases: dict[str, float] = {}
+    for r in ranks:
+        per: dict[str, float] = {}
+        for k, v in r["counters"].items():
+            per[k.split(".")[0]] = per.get(k.split(".")[0], 0.0) + v.get("modelled_seconds", 0.0)
+        for k, v in per.items():
+            phases[k] = max(phases.get(k, 0.0), v)
+    return {k: round(v, 3) for k, v in phases.items() if v}
+
+
+def section_speed(args) -> tuple[list[dict], dict]:
+    rows, timelines = [], {}
+    for data in args.data:
+        for m in args.trainers:
+            specs, names, traced = [["train.stop_after_batches=3"]], [None], [False]  # warm-up
+            for link in args.links:
+                for name, over in LADDER.items():
+                    specs.append([*over, f"parallel.link={link}"])
+                    names.append((link, name))
+                    traced.append(bool(args.timeline) and link == SLOW_LINK and name in ("none", "+async all-reduce")
+                                  and data == args.data[0] and m == args.trainers[0])
+            note(f"speed: {data} M={m}: {len(specs) - 1} runs")
+            runs = launch(m, specs, traced, base_overrides(args, data, m, 1), args.timeout)
+            base = {}
+            for (link, name), ranks, tr in zip(names[1:], runs[1:], traced[1:]):
+                sec = max(r["train_seconds"] for r in ranks)
+                base.setdefault(link, sec)
+                phases = modelled(ranks)
+                stages = {k: round(max(r["stage_seconds"].get(k, 0.0) for r in ranks), 3)
+                          for k in ("sample", "features", "memory_read", "compute", "memory_write")}
+                rows.append({"data": data, "M": m, "link": link, "config": name, "epoch_seconds": round(sec, 3),
+                             "vs_none": round(sec / base[link], 3), "test_ap": ranks[0]["test_ap"],
+                             "micro_batches": (ranks[0]["pipeline"] or {}).get("micro_batches"),
+                             "fit": (ranks[0]["pipeline"] or {}).get("fit"),
+                             "modelled_link_seconds": phases, "modelled_link_total": round(sum(phases.values()), 3),
+                             "stage_seconds_max_rank": stages})
+                if tr:
+                    timelines[name] = ranks[0]["timeline"]
+                note(f"  {data} M={m} {link:>12} {name:<18} {sec:7.2f} s  x{rows[-1]['vs_none']:.3f}  "
+                     f"link {rows[-1]['modelled_link_total']:.2f} s  n={rows[-1]['micro_batches']}")
+    return rows, timelines
+
+
+def section_accuracy(args) -> list[dict]:
+    rows = []
+    for data in args.data:
+        for m in args.trainers:
+            specs = [["train.stop_after_batches=3"], *ALONE.values()]
+            note(f"accuracy: {data} M={m}: {len(ALONE)} runs of {args.epochs} epochs")
+            runs = launch(m, specs, [False] * len(specs), base_overrides(args, data, m, args.epochs), args.timeout)
+            ap0 = runs[1][0]["test_ap"]
+            for name, ranks in zip(ALONE, runs[1:]):
+                ap = ranks[0]["test_ap"]
+                rows.append({"data": data, "M": m, "config": name, "epochs": args.epochs, "test_ap": ap,
+                             "delta_points": round(100 * (ap - ap0), 3), "within_half_point": abs(ap - ap0) <= 0.005,
+                             "epoch_seconds": round(max(r["train_seconds"] for r in ranks) / args.epochs, 3)})
+                note(f"  {data} M={m} {name:<20} test AP {ap:.4f} ({rows[-1]['delta_points']:+.2f} points)")
+    return rows
+
+
+def section_single(args) -> list[dict]:
+    from tgdist.train import train
+
+    rows = []
+    for rep in range(args.repeats):
+        for q in (0, 2):
+            with tempfile.TemporaryDirectory(prefix="tgdist-pipebench-") as d:
+                over = ["data=wikipedia", f"model={args.model}", "train.epochs=1", "train.progress=false",
+                        "train.num_neg_eval=1", f"pipeline.prefetch={q}"]
+                if args.single_events:
+                    over.append(f"data.max_events={args.single_events}")
+                s = train(over, f"{d}/run")
+            rows.append({"repeat": rep, "prefetch": q, "train_events_per_s": s["train_events_per_s"],
+                         "test_ap": s["test_ap"]})
+            note(f"  single process, prefetch={q}: {s['train_events_per_s']:,.0f} events/s, test AP {s['test_ap']:.4f}")
+    return rows
+
+
+def draw_timeline(timelines: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = {"sample": "#8fbc8f", "features": "#2e8b57", "memory_read": "#4682b4", "compute": "#f4a460",
+              "memory_write": "#cd5c5c", "dispatch": "#4682b4", "aggregation": "#cd5c5c", "gradients": "#9370db"}
+    fig, axes = plt.subplots(len(timelines), 1, figsize=(12, 2.2 * len(timelines) + 0.6), squeeze=False)
+    for ax, (name, tl) in zip(axes[:, 0], timelines.items()):
+        lanes = {"main": 2, "tgdist-prefetch": 1, "link": 0}
+        for stage, thread, a, b in tl["stages"]:
+            lane = lanes.get("main" if thread == "MainThread" else thread, 1)
+            ax.broken_barh([(a, b - a)], (lane - 0.4, 0.8), color=colors.get(stage, "gray"))
+        for phase, a, b in tl["link"]:
+            ax.broken_barh([(a, b - a)], (-0.4, 0.8), color=colors.get(phase.split(".")[0], "lightgray"))
+        for s in tl["iterations"]:
+            ax.axvline(s, color="black", lw=0.6, ls=":")
+        ax.set_yticks([0, 1, 2], ["link (modelled)", "prefetch thread", "main thread"])
+        ax.set_xlim(0, tl["end"] - tl["start"])
+        ax.set_title(f"{name}: iterations {TIMELINE_WINDOW[0]}-{TIMELINE_WINDOW[1] - 1} of rank 0", fontsize=10)
+    axes[-1, 0].set_xlabel("seconds")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in colors.values()]
+    fig.legend(handles, list(colors), loc="lower center", ncol=len(colors), fontsize=8)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.savefig(path, dpi=110)
+    note(f"timeline written to {path}")
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        plan = json.loads(Path(sys.argv[3]).read_text())
+        worker(sys.argv[2], plan["specs"], plan["traced"], sys.argv[4:])
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
+    ap.add_argument("--data", nargs="+", choices=("collegemsg", "wikipedia"), default=["collegemsg", "wikipedia"])
+    ap.add_argument("--model", choices=("tgn", "jodie", "apan"), default="tgn")
+    ap.add_argument("--trainers", nargs="+", type=at_least(2), default=[2, 4])
+    ap.add_argument("--links", nargs="+", default=["eth10", "ib100", SLOW_LINK])
+    ap.add_argument("--global-batch", type=at_least(8), default=1600, help="events per iteration over the M trainers")
+    ap.add_argument("--epochs", type=at_least(1), default=3, help="epochs of the accuracy section")
+    ap.add_argument("--collegemsg-events", type=at_least(0), default=0, help="data.max_events (0: all)")
+    ap.add_argument("--wikipedia-events", type=at_least(0), default=60_000, help="data.max_events (0: all)")
+    ap.add_argument("--repeats", type=at_least(1), default=2, help="pairs of runs of the single section")
+    ap.add_argument("--single-events", type=at_least(0), default=0, help="data.max_events of the single section")
+    ap.add_argument("--timeline", default=None, help="PNG of a few iterations without and with pipelining")
+    ap.add_argument("--timeout", type=at_least(1.0, float), default=1800.0, help="seconds per launch")
+    args = ap.parse_args()
+    args.max_events = {"collegemsg": args.collegemsg_events, "wikipedia": args.wikipedia_events}
+    if args.global_batch % max(args.trainers):
+        ap.error(f"--global-batch {args.global_batch} is not a multiple of every trainer count")
+    from tgdist.distributed.link import parse_link
+    for link in args.links:
+        parse_link(link)  # a bad one is named before anything runs
+    started = time.perf_counter()
+    result = {"benchmark": "pipelining", "machine": machine(),
+              "setup": f"sven backend, {args.model}, mini-batch parallelism M x 1 x 1 under torchrun (gloo, CPU, 1 "
+                       f"thread per rank); global batch {args.global_batch}; max_events {args.max_events} (0: all); "
+                       f"links are a model (latency + bytes / bandwidth per collective, one link per rank)"}
+    if "speed" in args.sections:
+        result["speed"], timelines = section_speed(args)
+        if args.timeline and timelines:
+            draw_timeline(timelines, args.timeline)
+    if "accuracy" in args.sections:
+        result["accuracy"] = section_accuracy(args)
+    if "single" in args.sections:
+        result["single"] = section_single(args)
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    emit(result)
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main)
