@@ -133,10 +133,11 @@ class Run:
         self.counter = collectives.ByteCounter()
         pipe = cfg.pipeline
         self.grads = GradientSync(world_group, self.counter, stale=pipe.async_allreduce)
-        self.micro = micro_batches(pipe)  # None: auto, measured over the first iterations (``_profile``)
+        self.micro = micro_batches(pipe)  # None: auto, measured over the first iterations (``_choose_micro_batches``)
         self.fit = None  # the eq. (12) fit of micro_batches=auto
         self._profile_rows: list = []  # micro_batches=auto: per profiled batch, its read and eta data
         self._profile_steps: list = []  # ... and the seconds of each profiled iteration
+        self._measuring = 0.0  # seconds of this iteration spent measuring, not training
         self._sampler_calls = None  # the sampler's call count after the last batch consumed (prefetch)
         self._resume = None  # (path, state) of train.resume, checked here and loaded by train()
         if cfg.train.resume:  # a refused resume leaves the run directory (maybe the checkpoint's own) as it was
@@ -270,7 +271,8 @@ class Run:
                 mem.close_position()  # subgroup 0 has written the position it read
             mem.exchange()  # the group's writes of this iteration, everywhere (depcache's all-gather)
             if self.micro is None:
-                self._profile_steps.append(time.perf_counter() - began)
+                self._profile_steps.append(time.perf_counter() - began - self._measuring)
+                self._measuring = 0.0
                 if t + 1 - self.start_iteration == cfg.pipeline.profile_iterations:
                     self._choose_micro_batches()
             if on_iteration is not None:
@@ -305,24 +307,23 @@ class Run:
     def _prepare(self, t: int, s):
         """The batch of step ``s`` (read ahead at iteration ``t``) sampled, organized and read:
         one ``Prepared``, or one per micro-batch. Its sampling comes from the prefetch worker when
-        there is one; the memory read is always made here, in order with the writes."""
-        tr, n = self.trainer, self.micro or 1
+        there is one (from the end of auto's measured iterations on); the memory read is always
+        made here, in order with the writes."""
+        tr, n, neg = self.trainer, self.micro or 1, self._negatives(s)
         if self.micro is None:  # auto: measuring, with one micro-batch, then two
             n = 1 if t - self.start_iteration < self.cfg.pipeline.profile_iterations // 2 else 2
+        sampled = None
         if self.cfg.pipeline.prefetch and self.micro is not None:
             if self.prefetcher is None:
                 self._start_prefetch(t)
             sampled, self._sampler_calls = self.prefetcher.get(t)
-            neg = self._negatives(s)
-        else:
-            sampled, neg = None, self._negatives(s)
-        if n == 1 and not isinstance(sampled, list):
-            started = (dict(tr.timer.seconds), time.perf_counter())
-            p = tr.prepare(s.lo, s.hi, neg, sampled=sampled)
-            if self.micro is None:
-                self._measure_rows(s, neg, started)
-            return p
-        return tr.prepare_micro(s.lo, s.hi, neg, n, sampled=sampled)
+        if n > 1:
+            return tr.prepare_micro(s.lo, s.hi, neg, n, sampled=sampled)
+        read_before = tr.timer.seconds["memory_read"]
+        p = tr.prepare(s.lo, s.hi, neg, sampled=sampled)
+        if self.micro is None:
+            self._measure_rows(s, neg, tr.timer.seconds["memory_read"] - read_before)
+        return p
 
     def _pipeline(self) -> dict:
         """The pipelining this run used, for its summary (``micro_batches``: the n auto chose)."""
@@ -358,13 +359,13 @@ class Run:
                 self.trainer.sampler.calls = self._sampler_calls  # as if nothing were sampled ahead
             self._sampler_calls = None
 
-    def _measure_rows(self, s, neg, started) -> None:
+    def _measure_rows(self, s, neg, read_s: float) -> None:
         """micro_batches=auto: eq. (22)'s data for this batch (rows to read per event in
         micro-batches of 1/1, 1/2, 1/4 and 1/8 of it; sampled on a side stream, so training's
-        sampling is untouched) and the seconds its read took."""
+        sampling is untouched) and the seconds its read took. The sampling here is not the
+        iteration's: its time is left out of the iteration's (``_measuring``)."""
         tr = self.trainer
-        seconds, _ = started
-        read_s = tr.timer.seconds["memory_read"] - seconds.get("memory_read", 0.0)
+        began = time.perf_counter()
         b = s.hi - s.lo
         points = []
         with tr.side_stream(SIDE_STREAMS["replay"]):
@@ -375,12 +376,13 @@ class Run:
                            for a, c in micro_bounds(s.lo, s.hi, parts))
                 points.append((b / parts, rows / b))
         self._profile_rows.append({"read_s": read_s, "eta": points, "events": b})
+        self._measuring += time.perf_counter() - began
 
     def _choose_micro_batches(self) -> None:
         """micro_batches=auto, after the profiled iterations: eq. (12) fitted on rank 0 from what
         it measured (one micro-batch in the first half, two in the second), and its n used by every
         rank from here on."""
-        tr, cfg = self.trainer, self.cfg
+        cfg = self.cfg
         fit = None
         if self.rank == 0:
             half = cfg.pipeline.profile_iterations // 2
