@@ -179,52 +179,80 @@ def modelled(ranks: list[dict]) -> dict:
 
 
 def section_speed(args) -> tuple[list[dict], dict]:
+    """The ladder under each link, each configuration ``--speed-repeats`` times in rotation (ABCD ABCD)
+    within one launch; its epoch time is the least of its repeats (load on a shared machine only
+    ever adds time)."""
     rows, timelines = [], {}
     for data in args.data:
         for m in args.trainers:
             specs, names, traced = [["train.stop_after_batches=3"]], [None], [False]  # warm-up
-            for link in args.links:
-                for name, over in LADDER.items():
-                    specs.append([*over, f"parallel.link={link}"])
-                    names.append((link, name))
-                    traced.append(bool(args.timeline) and link == SLOW_LINK and name in ("none", "+async all-reduce")
-                                  and data == args.data[0] and m == args.trainers[0])
+            for rep in range(args.speed_repeats):
+                for link in args.links:
+                    for name, over in LADDER.items():
+                        specs.append([*over, f"parallel.link={link}"])
+                        names.append((link, name))
+                        traced.append(bool(args.timeline) and rep == 0 and link == SLOW_LINK
+                                      and name in ("none", "+async all-reduce")
+                                      and data == args.data[0] and m == args.trainers[0])
             note(f"speed: {data} M={m}: {len(specs) - 1} runs")
             runs = launch(m, specs, traced, base_overrides(args, data, m, 1), args.timeout)
-            base = {}
-            for (link, name), ranks, tr in zip(names[1:], runs[1:], traced[1:]):
-                sec = max(r["train_seconds"] for r in ranks)
-                base.setdefault(link, sec)
-                phases = modelled(ranks)
-                stages = {k: round(max(r["stage_seconds"].get(k, 0.0) for r in ranks), 3)
-                          for k in ("sample", "features", "memory_read", "compute", "memory_write")}
-                rows.append({"data": data, "M": m, "link": link, "config": name, "epoch_seconds": round(sec, 3),
-                             "vs_none": round(sec / base[link], 3), "test_ap": ranks[0]["test_ap"],
-                             "micro_batches": (ranks[0]["pipeline"] or {}).get("micro_batches"),
-                             "fit": (ranks[0]["pipeline"] or {}).get("fit"),
-                             "modelled_link_seconds": phases, "modelled_link_total": round(sum(phases.values()), 3),
-                             "stage_seconds_max_rank": stages})
+            got: dict = {}
+            for key, ranks, tr in zip(names[1:], runs[1:], traced[1:]):
+                got.setdefault(key, []).append(ranks)
                 if tr:
-                    timelines[name] = ranks[0]["timeline"]
-                note(f"  {data} M={m} {link:>12} {name:<18} {sec:7.2f} s  x{rows[-1]['vs_none']:.3f}  "
-                     f"link {rows[-1]['modelled_link_total']:.2f} s  n={rows[-1]['micro_batches']}")
+                    timelines[key[1]] = ranks[0]["timeline"]
+            for link in args.links:
+                base = min(max(r["train_seconds"] for r in ranks) for ranks in got[(link, "none")])
+                for name in LADDER:
+                    reps = got[(link, name)]
+                    secs = [max(r["train_seconds"] for r in ranks) for ranks in reps]
+                    ranks = reps[secs.index(min(secs))]
+                    sec = min(secs)
+                    phases = modelled(ranks)
+                    stages = {k: round(max(r["stage_seconds"].get(k, 0.0) for r in ranks), 3)
+                              for k in ("sample", "features", "memory_read", "compute", "memory_write")}
+                    rows.append({"data": data, "M": m, "link": link, "config": name, "epoch_seconds": round(sec, 3),
+                                 "epoch_seconds_repeats": [round(x, 3) for x in secs],
+                                 "vs_none": round(sec / base, 3), "test_ap": ranks[0]["test_ap"],
+                                 "micro_batches": [(r[0]["pipeline"] or {}).get("micro_batches") for r in reps],
+                                 "fit": (ranks[0]["pipeline"] or {}).get("fit"),
+                                 "modelled_link_seconds": phases, "modelled_link_total": round(sum(phases.values()), 3),
+                                 "stage_seconds_max_rank": stages})
+                    note(f"  {data} M={m} {link:>12} {name:<18} {sec:7.2f} s  x{rows[-1]['vs_none']:.3f}  "
+                         f"link {rows[-1]['modelled_link_total']:.2f} s  n={rows[-1]['micro_batches']}")
     return rows, timelines
 
 
 def section_accuracy(args) -> list[dict]:
+    """Each configuration with ``--seeds`` seeds (``train.seed``); the delta is of the means, and
+    the seeds' spread of no pipelining says how large a delta noise alone makes."""
+    import statistics
+
     rows = []
     for data in args.data:
         for m in args.trainers:
-            specs = [["train.stop_after_batches=3"], *ALONE.values()]
-            note(f"accuracy: {data} M={m}: {len(ALONE)} runs of {args.epochs} epochs")
+            specs, names = [["train.stop_after_batches=3"]], [None]
+            for seed in range(args.seeds):
+                for name, over in ALONE.items():
+                    specs.append([*over, f"train.seed={seed}"])
+                    names.append(name)
+            note(f"accuracy: {data} M={m}: {len(specs) - 1} runs of {args.epochs} epochs")
             runs = launch(m, specs, [False] * len(specs), base_overrides(args, data, m, args.epochs), args.timeout)
-            ap0 = runs[1][0]["test_ap"]
-            for name, ranks in zip(ALONE, runs[1:]):
-                ap = ranks[0]["test_ap"]
-                rows.append({"data": data, "M": m, "config": name, "epochs": args.epochs, "test_ap": ap,
+            aps: dict = {}
+            secs: dict = {}
+            for name, ranks in zip(names[1:], runs[1:]):
+                aps.setdefault(name, []).append(ranks[0]["test_ap"])
+                secs.setdefault(name, []).append(max(r["train_seconds"] for r in ranks) / args.epochs)
+            ap0 = statistics.mean(aps["none"])
+            for name in ALONE:
+                ap = statistics.mean(aps[name])
+                rows.append({"data": data, "M": m, "config": name, "epochs": args.epochs, "seeds": args.seeds,
+                             "test_ap_mean": ap, "test_ap_per_seed": aps[name],
+                             "test_ap_std": statistics.stdev(aps[name]) if len(aps[name]) > 1 else None,
                              "delta_points": round(100 * (ap - ap0), 3), "within_half_point": abs(ap - ap0) <= 0.005,
-                             "epoch_seconds": round(max(r["train_seconds"] for r in ranks) / args.epochs, 3)})
-                note(f"  {data} M={m} {name:<20} test AP {ap:.4f} ({rows[-1]['delta_points']:+.2f} points)")
+                             "epoch_seconds": round(min(secs[name]), 3)})
+                note(f"  {data} M={m} {name:<20} test AP {ap:.4f} ({rows[-1]['delta_points']:+.2f} points; "
+                     f"seeds {', '.join(f'{x:.4f}' for x in aps[name])})")
     return rows
 
 
@@ -289,6 +317,8 @@ def main() -> int:
     ap.add_argument("--epochs", type=at_least(1), default=3, help="epochs of the accuracy section")
     ap.add_argument("--collegemsg-events", type=at_least(0), default=0, help="data.max_events (0: all)")
     ap.add_argument("--wikipedia-events", type=at_least(0), default=60_000, help="data.max_events (0: all)")
+    ap.add_argument("--seeds", type=at_least(1), default=3, help="seeds of the accuracy section")
+    ap.add_argument("--speed-repeats", type=at_least(1), default=2, help="runs of each speed configuration")
     ap.add_argument("--repeats", type=at_least(1), default=2, help="pairs of runs of the single section")
     ap.add_argument("--single-events", type=at_least(0), default=0, help="data.max_events of the single section")
     ap.add_argument("--timeline", default=None, help="PNG of a few iterations without and with pipelining")

@@ -308,3 +308,22 @@ def test_bad_pipeline_settings_are_refused_in_one_line(bad, message):
     from tgdist.runtime.build import compose, validate
     with pytest.raises(ConfigError, match=message):
         validate(compose(SMALL + [bad]))
+
+
+def test_ctrl_c_during_a_prefetching_run_leaves_no_thread(tmp_path):
+    """Ctrl-C (KeyboardInterrupt in the loop) while the worker samples ahead: the run closes, the
+    worker is stopped and joined."""
+    from tgdist.runtime.build import compose
+    from tgdist.runtime.run import Run
+
+    before = threading.active_count()
+    r = Run(compose(SMALL + ["train.epochs=2", "pipeline.prefetch=4", f"run_dir={tmp_path / 'r'}"]), tmp_path / "r")
+
+    def interrupt(t, loss):
+        if t == 3:
+            assert r.prefetcher is not None and r.prefetcher.alive
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        r.train(on_iteration=interrupt)
+    assert r.prefetcher is None and threading.active_count() == before
