@@ -314,6 +314,8 @@ class Run:
         res = {"epoch": epoch.index, "loss": loss, "train_events": events, "train_seconds": el,
                "compile_seconds": compiled, "events_per_s": epoch.ran / max(el - compiled, 1e-9)}
         train_stages = StageTimer(dict(tr.timer.seconds))  # before evaluation adds to it
+        if tr.cache is not None:  # hits, expansions avoided, admissions and evictions of the epoch
+            res["cache"] = tr.cache.take_stats()
         res.update(tr.evaluate("val"))
         if cfg.train.test_every_epoch or epoch.index == cfg.train.epochs - 1:
             res.update(tr.evaluate("test"))

@@ -24,6 +24,7 @@ from tgdist.kernels import graph as kernels
 from tgdist.kernels import jit
 from tgdist.memory.store import LocalMemory, MemoryStore
 from tgdist.models.modules import EmbedInput, HopTables, TemporalModel
+from tgdist.runtime.cache import EmbeddingCache
 from tgdist.runtime.metrics import average_precision, reciprocal_ranks, roc_auc
 
 log = logging.getLogger(__name__)
@@ -114,8 +115,9 @@ class Trainer:
     def __init__(self, graph: TemporalGraph, split: Split, model: TemporalModel, memory: MemoryStore,
                  sampler: TemporalSampler | None, negatives: NegativeSampler, *, batch_size: int = 200,
                  lr: float = 1e-4, num_neg_eval: int = 49, device: str = "cpu", progress: bool = True,
-                 num_threads: int = 0, units_per_second: float = 1.0):
+                 num_threads: int = 0, units_per_second: float = 1.0, cache: EmbeddingCache | None = None):
         self.g, self.split, self.model, self.memory = graph, split, model, memory
+        self.cache = cache  # FreshGNN's historical embedding cache, consulted by training steps only
         self.sampler, self.negatives = sampler, negatives
         self.batch_size, self.num_neg_eval = batch_size, num_neg_eval
         self.device = torch.device(device)
@@ -225,7 +227,8 @@ class Trainer:
             upd = self.memory.update(p.read, model.updater)
             h = model.node_repr(p.ids, upd, None if self.node_feat is None else self.node_feat[p.ids])
             root_t_rel = torch.from_numpy(np.tile(self.t_rel[lo:hi], 2 + num_neg)).to(dev)
-            emb = model.embedding(EmbedInput(h, upd.mem_ts, p.root_idx, root_t_rel, p.hop_tables))
+            inner = self.cache.lookup(p.hops, lo) if self.cache is not None and train else None
+            emb = model.embedding(EmbedInput(h, upd.mem_ts, p.root_idx, root_t_rel, p.hop_tables, inner))
             # split, not slices: the backward of slices zero-fills a full-size gradient per slice
             h_src, rest = emb.split([b, emb.shape[0] - b])
             h_dst = rest[:b]
@@ -238,6 +241,8 @@ class Trainer:
             if train:
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
+                if inner is not None:  # admission by gradient, eviction (FreshGNN 4.1)
+                    self.cache.admit(inner)
                 if sync_gradients is not None:
                     sync_gradients(self.model.parameters())
                 self.optimizer.step()
