@@ -50,7 +50,8 @@ class CacheStats:
     iterations: int = 0
     rows: int = 0  # hop-1 slots holding a neighbour: inner embeddings the model needs
     hit_rows: int = 0  # of them served from the cache: hop-2 rows not expanded
-    nbrs_avoided: int = 0  # sampled hop-2 neighbours of the served rows, not attended over
+    nbrs: int = 0  # sampled hop-2 neighbours (the hop-2 expansion without a cache)
+    nbrs_avoided: int = 0  # of them, those of the served rows: not attended over
     pairs: int = 0  # distinct (node, event) pairs
     hit_pairs: int = 0
     admitted: int = 0
@@ -171,6 +172,7 @@ class EmbeddingCache:
         st.hit_rows += int(row_hit.sum())
         st.evicted_stale += stale.shape[0]
         if len(hops) > 1:
+            st.nbrs += int(hops[1].mask.sum())
             st.nbrs_avoided += int(hops[1].mask[valid[row_hit]].sum())
 
         def t(a):
