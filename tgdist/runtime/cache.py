@@ -257,6 +257,13 @@ class EmbeddingCache:
         return out
 
 
+def cache_totals(stats: list[dict]) -> dict:
+    """The sum of several ``take_stats`` results (a parallel run's trainers), the hit rate of the sum."""
+    out = {k: sum(s[k] for s in stats) for k in stats[0] if k != "hit_rate"}
+    out["hit_rate"] = out["hit_rows"] / out["rows"] if out["rows"] else 0.0
+    return out
+
+
 def default_size(p_grad: float, t_stale: int, rows_per_batch: int, num_events: int) -> int:
     """The most rows ``t_stale`` iterations can admit (``p_grad`` of ``rows_per_batch`` each), at
     most one per (node, event) pair: the ring then never overwrites an entry young enough to serve."""
