@@ -64,7 +64,7 @@ def one_run(args, data: str, seed: int, setting: str) -> dict:
            "test_mrr": epochs[-1].get("test_mrr"), "val_ap": epochs[-1].get("val_ap")}
     caches = [ln["cache"] for ln in epochs if "cache" in ln]
     if caches:
-        tot = {k: sum(c[k] for c in caches) for k in ("rows", "hit_rows", "nbrs", "nbrs_avoided", "pairs", "hit_pairs",
+        tot = {k: sum(c[k] for c in caches) for k in ("slots", "computed", "rows", "hit_rows", "nbrs", "nbrs_avoided", "pairs", "hit_pairs",
                                                       "admitted", "evicted_gradient", "evicted_stale", "overwritten")}
         tot["hit_rate"] = tot["hit_rows"] / max(tot["rows"], 1)
         tot["hit_rate_per_epoch"] = [round(c["hit_rate"], 4) for c in caches]
@@ -140,6 +140,8 @@ def main() -> int:
             row["test_ap_change_points"] = 100 * (row["test_ap"] - float(np.mean([r["test_ap"] for r in base])))
             if "cache" in rs[0]:
                 row["hit_rate"] = float(np.mean([r["cache"]["hit_rate"] for r in rs]))
+                row["layer1_rows_computed_share"] = float(np.mean([r["cache"]["computed"] / r["cache"]["slots"]
+                                                                   for r in rs]))
                 row["hop2_rows_avoided_per_step"] = float(np.mean([r["cache"]["hit_rows"] / r["steps"] for r in rs]))
                 row["hop2_nbrs_avoided_share"] = float(np.mean([r["cache"]["nbrs_avoided"] / max(r["cache"]["nbrs"], 1)
                                                                 for r in rs]))

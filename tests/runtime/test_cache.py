@@ -118,6 +118,8 @@ def test_a_pair_filling_several_slots_is_computed_once_when_shared():
     cache = EmbeddingCache(SRC, DIM, p_grad=1.0, t_stale=10, size=8, share=True)
     batch = cache.lookup([hop([(0, 0), (1, 1), (0, 0)], k=4)], lo=0)
     assert batch.compute_rows.tolist() == [1, 2]  # one slot per pair (its last), none for the empty slot
+    st = cache.take_stats()
+    assert (st["slots"], st["rows"], st["computed"], st["pairs"]) == (4, 3, 2, 2)
     emb = batch.combine(torch.tensor([[1.0, 1.0], [2.0, 2.0]]))
     assert emb.tolist() == [[2.0, 2.0], [1.0, 1.0], [2.0, 2.0], [0.0, 0.0]]
 

@@ -48,6 +48,8 @@ class CacheStats:
     """Counters since the last ``take_stats``. Rows are hop-1 slots (``[num_roots * K1]``)."""
 
     iterations: int = 0
+    slots: int = 0  # hop-1 slots, empty ones included: the rows layer 1 computes without a cache
+    computed: int = 0  # rows layer 1 computed (fewer than slots: served, shared or empty slots skipped)
     rows: int = 0  # hop-1 slots holding a neighbour: inner embeddings the model needs
     hit_rows: int = 0  # of them served from the cache: hop-2 rows not expanded
     nbrs: int = 0  # sampled hop-2 neighbours (the hop-2 expansion without a cache)
@@ -124,7 +126,8 @@ class EmbeddingCache:
         self.p_grad, self.t_stale, self.size = float(p_grad), int(t_stale), int(size)
         self.share = bool(share)  # a pair's embedding computed once per batch, shared by its slots
         self.device = torch.device(device)
-        self.id_map = np.full(2 * self.src.shape[0], -1, dtype=np.int64)  # pair key -> table row, -1: absent
+        # pair key -> table row, -1: absent (int32 while the table fits: 8 bytes per event)
+        self.id_map = np.full(2 * self.src.shape[0], -1, dtype=np.int32 if self.size < 2**31 else np.int64)
         self.table = torch.zeros(self.size, dim, device=self.device)
         self.row_key = np.full(self.size, -1, dtype=np.int64)  # the pair a row holds, -1: none
         self.row_iteration = np.zeros(self.size, dtype=np.int64)  # when it was admitted
@@ -166,6 +169,7 @@ class EmbeddingCache:
         hit_values = self.table.index_select(0, torch.from_numpy(row[fresh]).to(dev)).requires_grad_(True)
         row_hit = hit[pair_of_row]
         st = self.stats
+        st.slots += num_rows
         st.rows += valid.shape[0]
         st.pairs += num_pairs
         st.hit_pairs += fresh.shape[0]
@@ -188,9 +192,11 @@ class EmbeddingCache:
             compute = np.flatnonzero(~served)
             grad_rows = valid[miss]
         else:  # nothing served: exactly the uncached computation
+            st.computed += num_rows
             pos = valid[miss]
             return CachedBatch(lo, num_rows, valid, pair_of_row, uniq, hit, hit_values, None, None, pos,
                                pair_of_row[miss], valid[last])
+        st.computed += compute.shape[0]
         grad_pos = np.searchsorted(compute, grad_rows)
         grad_pair = pair_of_row[miss] if not self.share else pair_of_row[np.searchsorted(valid, grad_rows)]
         value_pos = np.zeros(num_pairs, dtype=np.int64)
