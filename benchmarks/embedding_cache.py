@@ -12,7 +12,8 @@ This machine is shared, so epoch times of separate runs carry other processes' l
 same batches in turn, and reports the median over steps of the uncached step time divided by each
 setting's: load that comes and goes hits every setting alike.
 
-    python benchmarks/embedding_cache.py --data wikipedia collegemsg --max-events 20000 --seeds 0 1 2
+    python benchmarks/embedding_cache.py --data wikipedia collegemsg --max-events 12000 --epochs 1
+    python benchmarks/embedding_cache.py --no-runs --max-events 50000 --paired-warmup 60 --paired-steps 80
 """
 
 from __future__ import annotations
@@ -111,7 +112,8 @@ def main() -> int:
     ap.add_argument("--num-neg-eval", type=at_least(1), default=9, help="MRR's negatives")
     ap.add_argument("--threads", type=at_least(1), default=1)
     ap.add_argument("--paired-steps", type=at_least(0), default=60, help="0: no paired section")
-    ap.add_argument("--paired-warmup", type=at_least(0), default=20)
+    ap.add_argument("--paired-warmup", type=at_least(0), default=20, help="untimed steps first (the cache fills)")
+    ap.add_argument("--no-runs", action="store_true", help="the paired section only")
     args = ap.parse_args()
     for s in args.settings:
         try:
@@ -124,13 +126,13 @@ def main() -> int:
         compose(base_overrides(args, data, 0))
     result = {"machine": machine(), "args": vars(args), "runs": [], "paired": {}}
     for data in args.data:
-        for seed in args.seeds:
+        for seed in [] if args.no_runs else args.seeds:
             for setting in args.settings:  # interleaved, so slow spells of the machine spread over settings
                 result["runs"].append(one_run(args, data, seed, setting))
         if args.paired_steps:
             result["paired"][data] = paired(args, data, args.settings)
     summary = {}
-    for data in args.data:
+    for data in [] if args.no_runs else args.data:
         base = [r for r in result["runs"] if r["data"] == data and r["setting"] == "off"]
         for setting in args.settings:
             rs = [r for r in result["runs"] if r["data"] == data and r["setting"] == setting]

@@ -277,10 +277,15 @@ class HopTables:
     edge_feat: torch.Tensor | None = None
 
     def select(self, rows: torch.Tensor) -> "HopTables":
-        """The hop restricted to ``rows`` (the per-value tables are shared)."""
-        return HopTables(self.nbr.index_select(0, rows), self.mask.index_select(0, rows),
-                         self.dt_index.index_select(0, rows), self.dt_values,
-                         None if self.edge_index is None else self.edge_index.index_select(0, rows), self.edge_feat)
+        """The hop restricted to ``rows``, its time-gap and event tables cut to the entries those
+        rows use (the time encoding runs once per table entry, forward and backward)."""
+        dt_used, dt_index = torch.unique(self.dt_index.index_select(0, rows), return_inverse=True)
+        edge_index = edge_feat = None
+        if self.edge_index is not None:
+            ev_used, edge_index = torch.unique(self.edge_index.index_select(0, rows), return_inverse=True)
+            edge_feat = self.edge_feat.index_select(0, ev_used)
+        return HopTables(self.nbr.index_select(0, rows), self.mask.index_select(0, rows), dt_index,
+                         self.dt_values.index_select(0, dt_used), edge_index, edge_feat)
 
 
 @dataclass
