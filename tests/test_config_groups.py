@@ -53,8 +53,14 @@ def test_no_pipeline_by_default():
     assert dict(checked_compose([]).pipeline) == {}
 
 
+def test_no_embedding_cache_by_default_and_the_freshgnn_option_turns_it_on():
+    assert checked_compose([]).cache.enabled is False
+    assert checked_compose(["cache=freshgnn"]).cache == checked_compose(["cache.enabled=true"]).cache
+
+
 @pytest.mark.parametrize("group,options", [("memory", "auto, daemon, depcache, depcomm, local, sven"),
                                            ("parallel", "disttgl_2x1x2, single"), ("pipeline", "none"),
+                                           ("cache", "freshgnn, none"),
                                            ("experiment", "wikipedia_apan")])
 def test_an_unknown_option_names_the_options(group, options):
     with pytest.raises(ConfigError) as e:

@@ -336,6 +336,21 @@ class PipelineConfig:
 
 
 @dataclass
+class CacheConfig:
+    """FreshGNN's historical embedding cache (tgdist/runtime/cache.py) for models with two
+    attention layers (model=tgat2): a hop-1 (node, event) pair's inner-layer embedding, computed in
+    an earlier training iteration, is reused and its hop-2 neighbours are not attended over."""
+
+    enabled: bool = False  # training steps read and fill the cache (evaluation never uses it)
+    p_grad: float = 0.9  # fraction of each batch's pairs, those with the smallest gradient norm, admitted
+    t_stale: int = 20  # iterations an entry may be served after its admission (0: nothing is reused)
+    size: Optional[int] = None  # table rows; null: the most that t_stale iterations can admit
+    # compute a pair's embedding once per batch for every slot it fills (one dropout draw), and none
+    # for empty slots; false: once per slot, as without a cache (t_stale=0 is then bit-identical to it)
+    share_in_batch: bool = True
+
+
+@dataclass
 class TrainApp:
     data: DataConfig = field(default_factory=DataConfig)
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
@@ -344,6 +359,7 @@ class TrainApp:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)  # stages overlapping across iterations
+    cache: CacheConfig = field(default_factory=CacheConfig)  # historical embedding cache (FreshGNN)
     partition: PlacementConfig = field(default_factory=PlacementConfig)  # node placement of sven / depcomm
     # where the run writes config.yaml, metrics.jsonl, summary.json, train.log and checkpoints/
     run_dir: str = "runs/${now:%Y%m%d-%H%M%S}-${data.name}-${model_tag:${model.name},${model.num_layers}}"
@@ -356,6 +372,7 @@ register("train_schema", TrainConfig, group="train")
 register("parallel_schema", ParallelConfig, group="parallel")
 register("memory_schema", MemoryConfig, group="memory")
 register("pipeline_schema", PipelineConfig, group="pipeline")
+register("cache_schema", CacheConfig, group="cache")
 
 
 # ``tgdist partition``'s schema (Sven 3.1.2), registered by ``register_schemas``.

@@ -8,6 +8,9 @@ first is readable only from the event being predicted, so a correct pipeline can
 neighbour attention must pick up. The AP ceiling with four destinations and one uniform negative
 is 0.8 (a negative equal to the positive scores the same).
 A third run with a sampler that lets each root see its own event shows the test can fail.
+The same holds for TGN with two layers and FreshGNN's historical embedding cache at its most
+permissive (every pair admitted, entries served for the whole run): a cached inner embedding is
+never computed from events after the batch it is served to.
 """
 
 import numpy as np
@@ -16,6 +19,7 @@ import torch
 from tgdist.data.graph import TemporalGraph, chronological_split
 from tgdist.data.sampler import TCSR, NegativeSampler, TemporalSampler
 from tgdist.models.modules import build_model
+from tgdist.runtime.cache import EmbeddingCache
 from tgdist.runtime.trainer import Trainer, memory_for
 
 NUM_SRC, NUM_DST = 40, 4
@@ -47,13 +51,16 @@ class LeakySampler(TemporalSampler):
         return super().sample(roots, np.asarray(root_t) + 1)
 
 
-def best_val_ap(signal: str, sampler_cls=TemporalSampler, epochs: int = 5) -> float:
+def best_val_ap(signal: str, sampler_cls=TemporalSampler, epochs: int = 5, cached: bool = False) -> float:
+    """``cached``: two attention layers (fanouts [1, 1]) with the embedding cache."""
     torch.manual_seed(0)
     g = leak_graph(signal)
     m = build_model("tgn", num_nodes=g.num_nodes, mem_dim=32, time_dim=8, edge_dim=g.edge_dim,
-                    node_dim=g.node_dim, dropout=0.0)
-    tr = Trainer(g, chronological_split(g), m, memory_for(m, g.num_nodes), sampler_cls(TCSR.build(g), [1]),
-                 NegativeSampler(g, 0), batch_size=20, lr=1e-3, num_neg_eval=1, progress=False)
+                    node_dim=g.node_dim, dropout=0.0, num_layers=2 if cached else 1)
+    cache = EmbeddingCache(g.src, 32, p_grad=1.0, t_stale=10**9, size=2 * g.num_events) if cached else None
+    tr = Trainer(g, chronological_split(g), m, memory_for(m, g.num_nodes),
+                 sampler_cls(TCSR.build(g), [1, 1] if cached else [1]), NegativeSampler(g, 0), batch_size=20,
+                 lr=1e-3, num_neg_eval=1, progress=False, cache=cache)
     aps = []
     for epoch in range(epochs):
         tr.memory.reset_state()
@@ -72,3 +79,11 @@ def test_same_signal_one_event_earlier_is_learned():
 
 def test_a_leaky_sampler_is_caught():
     assert best_val_ap("current", LeakySampler) > 0.7
+
+
+def test_signal_in_the_current_event_is_not_learned_with_the_embedding_cache():
+    assert best_val_ap("current", cached=True) < 0.6
+
+
+def test_same_signal_one_event_earlier_is_learned_with_the_embedding_cache():
+    assert best_val_ap("previous", cached=True) > 0.7

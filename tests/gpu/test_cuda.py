@@ -11,6 +11,7 @@ cut to its first events.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from pathlib import Path
@@ -63,6 +64,17 @@ def test_each_model_trains_and_evaluates_on_the_device(tmp_path, device, model):
         assert summary[key] is not None and 0.0 < summary[key] <= 1.0, (key, summary[key])
     assert math.isfinite(summary["loss"])
     assert float(tr.memory.mem.abs().sum()) > 0  # the stream was written to the device's memory
+
+
+def test_the_embedding_cache_serves_on_the_device(tmp_path, device):
+    """FreshGNN's table on the device: served inner embeddings, the run's metrics finite."""
+    run = Run(compose(on(device, ["model=tgat2", "cache=freshgnn", "train.epochs=1", f"run_dir={tmp_path}"])),
+              tmp_path)
+    assert run.trainer.cache.table.device.type == torch.device(device).type
+    summary = run.train()
+    assert summary["test_ap"] is not None and 0.0 < summary["test_ap"] <= 1.0
+    cache = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])["cache"]
+    assert 0 < cache["hit_rows"] < cache["rows"]
 
 
 def _edge_features(graph, dim: int = 4):

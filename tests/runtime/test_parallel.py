@@ -77,6 +77,23 @@ def test_torchrun_layouts_train_every_event_the_expected_number_of_times(tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no per-rank leftovers
 
 
+@pytest.mark.parametrize("layout,nproc", [("2,1,1", 2), pytest.param("1,1,2", 2, marks=pytest.mark.slow)])
+def test_embedding_cache_in_a_parallel_run(tmp_path, layout, nproc):
+    """Each trainer holds its own FreshGNN cache (serving hop-1 pairs from its own batches); the
+    replicas stay identical, and every event is trained as often as in one process."""
+    i, j, k = layout.split(",")
+    r = torchrun(nproc, "-m", "tgdist.train", *SMALL, "model=tgat2", "cache=freshgnn", "train.batch_size=100",
+                 f"parallel.i={i}", f"parallel.j={j}", f"parallel.k={k}", f"train.epochs={k}", "train.num_neg_eval=4",
+                 f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert summary["replicas_identical"] is True and 0.0 <= summary["test_ap"] <= 1.0
+    assert summary["traversed_events"] == int(k) * train_events(*SMALL)
+    assert "historical embedding cache: p_grad 0.9, t_stale 20" in r.stderr
+    cache = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])["cache"]
+    assert cache["iterations"] >= summary["iterations"]  # the trainers' steps, summed
+    assert 0 < cache["hit_rows"] < cache["rows"]
+
+
 def test_static_pretraining_and_node_task_in_a_parallel_run(tmp_path):
     """Rank 0 pre-trains the static memory and every replica starts from its result (else rank 1's
     model would differ from rank 0's at the end); rank 0 trains the node-task decoder."""

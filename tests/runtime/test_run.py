@@ -452,6 +452,17 @@ def test_other_models_run(tmp_path, model):
     assert 0.0 <= s["test_ap"] <= 1.0
 
 
+def test_a_run_with_the_embedding_cache_reports_it_per_epoch(tmp_path):
+    s, d = run(tmp_path, "cache", ["train.epochs=2", "model=tgat2", "model.mem_dim=16", "cache=freshgnn"])
+    assert 0.0 <= s["test_ap"] <= 1.0
+    lines = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
+    assert [ln["epoch"] for ln in lines] == [0, 1]
+    for ln in lines:  # each epoch's own figures: the statistics restart with it
+        c = ln["cache"]
+        assert 0 < c["hit_rows"] < c["rows"] <= c["slots"] and c["computed"] < c["slots"]
+        assert c["hit_rate"] == c["hit_rows"] / c["rows"] and c["admitted"] > 0
+
+
 def test_no_time_encoding_trains_without_torch_warnings(tmp_path, recwarn):
     """``model.time_dim=0`` (an ablation) builds empty time maps; torch's warning about
     initialising them is not passed on."""

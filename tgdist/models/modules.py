@@ -276,6 +276,17 @@ class HopTables:
     edge_index: torch.Tensor | None = None
     edge_feat: torch.Tensor | None = None
 
+    def select(self, rows: torch.Tensor) -> "HopTables":
+        """The hop restricted to ``rows``, its time-gap and event tables cut to the entries those
+        rows use (the time encoding runs once per table entry, forward and backward)."""
+        dt_used, dt_index = torch.unique(self.dt_index.index_select(0, rows), return_inverse=True)
+        edge_index = edge_feat = None
+        if self.edge_index is not None:
+            ev_used, edge_index = torch.unique(self.edge_index.index_select(0, rows), return_inverse=True)
+            edge_feat = self.edge_feat.index_select(0, ev_used)
+        return HopTables(self.nbr.index_select(0, rows), self.mask.index_select(0, rows), dt_index,
+                         self.dt_values.index_select(0, dt_used), edge_index, edge_feat)
+
 
 @dataclass
 class EmbedInput:
@@ -285,6 +296,9 @@ class EmbedInput:
     of the batch's unique nodes; ``mem_ts [num_unique]`` their (updated) memory times;
     ``root [num_roots]`` indices into the unique nodes; ``root_t [num_roots]`` float64 times;
     ``hops``: one ``HopTables`` per hop; hop l+1's rows are hop l's flattened neighbours.
+    ``inner``: a historical embedding cache's view of the batch (``tgdist.runtime.cache.CachedBatch``)
+    or None: layer 1 computes the hop-1 slots ``inner.compute_rows`` only (None: all), the others'
+    hop-2 rows are not expanded, and ``inner.combine(computed)`` gives the inner embeddings of every slot.
     """
 
     h: torch.Tensor
@@ -292,6 +306,7 @@ class EmbedInput:
     root: torch.Tensor
     root_t: torch.Tensor
     hops: list
+    inner: object | None = None
 
 
 def _rows(x: torch.Tensor, index: torch.Tensor | None) -> torch.Tensor:
@@ -417,7 +432,15 @@ class AttentionEmbedding(nn.Module):
         l1, l2 = self.layers
         kv1 = l1.kv_h(x.h)
         z_root = l1(x.h, kv1, hop1, x.root)
-        z_nbr = l1(x.h, kv1, hop2, hop1.nbr.reshape(-1))  # [n * K1, dim]
+        query = hop1.nbr.reshape(-1)
+        if x.inner is None or x.inner.compute_rows is None:
+            z_nbr = l1(x.h, kv1, hop2, query)  # [n * K1, dim]
+        else:  # FreshGNN: the hop-2 rows of slots served from the cache are pruned (section 5)
+            rows = x.inner.compute_rows
+            z_nbr = (l1(x.h, kv1, hop2.select(rows), query.index_select(0, rows)) if rows.numel()
+                     else z_root[:0])  # every slot served
+        if x.inner is not None:
+            z_nbr = x.inner.combine(z_nbr)
         rows = torch.arange(hop1.nbr.numel(), device=hop1.nbr.device).view_as(hop1.nbr)
         hop1_rows = HopTables(rows, hop1.mask, hop1.dt_index, hop1.dt_values, hop1.edge_index, hop1.edge_feat)
         return l2(z_root, l2.kv_h(z_nbr), hop1_rows)

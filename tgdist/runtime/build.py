@@ -13,7 +13,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from tgdist import memory, version_line
-from tgdist.config import MemoryBackend, check_data_source, load_data
+from tgdist.config import MemoryBackend, check_data_source, load_data, model_tag
 from tgdist.data.graph import (
     TIME_UNITS,
     TemporalGraph,
@@ -30,6 +30,7 @@ from tgdist.kernels import graph as kernels
 from tgdist.memory.placement import PARTITIONED, check_settings
 from tgdist.models.modules import build_model, use_cpu_kernels
 from tgdist.runtime import checkpoint
+from tgdist.runtime.cache import EmbeddingCache, default_size
 from tgdist.runtime.trainer import Trainer, memory_for, time_scale
 
 log = logging.getLogger(__name__)
@@ -147,6 +148,7 @@ def validate(cfg: DictConfig) -> None:
                else "give one neighbour count per layer")
         raise ConfigError(f"sampler.fanouts={fanouts} gives {len(fanouts)} hops, but model.num_layers={m.num_layers} "
                           f"attends over {m.num_layers}: {fix}")
+    check_cache(cfg)
     layout = Layout(cfg.parallel.i, cfg.parallel.j, cfg.parallel.k)  # each a positive integer
     parse_link(cfg.parallel.link)  # a link that is not one: refused before the launch
     if t.epochs == 0 and (layout.i * layout.j * layout.k > 1 or cfg.memory.backend == "daemon"):
@@ -163,6 +165,34 @@ def validate(cfg: DictConfig) -> None:
                           f"and their sum below 1 (the rest is the training part)")
     if t.resume:  # a checkpoint that is not there (whether it fits this run is checked when it is read)
         checkpoint.find(t.resume)
+
+
+def check_cache(cfg: DictConfig) -> None:
+    """The historical embedding cache's settings (``cache.*``), refused in one line."""
+    c, m = cfg.cache, cfg.model
+    if not 0 <= c.p_grad <= 1:
+        raise ConfigError(f"cache.p_grad={c.p_grad}: give the admitted fraction of each batch's pairs, in [0, 1]")
+    if c.t_stale < 0:
+        raise ConfigError(f"cache.t_stale={c.t_stale}: give a number of iterations of at least 0")
+    if c.size is not None and c.size < 1:
+        raise ConfigError(f"cache.size={c.size}: give a positive number of table rows, or null")
+    if c.enabled and (m.name != "tgn" or m.num_layers < 2):
+        raise ConfigError(f"cache.enabled=true caches inner-layer embeddings, which {model_tag(m.name, m.num_layers)} "
+                          f"does not have: use a model with two attention layers (model=tgat2)")
+
+
+def build_cache(cfg: DictConfig, graph: TemporalGraph, model, fanouts: list[int], device: str) -> EmbeddingCache | None:
+    """The trainer's historical embedding cache, or None (``cache.enabled=false``). Each trainer of a
+    parallel run has its own."""
+    c = cfg.cache
+    if not c.enabled:
+        return None
+    rows_per_batch = 3 * cfg.train.batch_size * fanouts[0]  # roots (src, dst, one negative) x hop-1 slots
+    size = c.size or default_size(c.p_grad, c.t_stale, rows_per_batch, graph.num_events)
+    log.info("historical embedding cache: p_grad %g, t_stale %d, %d rows of %d", c.p_grad, c.t_stale, size,
+             model.mem_dim)
+    return EmbeddingCache(graph.src, model.mem_dim, p_grad=c.p_grad, t_stale=c.t_stale, size=size,
+                          share=c.share_in_batch, device=device)
 
 
 def precheck(cfg: DictConfig) -> None:
@@ -263,13 +293,14 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
     dev = device or resolve_device(cfg.train.device)
     model.to(dev)
     memory = memory_for(model, graph.num_nodes).to(dev)
-    sampler = None
+    sampler = cache = None
     if model.num_hops:
         fanouts = list(cfg.sampler.fanouts)
         if len(fanouts) < model.num_hops:  # e.g. model=tgat2 with the default [10]
             fanouts += [fanouts[-1]] * (model.num_hops - len(fanouts))
         sampler = TemporalSampler(TCSR.build(graph, cfg.sampler.both_directions), fanouts[:model.num_hops],
                                   cfg.sampler.strategy, cfg.sampler.seed, numba_threads)
+        cache = build_cache(cfg, graph, model, fanouts, dev)
     negatives = NegativeSampler(graph, cfg.train.seed)
     candidates = negatives.high - negatives.low
     if candidates == 1:  # every negative is the positive: AP and ROC-AUC 0.5, and nothing to learn
@@ -281,7 +312,7 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
     return Trainer(graph, split, model, memory, sampler, negatives, batch_size=cfg.train.batch_size, lr=cfg.train.lr,
                    num_neg_eval=cfg.train.num_neg_eval, device=dev,
                    progress=cfg.train.progress if progress is None else progress, num_threads=torch_threads,
-                   units_per_second=units_per_second)
+                   units_per_second=units_per_second, cache=cache)
 
 
 def compose(overrides: list[str] | None = None, config_name: str = "train",

@@ -50,6 +50,7 @@ from tgdist.kernels import jit
 from tgdist.memory.store import MemoryRead
 from tgdist.runtime import checkpoint, rundir
 from tgdist.runtime.build import build_trainer, micro_batches, validate
+from tgdist.runtime.cache import cache_totals
 from tgdist.runtime.distributed import (cpu_share, fault_injection, memory_backend, model_digest, rank_logging,
                                         shared_settings)
 from tgdist.runtime.pipeline import GradientSync, Prefetcher, fit_eta, fit_granularity
@@ -449,6 +450,8 @@ class Run:
         res = {"epoch": epoch.index, "loss": loss, "train_events": events, "train_seconds": el,
                "compile_seconds": compiled, "events_per_s": epoch.ran / max(el - compiled, 1e-9)}
         train_stages = StageTimer(dict(tr.timer.seconds))  # before evaluation adds to it
+        if tr.cache is not None:  # hits, expansions avoided, admissions and evictions of the epoch
+            res["cache"] = tr.cache.take_stats()
         res.update(tr.evaluate("val"))
         if cfg.train.test_every_epoch or epoch.index == cfg.train.epochs - 1:
             res.update(tr.evaluate("test"))
@@ -500,7 +503,9 @@ class Run:
         if self.start_iteration < self.iterations:
             self.save(self.iterations)  # the trained model and memory, as a run of one process leaves them
         stats = collectives.all_gather_object({"events": trained, "seconds": seconds, "losses": self.losses,
-                                               "model": model_digest(tr.model)}, world_group)
+                                               "model": model_digest(tr.model),
+                                               "cache": tr.cache.take_stats() if tr.cache is not None else None},
+                                              world_group)
         replicas_identical = len({s["model"] for s in stats}) == 1
         if not replicas_identical and self.rank == 0:
             log.warning("the trainers' model replicas differ after training (%d distinct parameter digests "
@@ -515,8 +520,10 @@ class Run:
             rate = (sum(s["events"] for s in stats) / max(max(s["seconds"] for s in stats), 1e-9)
                     if trained_any else None)  # None: nothing trained here (a finished run resumed)
             # one metrics line, as a run of one process writes per epoch: a parallel run evaluates once, at its end
+            caches = [s["cache"] for s in stats if s["cache"] is not None]  # each trainer's own
+            cache = {"cache": cache_totals(caches)} if caches else {}
             self._record({"epoch": cfg.train.epochs - 1, "loss": loss_sum / max(events, 1), "train_events": events,
-                          "events_per_s": rate, **metrics})
+                          "events_per_s": rate, **metrics, **cache})
             summary = self.summary(extra={"replicas_identical": replicas_identical})
             if cfg.train.task in ("node", "edge"):
                 summary.update(downstream_alone(tr, cfg.train.task, cfg.train.node_class_epochs))

@@ -26,6 +26,7 @@ from tgdist.kernels import graph as kernels
 from tgdist.kernels import jit
 from tgdist.memory.store import LocalMemory, MemoryStore
 from tgdist.models.modules import EmbedInput, HopTables, TemporalModel
+from tgdist.runtime.cache import EmbeddingCache
 from tgdist.runtime.metrics import average_precision, reciprocal_ranks, roc_auc
 
 log = logging.getLogger(__name__)
@@ -146,8 +147,9 @@ class Trainer:
     def __init__(self, graph: TemporalGraph, split: Split, model: TemporalModel, memory: MemoryStore,
                  sampler: TemporalSampler | None, negatives: NegativeSampler, *, batch_size: int = 200,
                  lr: float = 1e-4, num_neg_eval: int = 49, device: str = "cpu", progress: bool = True,
-                 num_threads: int = 0, units_per_second: float = 1.0):
+                 num_threads: int = 0, units_per_second: float = 1.0, cache: EmbeddingCache | None = None):
         self.g, self.split, self.model, self.memory = graph, split, model, memory
+        self.cache = cache  # FreshGNN's historical embedding cache, consulted by training steps only
         self.sampler, self.negatives = sampler, negatives
         self.batch_size, self.num_neg_eval = batch_size, num_neg_eval
         self.device = torch.device(device)
@@ -291,7 +293,7 @@ class Trainer:
         b = hi - lo
         t3 = time.perf_counter()
         rows, rows_ts, hop1, pos_l, neg_l, src_l, dst_l = [], [], [], [], [], [], []
-        loss_value, pending, wrote = 0.0, None, 0.0
+        loss_value, pending, wrote, inners = 0.0, None, 0.0, []
         with torch.set_grad_enabled(train):
             if train:
                 self.optimizer.zero_grad(set_to_none=True)
@@ -307,7 +309,10 @@ class Trainer:
                     continue
                 h = model.node_repr(q.ids, upd, None if self.node_feat is None else self.node_feat[q.ids])
                 root_t_rel = torch.from_numpy(np.tile(self.t_rel[q.lo:q.hi], 2 + num_neg)).to(dev)
-                emb = model.embedding(EmbedInput(h, upd.mem_ts, q.root_idx, root_t_rel, q.hop_tables))
+                inner = self.cache.lookup(q.hops, q.lo) if self.cache is not None and train else None
+                if inner is not None:
+                    inners.append(inner)
+                emb = model.embedding(EmbedInput(h, upd.mem_ts, q.root_idx, root_t_rel, q.hop_tables, inner))
                 # split, not slices: the backward of slices zero-fills a full-size gradient per slice
                 h_src, rest = emb.split([bq, emb.shape[0] - bq])
                 h_dst = rest[:bq]
@@ -349,6 +354,8 @@ class Trainer:
             wrote = time.perf_counter() - w0
             if pending is not None:
                 pending.backward()
+            for inner in inners:  # admission by gradient, eviction (FreshGNN 4.1), once every micro-batch is through
+                self.cache.admit(inner)
             if train and (sync_gradients is None or sync_gradients(self.model.parameters()) is not False):
                 self.optimizer.step()
         tm.add("compute", time.perf_counter() - t3 - wrote)
