@@ -33,6 +33,7 @@ import shutil
 import signal
 import time
 import traceback
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -145,6 +146,7 @@ class Run:
         self.bounds = None  # staleness=auto: what it measured and chose (the summary's ``pipeline``)
         self._stage_rows: list = []  # staleness=auto: per measured iteration, its stage seconds, reads, writes
         self._next_read = 0  # mspipe: the next batch (iteration) to read
+        self._read_pool: ThreadPoolExecutor | None = None  # mspipe: reads made while an iteration computes
         self._sampler_calls = None  # the sampler's call count after the last batch consumed (prefetch)
         self._resume = None  # (path, state) of train.resume, checked here and loaded by train()
         if cfg.train.resume:  # a refused resume leaves the run directory (maybe the checkpoint's own) as it was
@@ -176,6 +178,9 @@ class Run:
         """Release the store (a daemon's client detaches and stops the daemon it started) and the
         process groups. ``train()`` closes; a ``Run`` never trained should be closed by its maker."""
         self._stop_prefetch()
+        if getattr(self, "_read_pool", None) is not None:
+            self._read_pool.shutdown(wait=True, cancel_futures=True)
+            self._read_pool = None
         if self.trainer is not None and self.backend != "local":  # a store made here (a caller's is the caller's)
             self.trainer.memory.close()
         if not self.alone and self._own_groups:
@@ -267,17 +272,19 @@ class Run:
             loss = row = None
             self.grads.issue()  # asynchronous all-reduce: the last iteration's, now that the reads are out
             if now.active and now.hi > now.lo:
+                self._settle_reads()
                 batch = self.slots.pop(key)
                 if stages is not None:  # C3's data: the nodes this iteration reads and those it writes
                     row = {"reads": batch.ids.cpu().numpy(), "writes": np.unique(
                         np.concatenate([tr.g.src[now.lo:now.hi], tr.g.dst[now.lo:now.hi]]))}
                     self._stage_rows.append(row)
                 out = tr.compute(batch, train=True, write=now.writes, sync_gradients=self.grads,
-                                 written=mem.start_exchange)
+                                 written=mem.start_exchange, before_write=self._settle_reads)
                 loss = out.loss
                 self._add_loss(now.pass_index, out.loss * now.num_events, now.num_events)
                 trained += now.num_events
             else:  # an idle rank still joins the gradient exchange and applies the same update
+                self._settle_reads()
                 self.slots.pop(key, None)
                 tr.optimizer.zero_grad(set_to_none=True)
                 mem.start_exchange()  # where the active trainers start it: before the gradients
@@ -376,9 +383,34 @@ class Run:
             s = self._step(u)
             if s.active:
                 mem.open_position(s.position, s.read_slot, s.reset_memory)
-                self.slots[u] = self._prepare(u, s)
+                if u > t and u == last:  # read while t computes (``_settle_reads`` waits before t writes)
+                    sampled, self._sampler_calls = self._sampled(u)
+                    self.slots[u] = self._reader().submit(self.trainer.prepare, s.lo, s.hi, self._negatives(s),
+                                                          sampled=sampled)
+                else:
+                    self.slots[u] = self._prepare(u, s)
                 mem.close_position()
             self._next_read += 1
+
+    def _sampled(self, u: int):
+        """The prefetch worker's sampling of batch ``u`` and the sampler's count after it, or
+        ``(None, None)`` without a worker (the read then samples too)."""
+        if not self.cfg.pipeline.prefetch:
+            return None, None
+        if self.prefetcher is None:
+            self._start_prefetch(u)
+        return self.prefetcher.get(u)
+
+    def _reader(self) -> ThreadPoolExecutor:
+        if self._read_pool is None:
+            self._read_pool = ThreadPoolExecutor(1, thread_name_prefix="tgdist-mspipe-read")
+        return self._read_pool
+
+    def _settle_reads(self) -> None:
+        """Wait for a read in flight (mspipe): before this iteration writes, and before a batch is used."""
+        for u, p in self.slots.items():
+            if isinstance(p, Future):
+                self.slots[u] = p.result()
 
     def _choose_staleness(self) -> None:
         """staleness=auto, after ``profile_iterations`` iterations read without staleness: the
@@ -638,6 +670,7 @@ class Run:
     # iteration, metrics lines, the list of those files) and removes older iteration directories.
 
     def save(self, iteration: int) -> None:
+        self._settle_reads()
         tr, d = self.trainer, self.ckpt_dir / f"it{iteration:08d}"
         world_group = self.groups.get("world")
         def saved(p):  # a read still in flight (micro-batches) is waited for
