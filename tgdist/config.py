@@ -340,6 +340,12 @@ class PipelineConfig:
     # measured over profile_iterations iterations, constraints C1-C3)
     staleness: str = "auto"
     max_stale_fraction: float = 0.5  # staleness=auto, C3: at most this share of the nodes read may be stale
+    # mspipe: none, or similarity (MSPipe-S, 3.3): a read node whose memory is older than gamma (the
+    # mitigation_quantile of the time between a node's events) gets lambda s_v + (1 - lambda) * the
+    # mean memory of the most similar active nodes of its batch (common neighbours)
+    mitigation: str = "none"
+    mitigation_lambda: float = 0.95
+    mitigation_quantile: float = 0.99
 
 
 @dataclass

@@ -12,7 +12,8 @@ from tgdist.distributed.schedule import Layout, num_global_batches, step
 from tgdist.errors import ConfigError
 from tgdist.memory.store import LocalMemory
 from tgdist.runtime.build import build_trainer, compose, validate
-from tgdist.runtime.mspipe import max_staleness, mitigate, quantile_gap, stale_fraction, staleness_bounds
+from tgdist.runtime.mspipe import (max_staleness, mitigate, quantile_gap, similar_nodes, stale_fraction,
+                                   staleness_bounds, update_gaps)
 from tgdist.runtime.run import Run
 
 # ----------------------------------------------------------------------------------------------
@@ -99,12 +100,13 @@ def test_stale_fraction_and_c3_cap_on_a_hand_made_case():
 def test_mitigation_formula_on_a_hand_made_case():
     """MSPipe-S (3.3): node 0 is stale (age 10 > gamma 5) and its similar nodes 1 (active, fresher)
     and 2 (too old) give Omega = {1}: s_hat = 0.75 s_0 + 0.25 s_1. Node 1 is fresh: unchanged.
-    Node 3 is stale with no active similar node: unchanged."""
-    mem = torch.tensor([[4.0, 0.0], [0.0, 8.0], [100.0, 100.0], [1.0, 1.0]])
-    mem_ts = torch.tensor([0.0, 8.0, -5.0, 1.0], dtype=torch.float64)
-    out = mitigate(mem, mem_ts, now=10.0, similar=[np.array([1, 2]), np.array([0]), np.array([]), np.array([2])],
-                   gamma=5.0, lam=0.75)
-    assert torch.equal(out, torch.tensor([[3.0, 2.0], [0.0, 8.0], [100.0, 100.0], [1.0, 1.0]]))
+    Node 3 is stale with no active similar node: unchanged. Node 4 was never written (-inf): new,
+    not stale."""
+    mem = torch.tensor([[4.0, 0.0], [0.0, 8.0], [100.0, 100.0], [1.0, 1.0], [7.0, 7.0]])
+    updated = torch.tensor([0.0, 8.0, -5.0, 1.0, -math.inf], dtype=torch.float64)
+    out = mitigate(mem, updated, now=10.0, similar=[np.array([1, 2]), np.array([0]), np.array([]), np.array([2]),
+                                                    np.array([1])], gamma=5.0, lam=0.75)
+    assert torch.equal(out, torch.tensor([[3.0, 2.0], [0.0, 8.0], [100.0, 100.0], [1.0, 1.0], [7.0, 7.0]]))
     assert quantile_gap(np.array([1.0, 2.0, 3.0, 4.0, np.inf]), 0.5) == 2.5
 
 
@@ -124,6 +126,9 @@ SMALL = ["data.max_events=1500", "model.mem_dim=16", "model.time_dim=8", "train.
     (["pipeline.mode=mspipe", "pipeline.micro_batches=2"], "pipeline.micro_batches=1"),
     (["pipeline.mode=mspipe", "parallel.i=2"], "parallel.i\\*j\\*k=2 is not supported"),
     (["pipeline.mode=mspipe", "pipeline.max_stale_fraction=0"], "max_stale_fraction=0"),
+    (["pipeline.mitigation=similarity"], "needs pipeline.mode=mspipe"),
+    (["pipeline.mode=mspipe", "pipeline.mitigation=cosine"], "give none or similarity"),
+    (["pipeline.mode=mspipe", "pipeline.mitigation_lambda=2"], "mitigation_lambda=2"),
 ])
 def test_bad_mspipe_settings_are_refused_in_one_line(bad, message):
     with pytest.raises(ConfigError, match=message) as e:
@@ -287,3 +292,32 @@ def test_staleness_auto_measures_chooses_and_reports(tmp_path, caplog):
     p = s["pipeline"]
     assert p["mode"] == "mspipe" and 0 <= p["staleness"] <= p["bounds"]["max_staleness"]
     assert len(p["bounds"]["tau"]) == 5 and p["bounds"]["steady_k"] == p["staleness"] + 1
+
+
+def test_similar_nodes_count_common_neighbours_before_the_batch():
+    """Events (src, dst, t): (0,5,1) (1,5,2) (2,5,3) (1,6,4) (0,6,5) (3,7,6) (2,6,9). Before t = 8,
+    node 0's neighbours are {5, 6}; 1 shares both, 2 shares 5 only (its event with 6 is at 9), 3
+    none. Rows of ids [3, 2, 1, 0]: for row 3 (node 0), row 2 (node 1, 2 shared), then row 1."""
+    from tgdist.data.graph import TemporalGraph
+    from tgdist.data.sampler import TCSR
+    src, dst = np.array([0, 1, 2, 1, 0, 3, 2]), np.array([5, 5, 5, 6, 6, 7, 6])
+    t = np.array([1, 2, 3, 4, 5, 6, 9])
+    g = TemporalGraph(src=src, dst=dst, t=t, num_nodes=8, node_map=np.arange(8))
+    tcsr = TCSR.build(g)
+    got = similar_nodes(tcsr, np.array([3, 2, 1, 0]), [3], before=8)
+    assert got[3].tolist() == [2, 1]
+    assert similar_nodes(tcsr, np.array([3, 2, 1, 0]), [3], before=10)[3].tolist() == [1, 2]  # 2 ties 1 now
+    assert update_gaps(np.array([0, 1, 0]), np.array([1, 2, 2]), np.array([1.0, 3.0, 7.0])).tolist() == [6.0, 2.0, 4.0]  # nodes 0, 1, 2
+
+
+def test_mitigation_with_lambda_1_changes_nothing_and_with_less_changes_the_run(tmp_path):
+    over = ["train.epochs=2", "pipeline.mode=mspipe", "pipeline.staleness=2"]
+    base, _ = run(tmp_path, "base", over)
+    one, _ = run(tmp_path, "one", [*over, "pipeline.mitigation=similarity", "pipeline.mitigation_lambda=1",
+                                   "pipeline.mitigation_quantile=0.9"])
+    half, _ = run(tmp_path, "half", [*over, "pipeline.mitigation=similarity", "pipeline.mitigation_lambda=0.5",
+                                    "pipeline.mitigation_quantile=0.9"])
+    assert metrics(one) == metrics(base)
+    m = half["pipeline"]["mitigation"]
+    assert m["stale_rows_read"] >= m["rows_mitigated"] > 0 and m["gamma_s"] > 0
+    assert metrics(half) != metrics(base)

@@ -101,6 +101,15 @@ def validate_pipeline(pipe, parallel=None) -> None:
         raise ConfigError(f"pipeline.staleness={pipe.staleness} is read by pipeline.mode=mspipe only")
     if not 0 < pipe.max_stale_fraction <= 1:
         raise ConfigError(f"pipeline.max_stale_fraction={pipe.max_stale_fraction}: give a share in (0, 1]")
+    if pipe.mitigation not in ("none", "similarity"):
+        raise ConfigError(f"pipeline.mitigation={pipe.mitigation}: give none or similarity")
+    if pipe.mitigation != "none" and pipe.mode != "mspipe":
+        raise ConfigError(f"pipeline.mitigation={pipe.mitigation} mitigates MSPipe's staleness: it needs "
+                          f"pipeline.mode=mspipe")
+    if not 0 <= pipe.mitigation_lambda <= 1:
+        raise ConfigError(f"pipeline.mitigation_lambda={pipe.mitigation_lambda}: give a weight in [0, 1]")
+    if not 0 < pipe.mitigation_quantile <= 1:
+        raise ConfigError(f"pipeline.mitigation_quantile={pipe.mitigation_quantile}: give a quantile in (0, 1]")
     if pipe.mode == "mspipe":
         if n != 1:
             raise ConfigError(f"pipeline.mode=mspipe takes whole batches: set pipeline.micro_batches=1, not "

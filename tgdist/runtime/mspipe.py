@@ -126,20 +126,25 @@ def max_staleness(reads: Sequence[np.ndarray], writes: Sequence[np.ndarray], lim
 # Similarity-based staleness mitigation (MSPipe-S, section 3.3)
 
 
-def mitigate(mem: torch.Tensor, mem_ts: torch.Tensor, now: float, similar: list[np.ndarray], gamma: float,
-             lam: float) -> torch.Tensor:
+def stale_rows(updated: torch.Tensor, now: float, gamma: float) -> list[int]:
+    """The rows whose memory was last updated (``updated``: the time of its latest write, -inf for
+    a node never written, which is new, not stale) more than ``gamma`` before ``now``."""
+    return torch.nonzero(torch.isfinite(updated) & ((now - updated) > gamma)).flatten().tolist()
+
+
+def mitigate(mem: torch.Tensor, updated: torch.Tensor, now: float, similar, gamma: float, lam: float) -> torch.Tensor:
     """s_hat_v = lambda s_v + (1 - lambda) mean_{u in Omega(v)} s_u for every read node v whose memory
-    is older than ``gamma`` (``now - mem_ts[v] > gamma``); Omega(v): the nodes of ``similar[v]``
-    (row indices into ``mem``, most similar first) that are active (``now - mem_ts[u] <= gamma``)
-    and fresher than v. Nodes with no such u, and fresh nodes, keep their memory. Returns a new
-    tensor ``[n, mem_dim]``."""
+    was last updated more than ``gamma`` before ``now`` (``stale_rows``); Omega(v): the rows of
+    ``similar[v]`` (most similar first) that are active (updated at most ``gamma`` before ``now``)
+    and fresher than v. Nodes with no such u, and fresh nodes, keep their memory. ``updated
+    [n]``: the time of each row's latest write. Returns a new tensor ``[n, mem_dim]``."""
     out = mem.clone()
-    age = now - mem_ts
-    for v in torch.nonzero(age > gamma).flatten().tolist():
+    age = now - updated
+    for v in stale_rows(updated, now, gamma):
         cand = torch.as_tensor(np.asarray(similar[v], dtype=np.int64))
         if cand.numel() == 0:
             continue
-        ok = (age.index_select(0, cand) <= gamma) & (mem_ts.index_select(0, cand) > mem_ts[v])
+        ok = (age.index_select(0, cand) <= gamma) & (updated.index_select(0, cand) > updated[v])
         omega = cand[ok]
         if omega.numel():
             out[v] = lam * mem[v] + (1 - lam) * mem.index_select(0, omega).mean(0)
@@ -151,3 +156,39 @@ def quantile_gap(gaps: np.ndarray, q: float = 0.99) -> float:
     gaps = np.asarray(gaps, dtype=np.float64)
     gaps = gaps[np.isfinite(gaps)]
     return float(np.quantile(gaps, q)) if gaps.size else float("inf")
+
+
+def similar_nodes(tcsr, ids: np.ndarray, rows: Sequence[int], before, recent: int = 10, top: int = 10) -> dict:
+    """Omega's candidates (section 3.3: similarity by common neighbours): for each row v of
+    ``rows``, the rows of ``ids`` whose nodes share a neighbour with node ``ids[v]``, most shared
+    neighbours first (ties: lower row), at most ``top``. Neighbours are a node's ``recent`` latest
+    ones before time ``before`` (the graph's time unit) in the temporal CSR ``tcsr``: the batch's
+    own and later events are never looked at."""
+    pos = {int(n): i for i, n in enumerate(np.asarray(ids).tolist())}
+
+    def neighbours(node: int) -> np.ndarray:
+        lo, hi = tcsr.indptr[node], tcsr.indptr[node + 1]
+        end = lo + int(np.searchsorted(tcsr.t[lo:hi], before, side="left"))
+        return np.unique(tcsr.nbr[max(lo, end - recent):end])
+
+    out = {}
+    for v in rows:
+        node, counts = int(ids[v]), {}
+        for w in neighbours(node).tolist():
+            for u in neighbours(w).tolist():
+                r = pos.get(u)
+                if r is not None and u != node:
+                    counts[r] = counts.get(r, 0) + 1
+        out[v] = np.array(sorted(counts, key=lambda r: (-counts[r], r))[:top], dtype=np.int64)
+    return out
+
+
+def update_gaps(src: np.ndarray, dst: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Delta t of section 3.3: for every event endpoint after a node's first event, the time since
+    that node's previous event (when its memory was last updated, reading without staleness)."""
+    nodes = np.concatenate([src, dst])
+    times = np.concatenate([t, t]).astype(np.float64)
+    order = np.lexsort((times, nodes))
+    n, tt = nodes[order], times[order]
+    same = n[1:] == n[:-1]
+    return (tt[1:] - tt[:-1])[same]

@@ -53,7 +53,9 @@ from tgdist.runtime import checkpoint, rundir
 from tgdist.runtime.build import build_trainer, micro_batches, staleness, validate
 from tgdist.runtime.distributed import (cpu_share, fault_injection, memory_backend, model_digest, rank_logging,
                                         shared_settings)
-from tgdist.runtime.mspipe import STAGES, max_staleness, staleness_bounds
+from tgdist.data.sampler import TCSR
+from tgdist.runtime.mspipe import (STAGES, max_staleness, mitigate, quantile_gap, similar_nodes, stale_rows,
+                                     staleness_bounds, update_gaps)
 from tgdist.runtime.pipeline import GradientSync, Prefetcher, fit_eta, fit_granularity
 from tgdist.runtime.tasks import downstream_alone, pretrain_static
 from tgdist.runtime.trainer import SIDE_STREAMS, Progress, StageTimer, Trainer, micro_bounds
@@ -159,6 +161,12 @@ class Run:
                 groups=self.groups, counter=self.counter, cfg=cfg, batch_size=tr.batch_size,
                 fanouts=tuple(tr.sampler.fanouts) if tr.sampler is not None else (), graph=tr.g,
                 train_end=self.n_train))
+        self.gamma = None  # MSPipe-S: seconds after which a read node's memory counts as stale
+        self._stale_read = self._mitigated = 0  # MSPipe-S: stale rows read, and those it changed
+        if self.mspipe and pipe.mitigation == "similarity":
+            n = self.n_train
+            self.gamma = quantile_gap(update_gaps(tr.g.src[:n], tr.g.dst[:n], tr.t_rel[:n]), pipe.mitigation_quantile)
+            self._tcsr = tr.sampler.tcsr if tr.sampler is not None else TCSR.build(tr.g)
         self.ckpt_dir = self.dir / "checkpoints"
         self.ckpt_path = self.ckpt_dir / "last.pt"
         self.start_iteration = 0
@@ -364,6 +372,9 @@ class Run:
                "fit": fit, "mode": pipe.mode}
         if self.mspipe:
             out.update({"staleness": self.staleness, "bounds": self.bounds})
+        if self.gamma is not None:
+            out["mitigation"] = {"gamma_s": self.gamma, "lambda": pipe.mitigation_lambda,
+                                 "stale_rows_read": self._stale_read, "rows_mitigated": self._mitigated}
         return out
 
     # ------------------------------------------------------------------------------------------
@@ -385,12 +396,34 @@ class Run:
                 mem.open_position(s.position, s.read_slot, s.reset_memory)
                 if u > t and u == last:  # read while t computes (``_settle_reads`` waits before t writes)
                     sampled, self._sampler_calls = self._sampled(u)
-                    self.slots[u] = self._reader().submit(self.trainer.prepare, s.lo, s.hi, self._negatives(s),
-                                                          sampled=sampled)
+                    self.slots[u] = self._reader().submit(self._read, s, self._negatives(s), sampled)
                 else:
-                    self.slots[u] = self._prepare(u, s)
+                    self.slots[u] = self._mitigate(self._prepare(u, s))
                 mem.close_position()
             self._next_read += 1
+
+    def _read(self, s, neg, sampled):
+        """(the read thread) batch ``s`` prepared and read, mitigated with MSPipe-S when on."""
+        return self._mitigate(self.trainer.prepare(s.lo, s.hi, neg, sampled=sampled))
+
+    def _mitigate(self, p):
+        """MSPipe-S (3.3) on a training read (``pipeline.mitigation=similarity``): each node of the
+        batch whose latest write (its latest mail's time) is older than gamma at the batch's first
+        event gets lambda s_v + (1 - lambda) * the mean memory of its most similar active
+        nodes of the batch (``mspipe.similar_nodes``, ``mspipe.mitigate``). The memory times stay."""
+        if self.gamma is None:
+            return p
+        tr, r = self.trainer, p.read
+        now = float(tr.t_rel[p.lo])
+        updated = r.mail_ts.max(1).values  # a node's latest write is its latest mail's event
+        rows = stale_rows(updated, now, self.gamma)
+        if rows:
+            similar = similar_nodes(self._tcsr, p.ids.cpu().numpy(), rows, tr.g.t[p.lo])
+            mem = mitigate(r.mem, updated, now, similar, self.gamma, self.cfg.pipeline.mitigation_lambda)
+            self._stale_read += len(rows)
+            self._mitigated += int((mem != r.mem).any(1).sum())
+            p.read = MemoryRead(mem, r.mem_ts, r.mail, r.mail_ts)
+        return p
 
     def _sampled(self, u: int):
         """The prefetch worker's sampling of batch ``u`` and the sampler's count after it, or
