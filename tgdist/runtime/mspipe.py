@@ -33,7 +33,10 @@ from typing import Sequence
 import numpy as np
 import torch
 
-STAGES = ("sample", "features", "memory_read", "compute", "memory_write")  # MSPipe's stages 1..5
+from tgdist.runtime.trainer import STAGES  # MSPipe's stages 1..5, in its order
+
+__all__ = ["STAGES", "Bounds", "staleness_bounds", "stale_fraction", "max_staleness", "stale_rows", "mitigate",
+           "quantile_gap", "similar_nodes", "update_gaps"]
 
 
 @dataclass(frozen=True)

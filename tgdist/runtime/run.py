@@ -42,6 +42,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tgdist import memory
 from tgdist.config import model_tag
+from tgdist.data.sampler import TCSR
 from tgdist.distributed import collectives
 from tgdist.distributed.schedule import Layout, num_global_batches, num_iterations, scaled_lr, step
 from tgdist.distributed.world import ProcessGroups, detect, disagreement
@@ -53,7 +54,6 @@ from tgdist.runtime import checkpoint, rundir
 from tgdist.runtime.build import build_trainer, micro_batches, staleness, validate
 from tgdist.runtime.distributed import (cpu_share, fault_injection, memory_backend, model_digest, rank_logging,
                                         shared_settings)
-from tgdist.data.sampler import TCSR
 from tgdist.runtime.mspipe import (STAGES, max_staleness, mitigate, quantile_gap, similar_nodes, stale_rows,
                                      staleness_bounds, update_gaps)
 from tgdist.runtime.pipeline import GradientSync, Prefetcher, fit_eta, fit_granularity
