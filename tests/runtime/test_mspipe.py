@@ -307,7 +307,8 @@ def test_similar_nodes_count_common_neighbours_before_the_batch():
     got = similar_nodes(tcsr, np.array([3, 2, 1, 0]), [3], before=8)
     assert got[3].tolist() == [2, 1]
     assert similar_nodes(tcsr, np.array([3, 2, 1, 0]), [3], before=10)[3].tolist() == [1, 2]  # 2 ties 1 now
-    assert update_gaps(np.array([0, 1, 0]), np.array([1, 2, 2]), np.array([1.0, 3.0, 7.0])).tolist() == [6.0, 2.0, 4.0]  # nodes 0, 1, 2
+    gaps = update_gaps(np.array([0, 1, 0]), np.array([1, 2, 2]), np.array([1.0, 3.0, 7.0]))
+    assert gaps.tolist() == [6.0, 2.0, 4.0]  # nodes 0 (t 1, 7), 1 (t 1, 3), 2 (t 3, 7)
 
 
 def test_mitigation_with_lambda_1_changes_nothing_and_with_less_changes_the_run(tmp_path):
