@@ -50,7 +50,8 @@ def test_an_experiment_changes_only_what_it_names_and_wins_over_the_defaults():
 
 
 def test_no_pipeline_by_default():
-    assert dict(checked_compose([]).pipeline) == {}
+    p = checked_compose([]).pipeline
+    assert (p.prefetch, str(p.micro_batches), p.async_allreduce, p.mode, p.mitigation) == (0, "1", False, "none", "none")
 
 
 def test_no_embedding_cache_by_default_and_the_freshgnn_option_turns_it_on():
@@ -59,7 +60,7 @@ def test_no_embedding_cache_by_default_and_the_freshgnn_option_turns_it_on():
 
 
 @pytest.mark.parametrize("group,options", [("memory", "auto, daemon, depcache, depcomm, local, sven"),
-                                           ("parallel", "disttgl_2x1x2, single"), ("pipeline", "none"),
+                                           ("parallel", "disttgl_2x1x2, single"), ("pipeline", "async_allreduce, micro_batches, mspipe, none, prefetch, sven"),
                                            ("cache", "freshgnn, none"),
                                            ("experiment", "wikipedia_apan")])
 def test_an_unknown_option_names_the_options(group, options):

@@ -333,6 +333,19 @@ class PipelineConfig:
     async_allreduce: bool = False  # gradient all-reduce overlapping the next iteration (staleness 1, eq. (13))
     profile_iterations: int = 6  # micro_batches=auto: iterations measured before n is chosen
     max_micro_batches: int = 8  # micro_batches=auto: the largest n it may choose
+    # none, or mspipe (MSPipe 3.2): iteration i reads memory that misses the writes of the last K
+    # iterations (K = pipeline.staleness), its reads made K iterations ahead; one process only
+    mode: str = "none"
+    # mspipe's K: a count (0: the plain loop), or auto (the minimal stall-free bound from stage times
+    # measured over profile_iterations iterations, constraints C1-C3)
+    staleness: str = "auto"
+    max_stale_fraction: float = 0.5  # staleness=auto, C3: at most this share of the nodes read may be stale
+    # mspipe: none, or similarity (MSPipe-S, 3.3): a read node whose memory is older than gamma (the
+    # mitigation_quantile of the time between a node's events) gets lambda s_v + (1 - lambda) * the
+    # mean memory of the most similar active nodes of its batch (common neighbours)
+    mitigation: str = "none"
+    mitigation_lambda: float = 0.95
+    mitigation_quantile: float = 0.99
 
 
 @dataclass

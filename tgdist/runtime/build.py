@@ -75,8 +75,50 @@ def micro_batches(pipe) -> int | None:
     return n
 
 
-def validate_pipeline(pipe) -> None:
-    micro_batches(pipe)
+def staleness(pipe) -> int | None:
+    """``pipeline.staleness`` as a count, or None for ``auto``; a bad value is a ConfigError."""
+    text = str(pipe.staleness).strip().lower()
+    if text == "auto":
+        return None
+    try:
+        k = int(text)
+    except ValueError:
+        k = -1
+    if k < 0:
+        raise ConfigError(f"pipeline.staleness={pipe.staleness}: give the iterations of writes a read may miss "
+                          f"(0: none) or auto")
+    return k
+
+
+PIPELINE_MODES = ("none", "mspipe")
+
+
+def validate_pipeline(pipe, parallel=None) -> None:
+    n = micro_batches(pipe)
+    if pipe.mode not in PIPELINE_MODES:
+        raise ConfigError(f"pipeline.mode={pipe.mode}: give one of {', '.join(PIPELINE_MODES)}")
+    staleness(pipe)
+    if pipe.mode == "none" and str(pipe.staleness).strip().lower() != "auto":
+        raise ConfigError(f"pipeline.staleness={pipe.staleness} is read by pipeline.mode=mspipe only")
+    if not 0 < pipe.max_stale_fraction <= 1:
+        raise ConfigError(f"pipeline.max_stale_fraction={pipe.max_stale_fraction}: give a share in (0, 1]")
+    if pipe.mitigation not in ("none", "similarity"):
+        raise ConfigError(f"pipeline.mitigation={pipe.mitigation}: give none or similarity")
+    if pipe.mitigation != "none" and pipe.mode != "mspipe":
+        raise ConfigError(f"pipeline.mitigation={pipe.mitigation} mitigates MSPipe's staleness: it needs "
+                          f"pipeline.mode=mspipe")
+    if not 0 <= pipe.mitigation_lambda <= 1:
+        raise ConfigError(f"pipeline.mitigation_lambda={pipe.mitigation_lambda}: give a weight in [0, 1]")
+    if not 0 < pipe.mitigation_quantile <= 1:
+        raise ConfigError(f"pipeline.mitigation_quantile={pipe.mitigation_quantile}: give a quantile in (0, 1]")
+    if pipe.mode == "mspipe":
+        if n != 1:
+            raise ConfigError(f"pipeline.mode=mspipe takes whole batches: set pipeline.micro_batches=1, not "
+                              f"{pipe.micro_batches}")
+        world = None if parallel is None else parallel.i * parallel.j * parallel.k
+        if world is not None and world > 1:
+            raise ConfigError(f"pipeline.mode=mspipe runs in one process for now: parallel.i*j*k={world} is not "
+                              f"supported with it")
     if pipe.prefetch < 0:
         raise ConfigError(f"pipeline.prefetch={pipe.prefetch}: give the batches to sample ahead (0: none)")
     if pipe.profile_iterations < 2:
@@ -97,7 +139,7 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"train.epochs={t.epochs}: give a count of at least 0 (0 evaluates the untrained model)")
     if not 0 < t.lr < math.inf:
         raise ConfigError(f"train.lr={t.lr}: give a positive, finite learning rate")
-    validate_pipeline(cfg.pipeline)
+    validate_pipeline(cfg.pipeline, cfg.parallel)
     fanouts = list(cfg.sampler.fanouts)
     if (not fanouts and m.name != "jodie") or (fanouts and min(fanouts) <= 0):  # JODIE samples none
         raise ConfigError(f"sampler.fanouts={fanouts}: give one positive neighbour count per hop, e.g. [10]")

@@ -33,6 +33,7 @@ import shutil
 import signal
 import time
 import traceback
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +42,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tgdist import memory
 from tgdist.config import model_tag
+from tgdist.data.sampler import TCSR
 from tgdist.distributed import collectives
 from tgdist.distributed.schedule import Layout, num_global_batches, num_iterations, scaled_lr, step
 from tgdist.distributed.world import ProcessGroups, detect, disagreement
@@ -49,10 +51,12 @@ from tgdist.errors import ConfigError
 from tgdist.kernels import jit
 from tgdist.memory.store import MemoryRead
 from tgdist.runtime import checkpoint, rundir
-from tgdist.runtime.build import build_trainer, micro_batches, validate
+from tgdist.runtime.build import build_trainer, micro_batches, staleness, validate
 from tgdist.runtime.cache import cache_totals
 from tgdist.runtime.distributed import (cpu_share, fault_injection, memory_backend, model_digest, rank_logging,
                                         shared_settings)
+from tgdist.runtime.mspipe import (STAGES, max_staleness, mitigate, quantile_gap, similar_nodes, stale_rows,
+                                     staleness_bounds, update_gaps)
 from tgdist.runtime.pipeline import GradientSync, Prefetcher, fit_eta, fit_granularity
 from tgdist.runtime.tasks import downstream_alone, pretrain_static
 from tgdist.runtime.trainer import SIDE_STREAMS, Progress, StageTimer, Trainer, micro_bounds
@@ -139,6 +143,13 @@ class Run:
         self._profile_rows: list = []  # micro_batches=auto: per profiled batch, its read and eta data
         self._profile_steps: list = []  # ... and the seconds of each profiled iteration
         self._measuring = 0.0  # seconds of this iteration spent measuring, not training
+        self.mspipe = pipe.mode == "mspipe"
+        # mspipe's K (reads made K iterations ahead); None: auto, measured (``_choose_staleness``)
+        self.staleness = staleness(pipe) if self.mspipe else 0
+        self.bounds = None  # staleness=auto: what it measured and chose (the summary's ``pipeline``)
+        self._stage_rows: list = []  # staleness=auto: per measured iteration, its stage seconds, reads, writes
+        self._next_read = 0  # mspipe: the next batch (iteration) to read
+        self._read_pool: ThreadPoolExecutor | None = None  # mspipe: reads made while an iteration computes
         self._sampler_calls = None  # the sampler's call count after the last batch consumed (prefetch)
         self._resume = None  # (path, state) of train.resume, checked here and loaded by train()
         if cfg.train.resume:  # a refused resume leaves the run directory (maybe the checkpoint's own) as it was
@@ -151,6 +162,12 @@ class Run:
                 groups=self.groups, counter=self.counter, cfg=cfg, batch_size=tr.batch_size,
                 fanouts=tuple(tr.sampler.fanouts) if tr.sampler is not None else (), graph=tr.g,
                 train_end=self.n_train))
+        self.gamma = None  # MSPipe-S: seconds after which a read node's memory counts as stale
+        self._stale_read = self._mitigated = 0  # MSPipe-S: stale rows read, and those it changed
+        if self.mspipe and pipe.mitigation == "similarity":
+            n = self.n_train
+            self.gamma = quantile_gap(update_gaps(tr.g.src[:n], tr.g.dst[:n], tr.t_rel[:n]), pipe.mitigation_quantile)
+            self._tcsr = tr.sampler.tcsr if tr.sampler is not None else TCSR.build(tr.g)
         self.ckpt_dir = self.dir / "checkpoints"
         self.ckpt_path = self.ckpt_dir / "last.pt"
         self.start_iteration = 0
@@ -170,6 +187,9 @@ class Run:
         """Release the store (a daemon's client detaches and stops the daemon it started) and the
         process groups. ``train()`` closes; a ``Run`` never trained should be closed by its maker."""
         self._stop_prefetch()
+        if getattr(self, "_read_pool", None) is not None:
+            self._read_pool.shutdown(wait=True, cancel_futures=True)
+            self._read_pool = None
         if self.trainer is not None and self.backend != "local":  # a store made here (a caller's is the caller's)
             self.trainer.memory.close()
         if not self.alone and self._own_groups:
@@ -243,25 +263,38 @@ class Run:
             if fault == t:  # tests: a real SIGKILL of this rank at a chosen iteration
                 os.kill(os.getpid(), signal.SIGKILL)
             began = time.perf_counter()
-            # read-ahead: the position this subgroup trains at iteration t + jj is read now, before
-            # subgroup 0 writes it at the end of this iteration
-            ahead = self._step(t + self.jj) if t + self.jj < self.iterations else None
-            if ahead is not None and ahead.active:
-                mem.open_position(ahead.position, ahead.read_slot, ahead.reset_memory)
-                self.slots[ahead.read_slot] = self._prepare(t, ahead)
-                if self.jj:  # this position's read is done; subgroup 0 writes it below
-                    mem.close_position()
+            stages = dict(tr.timer.seconds) if self.staleness is None else None  # staleness=auto measures
+            if self.mspipe:  # MSPipe: the batches up to t + K are read now, before this iteration writes
+                ahead = None
+                self._read_ahead(t)
+            else:
+                # read-ahead: the position this subgroup trains at iteration t + jj is read now, before
+                # subgroup 0 writes it at the end of this iteration
+                ahead = self._step(t + self.jj) if t + self.jj < self.iterations else None
+                if ahead is not None and ahead.active:
+                    mem.open_position(ahead.position, ahead.read_slot, ahead.reset_memory)
+                    self.slots[ahead.read_slot] = self._prepare(t, ahead)
+                    if self.jj:  # this position's read is done; subgroup 0 writes it below
+                        mem.close_position()
             now = self._step(t)
-            loss = None
+            key = t if self.mspipe else now.read_slot
+            loss = row = None
             self.grads.issue()  # asynchronous all-reduce: the last iteration's, now that the reads are out
             if now.active and now.hi > now.lo:
-                out = tr.compute(self.slots.pop(now.read_slot), train=True, write=now.writes,
-                                 sync_gradients=self.grads, written=mem.start_exchange)
+                self._settle_reads()
+                batch = self.slots.pop(key)
+                if stages is not None:  # C3's data: the nodes this iteration reads and those it writes
+                    row = {"reads": batch.ids.cpu().numpy(), "writes": np.unique(
+                        np.concatenate([tr.g.src[now.lo:now.hi], tr.g.dst[now.lo:now.hi]]))}
+                    self._stage_rows.append(row)
+                out = tr.compute(batch, train=True, write=now.writes, sync_gradients=self.grads,
+                                 written=mem.start_exchange, before_write=self._settle_reads)
                 loss = out.loss
                 self._add_loss(now.pass_index, out.loss * now.num_events, now.num_events)
                 trained += now.num_events
             else:  # an idle rank still joins the gradient exchange and applies the same update
-                self.slots.pop(now.read_slot, None)
+                self._settle_reads()
+                self.slots.pop(key, None)
                 tr.optimizer.zero_grad(set_to_none=True)
                 mem.start_exchange()  # where the active trainers start it: before the gradients
                 if self.grads(tr.model.parameters(), active=False):
@@ -276,6 +309,11 @@ class Run:
                 self._measuring = 0.0
                 if t + 1 - self.start_iteration == cfg.pipeline.profile_iterations:
                     self._choose_micro_batches()
+            if stages is not None:
+                if row is not None:
+                    row["seconds"] = [tr.timer.seconds.get(k, 0.0) - stages.get(k, 0.0) for k in STAGES]
+                if t + 1 - self.start_iteration == cfg.pipeline.profile_iterations or t + 1 == self.iterations:
+                    self._choose_staleness()
             if on_iteration is not None:
                 on_iteration(t, loss)
             done += 1
@@ -327,11 +365,110 @@ class Run:
         return p
 
     def _pipeline(self) -> dict:
-        """The pipelining this run used, for its summary (``micro_batches``: the n auto chose)."""
+        """The pipelining this run used, for its summary (``micro_batches``: the n auto chose;
+        ``staleness``: mspipe's K, the one auto chose)."""
         pipe = self.cfg.pipeline
         fit = None if self.fit is None else {k: round(float(v), 6) for k, v in vars(self.fit).items()}
-        return {"prefetch": pipe.prefetch, "micro_batches": self.micro, "async_allreduce": pipe.async_allreduce,
-                "fit": fit}
+        out = {"prefetch": pipe.prefetch, "micro_batches": self.micro, "async_allreduce": pipe.async_allreduce,
+               "fit": fit, "mode": pipe.mode}
+        if self.mspipe:
+            out.update({"staleness": self.staleness, "bounds": self.bounds})
+        if self.gamma is not None:
+            out["mitigation"] = {"gamma_s": self.gamma, "lambda": pipe.mitigation_lambda,
+                                 "stale_rows_read": self._stale_read, "rows_mitigated": self._mitigated}
+        return out
+
+    # ------------------------------------------------------------------------------------------
+    # MSPipe (``runtime.mspipe``)
+
+    def _read_ahead(self, t: int) -> None:
+        """mspipe: read the batches of iterations up to t + K (K = ``staleness``, 0 while auto
+        measures) that are not read yet, in order, before iteration t writes: batch i is then read
+        at iteration i - K and misses exactly the writes of i - K .. i - 1. Reads never cross an
+        epoch: the next epoch starts from reset memory, after evaluation, so its first K + 1
+        batches are read at its first iteration (the warm-up, MSPipe Appendix D.3)."""
+        mem, nb = self.trainer.memory, self.batches_per_epoch
+        last = min(t + (self.staleness or 0), (t // nb + 1) * nb - 1, self.iterations - 1)
+        self._next_read = max(self._next_read, t)
+        while self._next_read <= last:
+            u = self._next_read
+            s = self._step(u)
+            if s.active:
+                mem.open_position(s.position, s.read_slot, s.reset_memory)
+                if u > t and u == last:  # read while t computes (``_settle_reads`` waits before t writes)
+                    sampled, self._sampler_calls = self._sampled(u)
+                    self.slots[u] = self._reader().submit(self._read, s, self._negatives(s), sampled)
+                else:
+                    self.slots[u] = self._mitigate(self._prepare(u, s))
+                mem.close_position()
+            self._next_read += 1
+
+    def _read(self, s, neg, sampled):
+        """(the read thread) batch ``s`` prepared and read, mitigated with MSPipe-S when on."""
+        return self._mitigate(self.trainer.prepare(s.lo, s.hi, neg, sampled=sampled))
+
+    def _mitigate(self, p):
+        """MSPipe-S (3.3) on a training read (``pipeline.mitigation=similarity``): each node of the
+        batch whose latest write (its latest mail's time) is older than gamma at the batch's first
+        event gets lambda s_v + (1 - lambda) * the mean memory of its most similar active
+        nodes of the batch (``mspipe.similar_nodes``, ``mspipe.mitigate``). The memory times stay."""
+        if self.gamma is None:
+            return p
+        tr, r = self.trainer, p.read
+        now = float(tr.t_rel[p.lo])
+        updated = r.mail_ts.max(1).values  # a node's latest write is its latest mail's event
+        rows = stale_rows(updated, now, self.gamma)
+        if rows:
+            similar = similar_nodes(self._tcsr, p.ids.cpu().numpy(), rows, tr.g.t[p.lo])
+            mem = mitigate(r.mem, updated, now, similar, self.gamma, self.cfg.pipeline.mitigation_lambda)
+            self._stale_read += len(rows)
+            self._mitigated += int((mem != r.mem).any(1).sum())
+            p.read = MemoryRead(mem, r.mem_ts, r.mail, r.mail_ts)
+        return p
+
+    def _sampled(self, u: int):
+        """The prefetch worker's sampling of batch ``u`` and the sampler's count after it, or
+        ``(None, None)`` without a worker (the read then samples too)."""
+        if not self.cfg.pipeline.prefetch:
+            return None, None
+        if self.prefetcher is None:
+            self._start_prefetch(u)
+        return self.prefetcher.get(u)
+
+    def _reader(self) -> ThreadPoolExecutor:
+        if self._read_pool is None:
+            self._read_pool = ThreadPoolExecutor(1, thread_name_prefix="tgdist-mspipe-read")
+        return self._read_pool
+
+    def _settle_reads(self) -> None:
+        """Wait for a read in flight (mspipe): before this iteration writes, and before a batch is used."""
+        for u, p in self.slots.items():
+            if isinstance(p, Future):
+                self.slots[u] = p.result()
+
+    def _choose_staleness(self) -> None:
+        """staleness=auto, after ``profile_iterations`` iterations read without staleness: the
+        stage times tau (the median per stage of the measured iterations but the first, which
+        compiles kernels), C3's cap from the nodes they read and wrote, and k_i over an epoch from
+        C1-C2 (``mspipe.staleness_bounds``); the run then uses the steady K (``Bounds.steady``)."""
+        rows = [r for r in self._stage_rows if "seconds" in r]
+        self._stage_rows = []
+        if not rows:
+            self.staleness = 0
+            log.info("pipeline.staleness=auto: nothing measured (empty batches?); using 0")
+            return
+        timed = rows[1:] or rows
+        tau = np.median(np.array([r["seconds"] for r in timed]), axis=0)
+        cap = max_staleness([r["reads"] for r in rows], [r["writes"] for r in rows],
+                            self.cfg.pipeline.max_stale_fraction, upper=max(len(rows) - 1, 0))
+        bounds = staleness_bounds(tau, self.batches_per_epoch, cap)
+        self.staleness = bounds.steady()
+        self.bounds = {"tau": [round(float(x), 6) for x in tau], "stages": list(STAGES), "max_staleness": cap,
+                       "steady_k": self.staleness + 1, "stall_s": round(float(bounds.stall.sum()), 6)}
+        log.info("pipeline.staleness=auto: K=%d (the paper's k=%d) from stage times %s ms, C3's cap K<=%d "
+                 "(at most %.0f%% of the nodes read stale)", self.staleness, self.staleness + 1,
+                 ", ".join(f"{n} {1e3 * x:.2f}" for n, x in zip(STAGES, tau)), cap,
+                 100 * self.cfg.pipeline.max_stale_fraction)
 
     def _start_prefetch(self, t: int) -> None:
         """A worker sampling the batches this rank reads from iteration ``t`` on: to the end of the
@@ -573,6 +710,7 @@ class Run:
     # iteration, metrics lines, the list of those files) and removes older iteration directories.
 
     def save(self, iteration: int) -> None:
+        self._settle_reads()
         tr, d = self.trainer, self.ckpt_dir / f"it{iteration:08d}"
         world_group = self.groups.get("world")
         def saved(p):  # a read still in flight (micro-batches) is waited for
@@ -581,7 +719,8 @@ class Run:
         slots = {slot: [saved(q) for q in p] if isinstance(p, list) else saved(p) for slot, p in self.slots.items()}
         calls = self._sampler_calls if self._sampler_calls is not None else tr.sampler.calls if tr.sampler else 0
         checkpoint.atomic_save({"torch_rng": torch.get_rng_state(), "slots": slots, "losses": self.losses,
-                                "sampler_calls": calls, "micro_batches": self.micro},
+                                "sampler_calls": calls, "micro_batches": self.micro, "staleness": self.staleness,
+                                "staleness_bounds": self.bounds},
                                d / f"rank-{self.rank}.pt")
         pending = self.grads.pending()  # asynchronous all-reduce: the averaged gradient not yet applied
         name, writes = tr.memory.checkpoint_part(self.ii, self.jj, self.kk)
@@ -619,6 +758,8 @@ class Run:
         torch.set_rng_state(mine["torch_rng"])
         if tr.sampler is not None:
             tr.sampler.calls = int(mine["sampler_calls"])
+            if self.mspipe and tr.model.num_hops:  # the slots below are sampled again, with the draws they had
+                tr.sampler.calls -= len(mine["slots"])
         self.losses, self._passes = [], {}
         for g, loss_sum, events in mine["losses"]:
             self._add_loss(int(g), float(loss_sum), int(events))
@@ -627,7 +768,12 @@ class Run:
                               read=MemoryRead(**{k: t.to(tr.device) for k, t in v["read"].items()}))
 
         self.slots = {int(slot): [restored(q) for q in v] if isinstance(v, list) else restored(v)
-                      for slot, v in mine["slots"].items()}
+                      for slot, v in sorted(mine["slots"].items())}
+        if self.mspipe:
+            self._next_read = max(self.slots, default=-1) + 1
+            if self.staleness is None and mine.get("staleness") is not None:
+                self.staleness = int(mine["staleness"])  # auto chose it before the checkpoint
+                self.bounds = mine.get("staleness_bounds")
         if self.micro is None and mine.get("micro_batches") is not None:
             self.micro = int(mine["micro_batches"])  # auto chose it before the checkpoint: not measured again
         self.grads.restore(state.get("pending_gradients"), tr.device)

@@ -270,7 +270,7 @@ class Trainer:
             model.train(training)
 
     def compute(self, p: "Prepared | list[Prepared]", train: bool, keep_emb: bool = False, write: bool | None = None,
-                sync_gradients=None, written=None) -> BatchOutput:
+                sync_gradients=None, written=None, before_write=None) -> BatchOutput:
         """Phases compute (update memory once per unique node, embed, score, learn) and memory
         write. ``write`` overrides ``writes_enabled`` (epoch-parallel subgroups other than the
         first do not write). ``sync_gradients(params)`` runs between backward and the optimizer
@@ -280,6 +280,8 @@ class Trainer:
         The memory write needs the forward pass only, so it is made before the (last) backward
         pass, and ``written()`` is called after it: a parallel run starts sending the writes
         there (``MemoryStore.start_exchange``), which then travel during the backward pass.
+        ``before_write()`` is called just before the write (MSPipe: a read of a later batch issued
+        during this forward pass is waited for there, so it misses this write).
 
         ``p`` may be a batch's micro-batches (``prepare_micro``): each runs forward and backward
         in turn with its loss weighted by its share of the events, so the gradients accumulate to
@@ -338,6 +340,8 @@ class Trainer:
                     src_l.append(h_src.detach())
                     dst_l.append(h_dst.detach())
             # memory write: positive roots only, with values from this forward pass (detached)
+            if before_write is not None:
+                before_write()
             w0 = time.perf_counter()
             if (self.writes_enabled if write is None else write) and b > 0:
                 sizes = [q.hi - q.lo for q in parts if q.hi > q.lo]

@@ -1,0 +1,324 @@
+"""MSPipe (``tgdist.runtime.mspipe``, ``pipeline.mode=mspipe``): the staleness bound as a pure
+function, and the loop with staleness K against a reference written by hand with the Trainer API."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from tgdist.distributed import collectives
+from tgdist.distributed.schedule import Layout, num_global_batches, step
+from tgdist.errors import ConfigError
+from tgdist.memory.store import LocalMemory
+from tgdist.runtime.build import build_trainer, compose, validate
+from tgdist.runtime.mspipe import (max_staleness, mitigate, quantile_gap, similar_nodes, stale_fraction,
+                                   staleness_bounds, update_gaps)
+from tgdist.runtime.run import Run
+
+# ----------------------------------------------------------------------------------------------
+# The bound (MSPipe 3.2). The paper's figures give no stage times in its text, only the bounds
+# they show: Figure 3 "k = 2, 4", Figure 7 "minimal staleness bound is 3" with the memory fetch
+# delayed into the bubble. We reconstruct one pipeline per stated bound, with integer stage times
+# (sample, features, memory fetch, training, memory update), and check the schedule by hand.
+
+
+def test_figure_3a_training_bound_pipeline_has_k_2():
+    """tau = (1, 1, 1, 2, 1): training is the slowest stage; fetch + update (2) fit in one training
+    stage (2), so iteration i can read the memory updated by i - 2 (paper k = 2, our K = 1)."""
+    b = staleness_bounds([1, 1, 1, 2, 1], 8)
+    assert b.k.tolist() == [1, 2, 2, 2, 2, 2, 2, 2]  # i = 0 waits for nothing (first of the epoch)
+    assert b.staleness.tolist() == [0, 1, 1, 1, 1, 1, 1, 1] and b.steady() == 1
+    assert not b.stall.any()
+    # by hand, iteration 2: sample [2, 3], features [5, 6] (after fetch 1 ends at 5), fetch ready
+    # at 6, training of 1 ends at 7 = the stall-free start, so the fetch must start by 6; the
+    # update of 1 ends at 8 > 6, the update of 0 at 6 <= 6: k = 2, fetch [6, 7], training [7, 9]
+    assert b.begin[2].tolist() == [2, 5, 6, 7, 9] and b.end[2].tolist() == [3, 6, 7, 9, 10]
+
+
+def test_figure_3b_slow_update_grows_k_to_the_cap_and_training_waits():
+    """tau = (1, 1, 1, 2, 3): the memory update is slower than training, so each iteration's update
+    ends later behind training than the last; k grows until C3's cap (k_max = 4, K <= 3) holds
+    it at 4, and from then on training waits for the fetch (the price of the cap)."""
+    b = staleness_bounds([1, 1, 1, 2, 3], 10, max_staleness=3)
+    assert b.k.tolist() == [1, 2, 3, 3, 4, 4, 4, 4, 4, 4]
+    assert b.steady() == 3
+    assert not b.stall[:7].any() and (b.stall[7:] > 0).all()
+    free = staleness_bounds([1, 1, 1, 2, 3], 10)  # without the cap k keeps growing: never stalls
+    assert free.k[-1] > 4 and not free.stall.any()
+
+
+def test_figure_7_fetch_delayed_into_the_bubble_with_k_3():
+    """tau = (1, 1, 1, 3, 3): fetch + update (4) need two training stages (6), so k = 3; the fetch
+    is ready before the update of i - 3 ends and is delayed by 1 into the bubble before training
+    (Figure 7's green arrow), without stalling training."""
+    b = staleness_bounds([1, 1, 1, 3, 3], 8)
+    assert b.k.tolist() == [1, 2, 3, 3, 3, 3, 3, 3]
+    assert b.delay.tolist() == [0, 0, 0, 1, 1, 1, 1, 1]
+    assert not b.stall.any() and b.steady() == 2
+    # by hand, iteration 3: fetch ready at 8, training of 2 ends at 12, so the fetch must start by
+    # 11; updates of 2 and 1 end at 15 and 12 (too late), that of 0 at 9: k = 3, fetch [9, 10]
+    assert b.begin[3].tolist() == [3, 7, 9, 12, 15] and b.end[3].tolist() == [4, 8, 10, 15, 18]
+    # training runs back to back: the GPU never idles
+    assert np.allclose(b.begin[1:, 3], b.end[:-1, 3])
+
+
+@pytest.mark.parametrize("tau", [(1, 1, 1, 2, 1), (1, 1, 1, 3, 3), (0.5, 0.2, 0.7, 2.0, 1.5), (1, 0, 2, 2, 2),
+                                 (0.1, 0.3, 0.4, 5.0, 0.2)])
+def test_training_bound_steady_k_is_one_plus_fetch_and_update_over_training(tau):
+    """When training is the slowest stage (tau2 + tau3 <= tau4, tau5 <= tau4), the update of
+    i - k must end by training i's start minus the fetch: (k - 1) tau4 >= tau3 + tau5."""
+    b = staleness_bounds(tau, 40)
+    assert b.k[-1] == 1 + math.ceil((tau[2] + tau[4]) / tau[3] - 1e-12)
+    assert not b.stall.any()
+
+
+def test_no_staleness_when_memory_stages_take_no_time():
+    assert staleness_bounds([1, 1, 0, 1, 0], 5).k.tolist() == [1, 1, 1, 1, 1]
+
+
+def test_bad_stage_times_are_refused():
+    with pytest.raises(ValueError, match="five non-negative"):
+        staleness_bounds([1, 1, 1], 4)
+    with pytest.raises(ValueError, match="five non-negative"):
+        staleness_bounds([1, 1, -1, 1, 1], 4)
+
+
+def test_stale_fraction_and_c3_cap_on_a_hand_made_case():
+    """Iterations read {0,1,2,3} each; iteration j writes node j (0, 1, 2, 3, 0). At K = 1 the reads
+    of 1..4 each find one of 4 nodes written by the previous iteration: 4 of 20 reads stale; at
+    K = 2, 1 + 2 + 2 + 2 = 7; at K = 3, 1 + 2 + 3 + 3 = 9; at K = 4, 1 + 2 + 3 + 4 = 10."""
+    reads = [np.array([0, 1, 2, 3])] * 5
+    writes = [np.array([0]), np.array([1]), np.array([2]), np.array([3]), np.array([0])]
+    assert stale_fraction(reads, writes, 0) == 0
+    assert [stale_fraction(reads, writes, K) for K in (1, 2, 3, 4)] == [4 / 20, 7 / 20, 9 / 20, 10 / 20]
+    assert max_staleness(reads, writes, 0.5, upper=4) == 4
+    assert max_staleness(reads, writes, 0.4, upper=4) == 2
+    assert max_staleness(reads, writes, 0.1) == 0
+
+
+def test_mitigation_formula_on_a_hand_made_case():
+    """MSPipe-S (3.3): node 0 is stale (age 10 > gamma 5) and its similar nodes 1 (active, fresher)
+    and 2 (too old) give Omega = {1}: s_hat = 0.75 s_0 + 0.25 s_1. Node 1 is fresh: unchanged.
+    Node 3 is stale with no active similar node: unchanged. Node 4 was never written (-inf): new,
+    not stale."""
+    mem = torch.tensor([[4.0, 0.0], [0.0, 8.0], [100.0, 100.0], [1.0, 1.0], [7.0, 7.0]])
+    updated = torch.tensor([0.0, 8.0, -5.0, 1.0, -math.inf], dtype=torch.float64)
+    out = mitigate(mem, updated, now=10.0, similar=[np.array([1, 2]), np.array([0]), np.array([]), np.array([2]),
+                                                    np.array([1])], gamma=5.0, lam=0.75)
+    assert torch.equal(out, torch.tensor([[3.0, 2.0], [0.0, 8.0], [100.0, 100.0], [1.0, 1.0], [7.0, 7.0]]))
+    assert quantile_gap(np.array([1.0, 2.0, 3.0, 4.0, np.inf]), 0.5) == 2.5
+
+
+# ----------------------------------------------------------------------------------------------
+# Config
+
+SMALL = ["data.max_events=1500", "model.mem_dim=16", "model.time_dim=8", "train.batch_size=100",
+         "train.num_neg_eval=9", "train.progress=false", "train.num_threads=1", "sampler.num_threads=1",
+         "model.dropout=0"]
+
+
+@pytest.mark.parametrize("bad, message", [
+    (["pipeline.mode=pipedream"], "pipeline.mode=pipedream: give one of none, mspipe"),
+    (["pipeline.mode=mspipe", "pipeline.staleness=-1"], "pipeline.staleness=-1"),
+    (["pipeline.mode=mspipe", "pipeline.staleness=soon"], "or auto"),
+    (["pipeline.staleness=2"], "read by pipeline.mode=mspipe only"),
+    (["pipeline.mode=mspipe", "pipeline.micro_batches=2"], "pipeline.micro_batches=1"),
+    (["pipeline.mode=mspipe", "parallel.i=2"], "parallel.i\\*j\\*k=2 is not supported"),
+    (["pipeline.mode=mspipe", "pipeline.max_stale_fraction=0"], "max_stale_fraction=0"),
+    (["pipeline.mitigation=similarity"], "needs pipeline.mode=mspipe"),
+    (["pipeline.mode=mspipe", "pipeline.mitigation=cosine"], "give none or similarity"),
+    (["pipeline.mode=mspipe", "pipeline.mitigation_lambda=2"], "mitigation_lambda=2"),
+])
+def test_bad_mspipe_settings_are_refused_in_one_line(bad, message):
+    with pytest.raises(ConfigError, match=message) as e:
+        validate(compose(SMALL + bad))
+    assert "\n" not in str(e.value)
+
+
+# ----------------------------------------------------------------------------------------------
+# The loop
+
+
+def run(tmp_path, name, extra=(), trainer=None):
+    cfg = compose(SMALL + list(extra) + [f"run_dir={tmp_path / name}"])
+    return Run(cfg, tmp_path / name, trainer=trainer).train(), tmp_path / name
+
+
+def metrics(summary):
+    return {k: v for k, v in summary.items() if k.startswith(("val_", "test_", "loss"))}
+
+
+def test_staleness_0_is_bit_identical_to_the_plain_loop(tmp_path):
+    over = ["train.epochs=2"]
+    plain, _ = run(tmp_path, "plain", over)
+    k0, _ = run(tmp_path, "k0", [*over, "pipeline.mode=mspipe", "pipeline.staleness=0", "pipeline.prefetch=2"])
+    assert metrics(k0) == metrics(plain) and len(metrics(plain)) >= 6
+    k2, _ = run(tmp_path, "k2", [*over, "pipeline.mode=mspipe", "pipeline.staleness=2"])
+    assert metrics(k2) != metrics(plain)  # staleness changes what is read
+    assert k2["pipeline"]["mode"] == "mspipe" and k2["pipeline"]["staleness"] == 2
+
+
+class RecordingMemory(LocalMemory):
+    """Local memory that keeps a copy of every read; with ``delay`` K its writes are held back and
+    applied K iterations late (``end_iteration``), in order: the reference semantics of MSPipe."""
+
+    def __init__(self, *args, delay: int = 0):
+        super().__init__(*args)
+        self.reads, self.delay, self.held, self.current = [], delay, [], []
+
+    def read(self, ids):
+        r = super().read(ids)
+        self.reads.append((ids.clone(), r.mem.clone(), r.mem_ts.clone(), r.mail.clone(), r.mail_ts.clone()))
+        return r
+
+    def write_memory(self, *a):
+        self._write(super().write_memory, a)
+
+    def write_mail(self, *a):
+        self._write(super().write_mail, a)
+
+    def deliver_mails(self, *a):
+        self._write(super().deliver_mails, a)
+
+    def _write(self, fn, args):
+        if self.delay:
+            self.current.append((fn, [x.clone() if torch.is_tensor(x) else x for x in args]))
+        else:
+            fn(*args)
+
+    def end_iteration(self):
+        self.held.append(self.current)
+        self.current = []
+        while len(self.held) > self.delay:
+            self.flush(1)
+
+    def flush(self, n=None):
+        for _ in range(len(self.held) if n is None else n):
+            for fn, args in self.held.pop(0):
+                fn(*args)
+
+
+def recording(tr, delay=0):
+    m = tr.memory
+    tr.memory = RecordingMemory(m.num_nodes, m.mem_dim, m.mail_dim, m.mailbox_size, delay=delay)
+    return tr
+
+
+@pytest.mark.parametrize("model, K, prefetch", [("tgn", 2, 2), ("apan", 3, 0)])
+def test_every_read_equals_a_reference_that_applies_writes_k_iterations_late(tmp_path, model, K, prefetch):
+    """The reference: the plain loop over the same batches and negatives, each iteration reading
+    at once, with every write held back and applied K iterations late; at the end of each epoch
+    every held write is applied before evaluation. Every memory read of the mspipe run (training
+    and evaluation) must equal the reference's, and so must the metrics. (Without prefetch the
+    read thread samples the batch it reads too.)"""
+    epochs = 2
+    over = ["train.epochs=2", f"model={model}", "pipeline.mode=mspipe", f"pipeline.staleness={K}",
+            f"pipeline.prefetch={prefetch}"]
+    cfg = compose(SMALL + over + [f"run_dir={tmp_path / 'ms'}"])
+    ms = recording(build_trainer(cfg, progress=False))
+    summary = Run(cfg, tmp_path / "ms", trainer=ms).train()
+
+    ref = recording(build_trainer(cfg, progress=False), delay=K)
+    n_train, bs = ref.split.range("train")[1], ref.batch_size
+    nb, lay = num_global_batches(n_train, 1, bs), Layout(1, 1, 1)
+    ref.model.train()
+    for t in range(epochs * nb):
+        s = step(lay, 0, t, n_train, bs, epochs)
+        if s.reset_memory:
+            ref.memory.reset_state()
+        neg = ref.negatives.keyed(3 + s.neg_set, s.lo, s.hi, 1)
+        ref.compute(ref.prepare(s.lo, s.hi, neg), train=True,
+                    sync_gradients=lambda ps: collectives.average_gradients(ps))
+        ref.memory.end_iteration()
+        if (t + 1) % nb == 0:  # the epoch's end: every held write applied, then evaluation as it is
+            ref.memory.flush()
+            ref.memory.delay = 0
+            res = {**ref.evaluate("val"), **ref.evaluate("test")}  # (train.test_every_epoch)
+            ref.memory.delay = K
+            ref.model.train()
+    assert len(ms.memory.reads) == len(ref.memory.reads) > epochs * nb
+    for got, want in zip(ms.memory.reads, ref.memory.reads):
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert summary["val_ap"] == res["val_ap"] and summary["test_ap"] == res["test_ap"]
+
+
+def test_no_read_sees_a_write_of_the_last_k_iterations_or_later(tmp_path):
+    """Every memory and mail time a training read returns is at most the time of the last event
+    of batch i - K - 1 of its epoch (the newest write it may see); reset memory before that."""
+    K = 3
+    cfg = compose(SMALL + ["train.epochs=2", "pipeline.mode=mspipe", f"pipeline.staleness={K}",
+                           f"run_dir={tmp_path / 'r'}"])
+    tr = recording(build_trainer(cfg, progress=False))
+    n_train, bs = tr.split.range("train")[1], tr.batch_size
+    nb = num_global_batches(n_train, 1, bs)
+    Run(cfg, tmp_path / "r", trainer=tr).train()
+    per_eval = len(range(*tr.split.range("val"), bs)) + len(range(*tr.split.range("test"), bs))
+    train_reads = [r for e in range(2) for r in tr.memory.reads[e * (nb + per_eval): e * (nb + per_eval) + nb]]
+    assert len(tr.memory.reads) == 2 * (nb + per_eval)  # (train.test_every_epoch)
+    t_rel = tr.t_rel
+    seen = False
+    for i, (_, _, mem_ts, _, mail_ts) in enumerate(train_reads):
+        j = i % nb - K - 1  # the newest batch of this epoch whose write this read may see
+        newest = max(mem_ts.max().item(), mail_ts[torch.isfinite(mail_ts)].max().item() if torch.isfinite(
+            mail_ts).any() else 0.0)
+        limit = t_rel[min((j + 1) * bs, n_train) - 1] if j >= 0 else 0.0
+        assert newest <= limit, (i, newest, limit)
+        seen |= j >= 1 and newest > t_rel[j * bs - 1]  # it sees batch j's write: no staler than K
+    assert seen
+
+
+def test_mspipe_resumes_exactly_from_a_checkpoint_with_reads_in_flight(tmp_path):
+    """A mid-epoch checkpoint holds the K batches read ahead (and the sampler's count before
+    them, so uniform sampling draws them again alike): the resumed run ends as the full one."""
+    over = ["train.epochs=2", "sampler.strategy=uniform", "pipeline.mode=mspipe", "pipeline.staleness=2",
+            "pipeline.prefetch=2"]
+    full, _ = run(tmp_path, "full", over)
+    stopped, d = run(tmp_path, "part", [*over, "train.checkpoint_every=4", "train.stop_after_batches=17"])
+    assert stopped["stopped"]
+    state = torch.load(d / "checkpoints" / "last.pt", weights_only=True)
+    part = torch.load(d / "checkpoints" / state["dir"] / "rank-0.pt", weights_only=True)
+    assert len(part["slots"]) == 2  # the two batches read ahead
+    resumed, _ = run(tmp_path, "resumed", [*over, f"train.resume={d}"])
+    assert metrics(resumed) == metrics(full)
+
+
+def test_staleness_auto_measures_chooses_and_reports(tmp_path, caplog):
+    import logging
+    caplog.set_level(logging.INFO, logger="tgdist.runtime.run")
+    s, _ = run(tmp_path, "auto", ["train.epochs=1", "pipeline=mspipe", "pipeline.profile_iterations=4"])
+    chosen = [r.getMessage() for r in caplog.records if "pipeline.staleness=auto: K=" in r.getMessage()]
+    assert len(chosen) == 1
+    p = s["pipeline"]
+    assert p["mode"] == "mspipe" and 0 <= p["staleness"] <= p["bounds"]["max_staleness"]
+    assert len(p["bounds"]["tau"]) == 5 and p["bounds"]["steady_k"] == p["staleness"] + 1
+
+
+def test_similar_nodes_count_common_neighbours_before_the_batch():
+    """Events (src, dst, t): (0,5,1) (1,5,2) (2,5,3) (1,6,4) (0,6,5) (3,7,6) (2,6,9). Before t = 8,
+    node 0's neighbours are {5, 6}; 1 shares both, 2 shares 5 only (its event with 6 is at 9), 3
+    none. Rows of ids [3, 2, 1, 0]: for row 3 (node 0), row 2 (node 1, 2 shared), then row 1."""
+    from tgdist.data.graph import TemporalGraph
+    from tgdist.data.sampler import TCSR
+    src, dst = np.array([0, 1, 2, 1, 0, 3, 2]), np.array([5, 5, 5, 6, 6, 7, 6])
+    t = np.array([1, 2, 3, 4, 5, 6, 9])
+    g = TemporalGraph(src=src, dst=dst, t=t, num_nodes=8, node_map=np.arange(8))
+    tcsr = TCSR.build(g)
+    got = similar_nodes(tcsr, np.array([3, 2, 1, 0]), [3], before=8)
+    assert got[3].tolist() == [2, 1]
+    assert similar_nodes(tcsr, np.array([3, 2, 1, 0]), [3], before=10)[3].tolist() == [1, 2]  # 2 ties 1 now
+    gaps = update_gaps(np.array([0, 1, 0]), np.array([1, 2, 2]), np.array([1.0, 3.0, 7.0]))
+    assert gaps.tolist() == [6.0, 2.0, 4.0]  # nodes 0 (t 1, 7), 1 (t 1, 3), 2 (t 3, 7)
+
+
+def test_mitigation_with_lambda_1_changes_nothing_and_with_less_changes_the_run(tmp_path):
+    over = ["train.epochs=2", "pipeline.mode=mspipe", "pipeline.staleness=2"]
+    base, _ = run(tmp_path, "base", over)
+    one, _ = run(tmp_path, "one", [*over, "pipeline.mitigation=similarity", "pipeline.mitigation_lambda=1",
+                                   "pipeline.mitigation_quantile=0.9"])
+    half, _ = run(tmp_path, "half", [*over, "pipeline.mitigation=similarity", "pipeline.mitigation_lambda=0.5",
+                                    "pipeline.mitigation_quantile=0.9"])
+    assert metrics(one) == metrics(base)
+    m = half["pipeline"]["mitigation"]
+    assert m["stale_rows_read"] >= m["rows_mitigated"] > 0 and m["gamma_s"] > 0
+    assert metrics(half) != metrics(base)

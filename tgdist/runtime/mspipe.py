@@ -1,0 +1,197 @@
+"""MSPipe's staleness bound (MSPipe 3.2, Appendix D.3) and similarity mitigation (3.3): pure functions.
+
+Notation. The paper's k_i counts iterations back to the last memory update that iteration i's
+fetch must see: iteration i reads memory updated through iteration i - k_i, so its k = 1 is the
+plain loop (section 5.4: "k = 1 represents the baseline method of TGL without applying
+staleness"). tgdist's ``pipeline.staleness`` K counts the writes a read misses: iteration i reads
+memory that lacks the writes of iterations i - K .. i - 1, so K = k - 1 and K = 0 is the plain loop.
+
+Stages j = 1..5: sample, features, memory read (fetch), compute (MTGNN training), memory write
+(update); ``tau`` their profiled seconds, b / e their start and end times, eq. (3)-(4):
+b_i^(1) = e_{i-1}^(1); b_i^(2) = max(e_i^(1), e_{i-1}^(3)) (feature and memory fetches share the
+copy engine); b_i^(j) = max(e_i^(j-1), e_{i-1}^(j)) for j = 3..5.
+
+The constraints as we read them (the paper prints C1 as e_{i-k}^(5) >= b_i^(3), which, taken
+literally, would have the update of i - k end *after* the fetch starts; its text and Algorithm 1,
+line 9, say the fetch waits for that update, so we use the ordering the text describes):
+- C1: the memory fetch of i starts once the update of i - k_i has ended and once it can start
+  at all: b_i^(3) = max(eq. (3)'s start, e_{i-k_i}^(5)) -- the fetch is delayed into the bubble;
+- C2: that delay does not stall training: e_{i-k_i}^(5) <= b_i^(4) - tau^(3), with b_i^(4) the
+  training start the fetch would allow without the delay (max(ready + tau^(3), e_{i-1}^(4)));
+- C3: 1 <= k_i <= k_max, k_max the largest k at which at most half of the nodes read are stale
+  (``max_staleness``; the paper writes k_i < min{i, k_max} with 1-based i: the first iterations
+  have fewer earlier updates to wait for, the warm-up of Appendix D.3).
+k_i is the smallest k meeting C2 (the freshest read that does not stall training); when none does
+within C3's cap, k_i is the cap and training waits (``Bounds.stall``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from tgdist.runtime.trainer import STAGES  # MSPipe's stages 1..5, in its order
+
+__all__ = ["STAGES", "Bounds", "staleness_bounds", "stale_fraction", "max_staleness", "stale_rows", "mitigate",
+           "quantile_gap", "similar_nodes", "update_gaps"]
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The minimal staleness of each iteration of one epoch and the schedule it gives (all [E],
+    or [E, 5] per stage): ``k`` the paper's k_i, ``staleness`` = k - 1 (writes missed), ``begin``
+    / ``end`` the stage times of eq. (3)-(4) with C1's delayed fetch, ``delay`` how long each fetch
+    was held back (Figure 7's green arrows), ``stall`` how long training waited for a fetch because
+    C3 capped k (0 when the pipeline is stall-free)."""
+
+    k: np.ndarray
+    staleness: np.ndarray
+    begin: np.ndarray
+    end: np.ndarray
+    delay: np.ndarray
+    stall: np.ndarray
+
+    def steady(self) -> int:
+        """One staleness K for the whole run (the paper, E.2.4: k_i converges to a steady value, which
+        it uses): the largest K_i of the second half of the epoch, so no steady iteration stalls."""
+        tail = self.staleness[len(self.staleness) // 2:]
+        return int(tail.max()) if tail.size else 0
+
+
+def staleness_bounds(tau: Sequence[float], num_iterations: int, max_staleness: int | None = None) -> Bounds:
+    """k_i for iterations 0 .. E-1 of an epoch (memory reset at its start) from the five stage
+    times ``tau`` (seconds), with C3's cap ``max_staleness`` (K = k - 1 units; None: no cap).
+    O(E * k_max), the paper's iteration over the epoch."""
+    tau = np.asarray(tau, dtype=np.float64)
+    if tau.shape != (5,) or (tau < 0).any() or not np.isfinite(tau).all():
+        raise ValueError(f"tau: give five non-negative stage times (sample, features, memory read, compute, memory "
+                         f"write), got {tau.tolist()}")
+    if max_staleness is not None and max_staleness < 0:
+        raise ValueError(f"max_staleness must be at least 0, got {max_staleness}")
+    E = int(num_iterations)
+    b, e = np.zeros((E, 5)), np.zeros((E, 5))
+    k, delay, stall = np.zeros(E, np.int64), np.zeros(E), np.zeros(E)
+    k_cap = np.inf if max_staleness is None else max_staleness + 1
+    for i in range(E):
+        prev = e[i - 1] if i else np.zeros(5)
+        b[i, 0] = prev[0]
+        e[i, 0] = b[i, 0] + tau[0]
+        b[i, 1] = max(e[i, 0], prev[2])
+        e[i, 1] = b[i, 1] + tau[1]
+        ready = max(e[i, 1], prev[2])  # eq. (3), j = 3: the earliest the fetch can start
+        train_at = max(ready + tau[2], prev[3])  # training's start were the fetch not delayed
+        # smallest k whose update ends by the latest stall-free fetch start (C2); k = i + 1: no
+        # earlier update of this epoch to wait for (warm-up)
+        ki = 1
+        while ki <= i and ki < k_cap and e[i - ki, 4] > train_at - tau[2]:
+            ki += 1
+        k[i] = ki
+        waited = e[i - ki, 4] if ki <= i else -np.inf  # C1: the fetch follows the update of i - k
+        b[i, 2] = max(ready, waited)
+        delay[i] = b[i, 2] - ready
+        e[i, 2] = b[i, 2] + tau[2]
+        b[i, 3] = max(e[i, 2], prev[3])
+        stall[i] = b[i, 3] - train_at
+        e[i, 3] = b[i, 3] + tau[3]
+        b[i, 4] = max(e[i, 3], prev[4])
+        e[i, 4] = b[i, 4] + tau[4]
+    return Bounds(k, k - 1, b, e, delay, stall)
+
+
+def stale_fraction(reads: Sequence[np.ndarray], writes: Sequence[np.ndarray], staleness: int) -> float:
+    """The share of node reads that are stale at ``staleness`` K (MSPipe Figure 6): over the
+    iterations i, the nodes read by i (``reads[i]``, unique ids) that one of iterations i - K .. i - 1
+    writes (``writes[j]``), divided by all nodes read. The first iteration is iteration 0 of an epoch."""
+    stale = total = 0
+    for i, r in enumerate(reads):
+        r = np.asarray(r)
+        total += r.size
+        if staleness > 0 and i > 0 and r.size:
+            recent = np.concatenate([np.asarray(writes[j]) for j in range(max(0, i - staleness), i)])
+            stale += int(np.isin(r, recent).sum())
+    return stale / max(total, 1)
+
+
+def max_staleness(reads: Sequence[np.ndarray], writes: Sequence[np.ndarray], limit: float = 0.5,
+                  upper: int = 64) -> int:
+    """C3: the largest K (at most ``upper``) at which at most ``limit`` of the nodes read are stale
+    (the paper's 50%). The share grows with K, so the first K over the limit ends the search."""
+    K = 0
+    while K < upper and stale_fraction(reads, writes, K + 1) <= limit:
+        K += 1
+    return K
+
+
+# ----------------------------------------------------------------------------------------------
+# Similarity-based staleness mitigation (MSPipe-S, section 3.3)
+
+
+def stale_rows(updated: torch.Tensor, now: float, gamma: float) -> list[int]:
+    """The rows whose memory was last updated (``updated``: the time of its latest write, -inf for
+    a node never written, which is new, not stale) more than ``gamma`` before ``now``."""
+    return torch.nonzero(torch.isfinite(updated) & ((now - updated) > gamma)).flatten().tolist()
+
+
+def mitigate(mem: torch.Tensor, updated: torch.Tensor, now: float, similar, gamma: float, lam: float) -> torch.Tensor:
+    """s_hat_v = lambda s_v + (1 - lambda) mean_{u in Omega(v)} s_u for every read node v whose memory
+    was last updated more than ``gamma`` before ``now`` (``stale_rows``); Omega(v): the rows of
+    ``similar[v]`` (most similar first) that are active (updated at most ``gamma`` before ``now``)
+    and fresher than v. Nodes with no such u, and fresh nodes, keep their memory. ``updated
+    [n]``: the time of each row's latest write. Returns a new tensor ``[n, mem_dim]``."""
+    out = mem.clone()
+    age = now - updated
+    for v in stale_rows(updated, now, gamma):
+        cand = torch.as_tensor(np.asarray(similar[v], dtype=np.int64))
+        if cand.numel() == 0:
+            continue
+        ok = (age.index_select(0, cand) <= gamma) & (updated.index_select(0, cand) > updated[v])
+        omega = cand[ok]
+        if omega.numel():
+            out[v] = lam * mem[v] + (1 - lam) * mem.index_select(0, omega).mean(0)
+    return out
+
+
+def quantile_gap(gaps: np.ndarray, q: float = 0.99) -> float:
+    """gamma: the ``q`` quantile of the time since nodes' memories were last updated (section 3.3)."""
+    gaps = np.asarray(gaps, dtype=np.float64)
+    gaps = gaps[np.isfinite(gaps)]
+    return float(np.quantile(gaps, q)) if gaps.size else float("inf")
+
+
+def similar_nodes(tcsr, ids: np.ndarray, rows: Sequence[int], before, recent: int = 10, top: int = 10) -> dict:
+    """Omega's candidates (section 3.3: similarity by common neighbours): for each row v of
+    ``rows``, the rows of ``ids`` whose nodes share a neighbour with node ``ids[v]``, most shared
+    neighbours first (ties: lower row), at most ``top``. Neighbours are a node's ``recent`` latest
+    ones before time ``before`` (the graph's time unit) in the temporal CSR ``tcsr``: the batch's
+    own and later events are never looked at."""
+    pos = {int(n): i for i, n in enumerate(np.asarray(ids).tolist())}
+
+    def neighbours(node: int) -> np.ndarray:
+        lo, hi = tcsr.indptr[node], tcsr.indptr[node + 1]
+        end = lo + int(np.searchsorted(tcsr.t[lo:hi], before, side="left"))
+        return np.unique(tcsr.nbr[max(lo, end - recent):end])
+
+    out = {}
+    for v in rows:
+        node, counts = int(ids[v]), {}
+        for w in neighbours(node).tolist():
+            for u in neighbours(w).tolist():
+                r = pos.get(u)
+                if r is not None and u != node:
+                    counts[r] = counts.get(r, 0) + 1
+        out[v] = np.array(sorted(counts, key=lambda r: (-counts[r], r))[:top], dtype=np.int64)
+    return out
+
+
+def update_gaps(src: np.ndarray, dst: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Delta t of section 3.3: for every event endpoint after a node's first event, the time since
+    that node's previous event (when its memory was last updated, reading without staleness)."""
+    nodes = np.concatenate([src, dst])
+    times = np.concatenate([t, t]).astype(np.float64)
+    order = np.lexsort((times, nodes))
+    n, tt = nodes[order], times[order]
+    same = n[1:] == n[:-1]
+    return (tt[1:] - tt[:-1])[same]
