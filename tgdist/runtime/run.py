@@ -194,6 +194,8 @@ class Run:
             self.trainer.memory.close()
         if not self.alone and self._own_groups:
             self.trainer = None  # it holds group handles; destroy() frees the groups only with the last one
+            if getattr(self, "grads", None) is not None:
+                self.grads.group = None  # (the gradient exchange's too)
         if self._own_groups:
             self.groups.destroy()
         collectives.set_link(None)  # not carried into a later run of this process
