@@ -403,6 +403,10 @@ class Run:
             return
         for h in self.history:  # a resumed run's lines: its end is decided again
             h.pop("selected", None)
+        if "eval_seconds" not in trained[-1]:  # a finished run of a tgdist before selection: it tested its
+            trained[-1]["selected"] = True    # last epoch then, and its checkpoint's memory is after that test
+            log.info("the checkpoint's run tested its last epoch (a tgdist before train.select): reporting that")
+            return
         chosen = self._best() if self.cfg.train.select == "best_val" else None
         chosen = chosen or trained[-1]
         if chosen is not trained[-1]:
