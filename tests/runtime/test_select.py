@@ -5,6 +5,7 @@ epoch's model and memory give, as a run stopped there would, across resumes."""
 import json
 
 import pytest
+import torch
 
 from tgdist.errors import ConfigError
 from tgdist.runtime import checkpoint
@@ -30,7 +31,12 @@ def final_test(summary_or_line):
 
 
 def test_best_val_reports_what_a_run_stopped_at_its_best_epoch_reports(tmp_path):
-    best, d = run(tmp_path, "best", ["train.epochs=3"])
+    cfg = compose(SMALL + ["train.epochs=3", f"run_dir={tmp_path / 'best'}"])
+    r = Run(cfg, tmp_path / "best")
+    best, d = r.train(), tmp_path / "best"
+    # the run ends holding the selected epoch's model: the node and edge tasks embed with it
+    kept = checkpoint.read(d / "checkpoints" / "best.pt")["model"]
+    assert all(torch.equal(v, kept[k]) for k, v in r.trainer.model.state_dict().items())
     assert best["best_epoch"] == best["selected_epoch"] == 1 and best["select"] == "best_val"
     assert best["checkpoint"] == str(d / "checkpoints" / "best.pt")
     stopped, _ = run(tmp_path, "stopped", ["train.epochs=2", "train.select=last"])
