@@ -25,6 +25,8 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
     ("partition.py", ["--synthetic-events", "-1"], "argument --synthetic-events: -1: give at least 1"),
     ("memory_backends.py", ["--trainers", "2", "1"], "argument --trainers: 1: give at least 2"),
     ("memory_backends.py", ["--global-batch", "1001"], "--global-batch 1001 is not a multiple of every trainer count"),
+    ("eval_cost.py", ["--epochs", "0"], "argument --epochs: 0: give at least 1"),
+    ("select_study.py", ["--seeds", "-1"], "argument --seeds: -1: give at least 0"),
 ])
 def test_a_bad_argument_is_one_line_before_any_work(script, args, message):
     r = subprocess.run([sys.executable, script, *args], cwd=BENCH, capture_output=True, text=True, timeout=120,
