@@ -30,6 +30,8 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
     ("embedding_cache.py", ["--settings", "off", "0.9"], "setting '0.9': give off or P_GRAD:T_STALE"),
     ("embedding_cache.py", ["--settings", "0.9:5"], "--settings: the first setting is the baseline and must be off"),
     ("mspipe.py", ["--epochs", "0"], "argument --epochs: 0: give at least 1"),
+    ("eval_cost.py", ["--epochs", "0"], "argument --epochs: 0: give at least 1"),
+    ("select_study.py", ["--seeds", "-1"], "argument --seeds: -1: give at least 0"),
 ])
 def test_a_bad_argument_is_one_line_before_any_work(script, args, message):
     r = subprocess.run([sys.executable, script, *args], cwd=BENCH, capture_output=True, text=True, timeout=120,

@@ -21,6 +21,7 @@ from tgdist.config import (
     PartitionMethod,
     PartitionWeights,
     SamplingStrategy,
+    Select,
     Task,
     TimeUnit,
     TrainApp,
@@ -78,6 +79,7 @@ OPTIONS = {
     "model.name": "tgn, jodie, apan",
     "train.task": "link, node, edge",
     "train.lr_scaling": "linear, sqrt, none",
+    "train.select": "best_val, last",
     "memory.backend": "auto, local, depcache, daemon, depcomm, sven",
     "partition.method": "range, interval, reflexbicut, greedy",
     "partition.weights": "dedup, raw",
@@ -151,7 +153,7 @@ def test_an_interpolated_value_is_checked_as_it_resolves(monkeypatch):
 def test_option_names_are_their_values():
     """OmegaConf looks a value up by member name: the two must be the same."""
     kinds = [MemoryBackend, ModelName, DataFormat, TimeUnit, SamplingStrategy, Task, LrScaling, PartitionMethod,
-             PartitionWeights]
+             PartitionWeights, Select]
     assert sorted(k.__name__ for k in kinds) == sorted(k.__name__ for k in Choice.__subclasses__())
     for kind in kinds:
         assert [m.name for m in kind] == [m.value for m in kind]

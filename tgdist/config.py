@@ -138,6 +138,7 @@ SamplingStrategy = _choice("SamplingStrategy", "recent uniform")  # sampler.stra
 ModelName = _choice("ModelName", "tgn jodie apan")  # model.name: what tgdist.models.modules.build_model assembles
 Task = _choice("Task", "link node edge")  # train.task
 LrScaling = _choice("LrScaling", "linear sqrt none")  # train.lr_scaling: tgdist.distributed.schedule.LR_SCALING_MODES
+Select = _choice("Select", "best_val last")  # train.select: which epoch a run reports and hands on
 # memory.backend: auto, or a store of the registry (tgdist.memory). depcomm and sven are planned
 # (docs/architecture.md): they compose, and a run refuses them until their stores are registered.
 MemoryBackend = _choice("MemoryBackend", "auto local depcache daemon depcomm sven")
@@ -274,7 +275,15 @@ class TrainConfig:
     # evenly among a parallel run's trainers on the machine that share that mask
     num_threads: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    test_every_epoch: bool = True  # false: the test part only after the last epoch
+    # the epoch whose model and memory give the final test metrics, the embeddings and the summary's
+    # checkpoint: best_val (the highest validation AP; checkpoints/best.pt) | last (checkpoints/last.pt)
+    select: Select = Select.best_val
+    patience: int = 0  # stop after this many validations without a higher val AP (0: train every epoch)
+    eval_every: int = 1  # validate after every N-th epoch (and after the last); one process
+    # validation during training ranks against num_neg_eval negatives too (val MRR); false: AP and
+    # ROC-AUC against one negative. The final test is always complete
+    val_mrr: bool = False
+    test_every_epoch: bool = False  # also test after every validation, as it validates (the final test is complete)
     checkpoint_every: int = 0  # also checkpoint every N training batches (0: at epoch ends; parallel: at the end)
     resume: Optional[str] = None  # a checkpoint file, or a run directory (its latest checkpoint)
     stop_after_batches: Optional[int] = None  # stop early after this many training batches (tests)

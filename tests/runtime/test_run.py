@@ -86,9 +86,7 @@ def test_uniform_sampling_in_evaluation_does_not_change_training(tmp_path):
     over = ["sampler.strategy=uniform", "train.epochs=2"]
     a, da = run(tmp_path, "a", over + ["train.test_every_epoch=false"])
     b, db = run(tmp_path, "b", over + ["train.test_every_epoch=true"])
-    # (test_ap_at_best_val: only b tested an earlier best epoch, when the best is not the last)
-    assert {k: v for k, v in metrics(a).items() if k != "test_ap_at_best_val"} == \
-        {k: v for k, v in metrics(b).items() if k != "test_ap_at_best_val"}
+    assert metrics(a) == metrics(b)  # the final test of the selected epoch starts where its validation ended
     lines = [[json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()] for d in (da, db)]
     assert [h["loss"] for h in lines[0]] == [h["loss"] for h in lines[1]] and "test_ap" in lines[1][0]
     tr = build_trainer(compose(SMALL + over))
@@ -147,9 +145,9 @@ def test_an_empty_val_part_reports_null_metrics_and_no_best_epoch(tmp_path):
     g.t[:] = np.r_[np.repeat(np.arange(6), 100), np.full(400, 6)]  # both cuts move back to event 600
     cfg = compose(SMALL + ["train.epochs=2", f"run_dir={tmp_path / 'r'}"])
     s = Run(cfg, tmp_path / "r", trainer=build_trainer(cfg, graph=g)).train()
-    assert s["val_ap"] is None and s["val_auc"] is None and s["val_mrr"] is None
+    assert s["val_ap"] is None and s["val_auc"] is None and "val_mrr" not in s  # (train.val_mrr=false)
     assert s["best_epoch"] is None and s["best_val_ap"] is None and s["test_ap_at_best_val"] is None
-    assert 0 <= s["test_ap"] <= 1 and "test_ap_inductive" in s
+    assert 0 <= s["test_ap"] <= 1 and "test_ap_inductive" in s and s["selected_epoch"] == 1  # the last
     lines = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert [h["val_ap"] for h in lines] == [None, None]
 
@@ -423,7 +421,7 @@ def test_reusing_a_run_directory_warns(tmp_path, caplog):
 def test_run_directory_files(tmp_path):
     summary, d = run(tmp_path, "a", ["train.epochs=1"])
     rec = json.loads((d / "metrics.jsonl").read_text().splitlines()[0])
-    for key in ("loss", "val_ap", "val_auc", "val_mrr", "test_ap", "events_per_s"):
+    for key in ("loss", "val_ap", "val_auc", "test_ap", "test_mrr", "events_per_s", "eval_seconds"):
         assert np.isfinite(rec[key]), key
     assert set(rec["stage_seconds"]) == {"sample", "features", "memory_read", "compute", "memory_write"}
     assert json.loads((d / "summary.json").read_text())["test_ap"] == summary["test_ap"]
@@ -720,7 +718,7 @@ def test_a_parallel_layout_in_one_process_is_refused_before_anything_is_written(
     assert not (tmp_path / "r").exists()
 
 
-_TIMES = ("train_seconds", "compile_seconds", "events_per_s", "stage_seconds")
+_TIMES = ("train_seconds", "compile_seconds", "events_per_s", "stage_seconds", "eval_seconds", "final_test_seconds")
 
 
 @pytest.mark.distributed

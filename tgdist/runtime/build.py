@@ -159,7 +159,7 @@ def validate(cfg: DictConfig) -> None:
                           f"{m.name.upper()} keeps each node's latest mail")
     least = {"train.seed": 0, "train.num_threads": 0, "train.checkpoint_every": 0, "train.num_neg_eval": 0,
              "train.node_class_epochs": 1, "model.static_pretrain_epochs": 0, "sampler.num_threads": 0,
-             "memory.num_threads": 1}
+             "memory.num_threads": 1, "train.patience": 0, "train.eval_every": 1}
     for key, bound in least.items():
         value = OmegaConf.select(cfg, key)
         if value < bound:
@@ -196,6 +196,10 @@ def validate(cfg: DictConfig) -> None:
     if t.epochs == 0 and (layout.i * layout.j * layout.k > 1 or cfg.memory.backend == "daemon"):
         raise ConfigError(f"train.epochs=0 (evaluate the untrained model) runs in one process; a parallel run "
                           f"needs a positive multiple of parallel.j x parallel.k = {layout.j * layout.k}")
+    if layout.i * layout.j * layout.k > 1 and (t.patience or t.eval_every != 1):
+        key = f"train.patience={t.patience}" if t.patience else f"train.eval_every={t.eval_every}"
+        raise ConfigError(f"{key}: a parallel run validates once, at its end, so it neither stops early nor "
+                          f"validates between epochs; drop it, or train in one process")
     if t.epochs:
         passes_per_group(layout, t.epochs)  # a multiple of j x k: checked here so launchers refuse it up front
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", t.device):

@@ -30,7 +30,7 @@ FORMAT = 2
 
 # Settings that do not change what is computed, so a resumed run may change them.
 _FREE = {"train": {"epochs", "resume", "progress", "checkpoint_every", "stop_after_batches", "num_threads", "device",
-                   "test_every_epoch", "overwrite"},
+                   "test_every_epoch", "overwrite", "select", "patience", "eval_every", "val_mrr"},
          "data": {"cache", "cache_dir", "name", "require_path"}, "sampler": {"num_threads"},
          "parallel": {"link"},  # the simulated link only delays collectives
          # prefetching changes nothing computed; micro-batches change only rounding
@@ -236,6 +236,9 @@ def check_resume(cfg: DictConfig) -> tuple[Path, dict]:
     checksum, the parts beside ``last.pt`` too. Returns the path and the state."""
     path = find(cfg.train.resume)
     state = read(path, map_location="cpu", mmap=True)
+    if state.get("kind") == "best":
+        raise ConfigError(f"{path}: the best validated epoch's model and memory, to use (checkpoint.load), not to "
+                          f"resume from; resume with the run directory or its checkpoints/last.pt")
     check_layout(path, state, cfg)
     check_config(path, state.get("config", {}), cfg, content_checked="data" in state)
     for part in parts(path, state):

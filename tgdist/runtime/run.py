@@ -15,8 +15,11 @@ comparable (DESIGN.md "Parallel training"):
 - epoch parallelism: subgroup jj trains position p at iteration p + jj but reads its memory at
   iteration p, before subgroup 0 writes p (DistTGL's j read slots); only subgroup 0 writes.
 
-Evaluation: a run of one process evaluates after every epoch (val, and test after the last or
-with ``train.test_every_epoch``); a parallel run evaluates once, at its end, on rank 0 with memory
+Evaluation: a run of one process validates after every ``train.eval_every``-th epoch and after
+the last (AP and ROC-AUC against one negative; MRR too with ``train.val_mrr``), keeps the best
+validated epoch's model and memory (``checkpoints/best.pt``), may stop early
+(``train.patience``), and tests once at its end, completely, from the epoch ``train.select``
+names (``_select_and_test``). A parallel run evaluates once, at its end, on rank 0 with memory
 group 0's copy (group 0 ends its last pass at the end of the training stream), while the other
 ranks wait: evaluating between passes would stall every rank for it.
 
@@ -170,6 +173,7 @@ class Run:
             self._tcsr = tr.sampler.tcsr if tr.sampler is not None else TCSR.build(tr.g)
         self.ckpt_dir = self.dir / "checkpoints"
         self.ckpt_path = self.ckpt_dir / "last.pt"
+        self.best_path = self.ckpt_dir / "best.pt"  # the best validated epoch (one process)
         self.start_iteration = 0
         self.history: list[dict] = []
         self.losses: list[tuple[int, float, int]] = []  # (pass, loss * events, events) of this rank
@@ -178,7 +182,7 @@ class Run:
         if self.rank == 0:
             if not cfg.train.resume and (self.dir / "metrics.jsonl").exists():
                 log.warning("run_dir %s already holds a run; its metrics, summary and checkpoint are replaced", self.dir)
-                for old in (self.dir / "summary.json", self.ckpt_path):  # gone now: not taken for this run's
+                for old in (self.dir / "summary.json", self.ckpt_path, self.best_path):  # not taken for this run's
                     old.unlink(missing_ok=True)
             rundir.claim(self.dir, cfg.train.overwrite)
             (self.dir / "config.yaml").write_text(OmegaConf.to_yaml(self.run_cfg, resolve=True))
@@ -226,7 +230,7 @@ class Run:
             del state  # its tensors are copied in: the checkpoint's mmap goes
             if self.alone and self.start_iteration >= self.iterations:
                 log.warning("nothing left to train: the checkpoint is after epoch %d and train.epochs=%d (raise it "
-                            "to continue); reporting the checkpoint's results",
+                            "to continue); testing its selected epoch again",
                             self.start_iteration // self.batches_per_epoch, cfg.train.epochs)
         elif cfg.model.static_memory and cfg.model.static_pretrain_epochs > 0:
             # DistTGL 3.1 pre-training is cheap: rank 0 runs it, and every replica starts from its result
@@ -238,11 +242,19 @@ class Run:
         if self.rank == 0:
             with open(self.dir / "metrics.jsonl", "w") as mf:  # a resumed run's lines come with its checkpoint
                 mf.writelines(json.dumps(h) + "\n" for h in self.history)
+        trained = seconds = 0
         try:
-            trained, seconds = self._iterate(on_iteration)
+            if self.alone and self._stops_early() and self.start_iteration % self.batches_per_epoch == 0:
+                log.info("the checkpoint's run stopped early (train.patience=%d): nothing left to train",
+                         cfg.train.patience)
+            else:
+                trained, seconds = self._iterate(on_iteration)
         except _Stop as stop:
             log.info("stopping after %d training iterations (train.stop_after_batches)", stop.done)
             return {"stopped": True, "checkpoint": str(self.ckpt_path) if self.ckpt_path.exists() else None}
+        except _EarlyStop as stop:
+            log.info("stopping after epoch %d: %d validations without a higher val AP (train.patience)",
+                     stop.epoch, cfg.train.patience)
         if self.alone:
             return self._finish_alone()
         return self._finish_parallel(trained, seconds)
@@ -591,18 +603,50 @@ class Run:
         train_stages = StageTimer(dict(tr.timer.seconds))  # before evaluation adds to it
         if tr.cache is not None:  # hits, expansions avoided, admissions and evictions of the epoch
             res["cache"] = tr.cache.take_stats()
-        res.update(tr.evaluate("val"))
-        if cfg.train.test_every_epoch or epoch.index == cfg.train.epochs - 1:
-            res.update(tr.evaluate("test"))
+        t = cfg.train
+        last = epoch.index == t.epochs - 1
+        validates = last or (epoch.index + 1) % t.eval_every == 0
+        after_val = None  # the memory after validation, when testing moves it on
+        if validates:
+            start, num_neg = time.perf_counter(), None if t.val_mrr else 1
+            res.update(tr.evaluate("val", num_neg))
+            if t.test_every_epoch:  # the checkpoints keep the memory after validation, where the final test starts
+                after_val = {k: v.clone() for k, v in tr.memory.state_dict().items()}
+                res.update(tr.evaluate("test", num_neg))
+            res["eval_seconds"] = time.perf_counter() - start
         res["stage_seconds"] = {k: round(v, 4) for k, v in train_stages.seconds.items()}
         self._record(res)
         compiled = (f" (leaving out {res['compile_seconds']:.1f} s of one-time kernel compiling)"
                     if res["compile_seconds"] >= 0.5 else "")
-        shown = [f"{k} {v:.4f}" for k, v in res.items() if k.startswith(("val_", "test_"))]
+        shown = [f"{k} {v:.4f}" for k, v in res.items() if k.startswith(("val_", "test_")) and v is not None]
         log.info("epoch %d: loss %.4f, %s train events/s%s", epoch.index, res["loss"],
                  ", ".join([*shown, f"{res['events_per_s']:,.0f}"]), compiled)
         log.info("training stage times:\n%s", train_stages.table(res["train_events"]))
-        self.save(next_iteration)
+        if validates and self._best() is self.history[-1]:
+            self._save_best(epoch.index, next_iteration, after_val)
+        self.save(next_iteration, memory_state=after_val)
+        if after_val is not None:
+            tr.memory.load_state_dict(after_val)
+        if validates and not last and self._stops_early():
+            raise _EarlyStop(epoch.index)
+
+    # Model selection (one process): the metrics lines say which epochs were validated, which was
+    # best and how long ago, so a resumed run continues them exactly.
+
+    def _validated(self) -> list[dict]:
+        return [h for h in self.history if h["epoch"] >= 0 and "val_ap" in h]
+
+    def _best(self) -> dict | None:
+        """The line of the best validated epoch: the highest val AP, the earliest of equals (a
+        tie is no gain); None without a val AP (an empty val part, or NaN scores)."""
+        scored = [h for h in self._validated() if h["val_ap"] is not None]
+        return max(scored, key=lambda h: h["val_ap"]) if scored else None
+
+    def _stops_early(self) -> bool:
+        """``train.patience`` validations have passed since the best one (or since the start)."""
+        validated, best = self._validated(), self._best()
+        since = len(validated) - 1 - validated.index(best) if best is not None else len(validated)
+        return 0 < self.cfg.train.patience <= since
 
     def _record(self, res: dict) -> None:
         """One line of ``metrics.jsonl`` (rank 0)."""
@@ -616,11 +660,51 @@ class Run:
             self.evaluate_untrained()
         if not self.ckpt_path.exists():  # nothing trained here (epochs=0): still the model
             self.save(self.iterations)
+        self._select_and_test()
         summary = self.summary()
         if cfg.train.task in ("node", "edge"):
             summary.update(downstream_alone(tr, cfg.train.task, cfg.train.node_class_epochs))
         (self.dir / "summary.json").write_text(json.dumps(summary, indent=1))
         return summary
+
+    def _select_and_test(self) -> None:
+        """The final test, complete (``train.num_neg_eval`` negatives), of the epoch
+        ``train.select`` names: from the trainer's state when it is the last trained epoch (its
+        model, and its memory after validation, as ``last.pt`` holds them), else from
+        ``best.pt``, which holds the best epoch's the same way. So it gives what a run stopped at
+        that epoch reports. Its line in ``metrics.jsonl`` gains the test metrics and
+        ``selected``; the trainer is left with that epoch's model (the embeddings of the node and
+        edge tasks come from it) and the memory at the end of the stream."""
+        tr, trained = self.trainer, [h for h in self.history if h["epoch"] >= 0]
+        if not trained:
+            return
+        for h in self.history:  # a resumed run's lines: its end is decided again
+            h.pop("selected", None)
+        if "eval_seconds" not in trained[-1]:  # a finished run of a tgdist before selection: it tested its
+            trained[-1]["selected"] = True    # last epoch then, and its checkpoint's memory is after that test
+            log.info("the checkpoint's run tested its last epoch (a tgdist before train.select): reporting that")
+            return
+        chosen = self._best() if self.cfg.train.select == "best_val" else None
+        chosen = chosen or trained[-1]
+        if chosen is not trained[-1]:
+            state = checkpoint.read(self.best_path, map_location="cpu") if self.best_path.exists() else {}
+            if state.get("epoch") != chosen["epoch"]:
+                raise ConfigError(f"{self.best_path}: {'holds epoch ' + str(state.get('epoch')) if state else 'missing'}, "
+                                  f"but the run's best validated epoch is {chosen['epoch']}; resume from a checkpoint "
+                                  f"written with it, or use train.select=last")
+            checkpoint.restore(self.best_path, tr.model, state["model"], "model")
+            part = self.best_path.parent / state["dir"] / state["parts"][0]
+            checkpoint.restore(part, tr.memory, checkpoint.read_part(part), "node memory")
+        log.info("testing epoch %d (train.select=%s) with %d negatives per event", chosen["epoch"],
+                 self.cfg.train.select, tr.num_neg_eval)
+        start = time.perf_counter()
+        chosen.update(jsonable(tr.evaluate("test")))
+        chosen["final_test_seconds"] = time.perf_counter() - start
+        chosen["selected"] = True
+        with open(self.dir / "metrics.jsonl", "w") as mf:
+            mf.writelines(json.dumps(h) + "\n" for h in self.history)
+        log.info("epoch %d: %s", chosen["epoch"],
+                 ", ".join(f"{k} {v:.4f}" for k, v in chosen.items() if k.startswith("test_") and v is not None))
 
     def evaluate_untrained(self) -> None:
         """``train.epochs=0``: the link metrics of the model as initialised (a baseline). The
@@ -653,7 +737,10 @@ class Run:
         trained_any = any(s["events"] for s in stats)
 
         def evaluate() -> dict:  # rank 0: memory group 0 ends its last pass at the end of the stream
+            start = time.perf_counter()
             metrics = {**tr.evaluate("val"), **tr.evaluate("test")}
+            # its one evaluation is complete; train.select has the last epoch to choose from
+            metrics.update(eval_seconds=time.perf_counter() - start, selected=True)
             loss_sum = sum(l for s in stats for _, l, _ in s["losses"])
             events = sum(e for s in stats for _, _, e in s["losses"])
             rate = (sum(s["events"] for s in stats) / max(max(s["seconds"] for s in stats), 1e-9)
@@ -687,19 +774,26 @@ class Run:
                "batch_size": cfg.train.batch_size, "lr": self.lr, "iterations": self.iterations}
         if not self.history:
             return out
-        last = self.history[-1]
-        out.update({k: v for k, v in last.items() if k.startswith(("val_", "test_")) or k == "loss"})
+        # the headline: the selected epoch's complete test and its validation (train.select)
+        chosen = next((h for h in self.history if h.get("selected")), self.history[-1])
+        out.update({k: v for k, v in chosen.items() if k.startswith(("val_", "test_")) or k == "loss"})
         trained = [h for h in self.history if h["epoch"] >= 0]
         if not trained:  # train.epochs=0: an untrained baseline
             return out
-        scored = [h for h in trained if h.get("val_ap") is not None]  # none: an empty val part, or NaN scores
-        best = max(scored, key=lambda h: h["val_ap"]) if scored else {}  # no best epoch without a val AP
+        best = self._best() or {}  # no best epoch without a val AP (an empty val part, or NaN scores)
         rates = [h["events_per_s"] for h in trained if h["events_per_s"] is not None]
         out["epochs"] = len(trained) if self.alone else cfg.train.epochs
+        out["select"] = str(cfg.train.select)
+        out["selected_epoch"] = chosen["epoch"]
         out["best_epoch"] = best.get("epoch")
         out["best_val_ap"] = best.get("val_ap")
-        out["test_ap_at_best_val"] = best.get("test_ap")
+        out["test_ap_at_best_val"] = best.get("test_ap")  # tested: selected, or train.test_every_epoch
+        out["stopped_early"] = self.alone and self._stops_early() and trained[-1]["epoch"] < cfg.train.epochs - 1
+        out["checkpoint"] = str(self.best_path if self.alone and chosen is best else self.ckpt_path)
         out["train_events_per_s"] = float(np.mean(rates)) if rates else None
+        out["train_seconds"] = float(sum(h.get("train_seconds", 0.0) or 0.0 for h in trained))
+        out["eval_seconds"] = float(sum((h.get("eval_seconds") or 0.0) + (h.get("final_test_seconds") or 0.0)
+                                        for h in trained))
         out["traversed_events"] = int(sum(h["train_events"] for h in trained))
         out.update(extra or {})
         out["communication"] = self.counter.as_dict()
@@ -711,7 +805,9 @@ class Run:
     # a file per memory group, or per shard); rank 0 then commits ``last.pt`` (model, optimizer,
     # iteration, metrics lines, the list of those files) and removes older iteration directories.
 
-    def save(self, iteration: int) -> None:
+    def save(self, iteration: int, memory_state: dict | None = None) -> None:
+        """``memory_state``: the node memory to write instead of the store's (one process: the
+        memory after validation, where testing every epoch moved it on)."""
         self._settle_reads()
         tr, d = self.trainer, self.ckpt_dir / f"it{iteration:08d}"
         world_group = self.groups.get("world")
@@ -727,7 +823,7 @@ class Run:
         pending = self.grads.pending()  # asynchronous all-reduce: the averaged gradient not yet applied
         name, writes = tr.memory.checkpoint_part(self.ii, self.jj, self.kk)
         if writes:
-            checkpoint.atomic_save(tr.memory.state_dict(), d / name)
+            checkpoint.atomic_save(tr.memory.state_dict() if memory_state is None else memory_state, d / name)
         files = collectives.all_gather_object((f"rank-{self.rank}.pt", name if writes else None), world_group,
                                               name="checkpoint", counter=collectives.ByteCounter())  # not training's
         if self.rank == 0:
@@ -742,6 +838,23 @@ class Run:
                 if old.name != d.name:
                     shutil.rmtree(old, ignore_errors=True)
         collectives.barrier(world_group, name="checkpoint")
+
+    def _save_best(self, epoch: int, iteration: int, memory_state: dict | None) -> None:
+        """``best.pt`` (one process): the model and the node memory after validation of epoch
+        ``epoch``, the best so far, with its parts in ``best-itNNNNNNNN/``; ``checkpoint.load``
+        reads it as it reads ``last.pt``. It is not a point to resume from (no RNG or position)."""
+        tr, d = self.trainer, self.ckpt_dir / f"best-it{iteration:08d}"
+        name, _ = tr.memory.checkpoint_part(0, 0, 0)
+        checkpoint.atomic_save(tr.memory.state_dict() if memory_state is None else memory_state, d / name)
+        checkpoint.atomic_save({"format": checkpoint.FORMAT, "kind": "best", "epoch": epoch,
+                                "config": checkpoint.identity(self.cfg), "data": checkpoint.data_identity(tr.g),
+                                "layout": str(self.layout), "iteration": iteration, "epochs": self.cfg.train.epochs,
+                                "dir": d.name, "parts": [name], "model": tr.model.state_dict(),
+                                "optimizer": tr.optimizer.state_dict(),
+                                "history": [dict(h) for h in self.history]}, self.best_path)
+        for old in self.ckpt_dir.glob("best-it*"):
+            if old.name != d.name:
+                shutil.rmtree(old, ignore_errors=True)
 
     def load(self, path: Path, state: dict) -> None:
         """Restore every rank's part of the checkpoint ``path`` (``state``: its ``last.pt`` as
@@ -781,6 +894,11 @@ class Run:
         self.grads.restore(state.get("pending_gradients"), tr.device)
         self.history = [dict(h) for h in state["history"]]
         self.start_iteration = int(state["iteration"])
+        best = path.parent / "best.pt"  # a run of one process resumed into another directory takes its best.pt
+        if self.alone and best.exists() and best.parent.resolve() != self.ckpt_dir.resolve():
+            parts = best.parent / checkpoint.read(best, map_location="cpu", mmap=True)["dir"]
+            shutil.copytree(parts, self.ckpt_dir / parts.name, dirs_exist_ok=True)
+            shutil.copy2(best, self.best_path)
         log.info("resumed from %s at iteration %d of %d", path, self.start_iteration, self.iterations)
 
 
@@ -790,6 +908,14 @@ class _Epoch:
     def __init__(self, index: int, progress: Progress, start: float, compiled: float):
         self.index, self.progress, self.start, self.compiled = index, progress, start, compiled
         self.ran = 0  # events trained in this process (a resumed epoch's earlier ones are not timed)
+
+
+class _EarlyStop(Exception):
+    """``train.patience`` validations without gain: the run ends after epoch ``epoch``."""
+
+    def __init__(self, epoch: int):
+        super().__init__(epoch)
+        self.epoch = epoch
 
 
 class _Stop(Exception):
