@@ -198,7 +198,7 @@ def test_sweep_folder_is_its_own_and_goes_when_nothing_ran(tmp_path, monkeypatch
 
     monkeypatch.chdir(tmp_path)
     launched = []
-    monkeypatch.setattr(launch, "_launch", lambda args, job: launched.append(job) or 0)
+    monkeypatch.setattr(launch, "_launch", lambda args, job, nproc=None: launched.append(job) or 0)
     now = datetime.now()
     taken = [tmp_path / "multirun" / f"{(now + timedelta(seconds=d)):%Y%m%d-%H%M%S}" for d in range(30)]
     for d in taken:
@@ -212,7 +212,7 @@ def test_sweep_folder_is_its_own_and_goes_when_nothing_ran(tmp_path, monkeypatch
     fresh = tmp_path / "fresh"
     fresh.mkdir()
     monkeypatch.chdir(fresh)
-    monkeypatch.setattr(launch, "_launch", lambda args, job: 3)
+    monkeypatch.setattr(launch, "_launch", lambda args, job, nproc=None: 3)
     assert cli_main(["launch", "--", "-m", "model=tgn,jodie", "parallel.i=1"]) == 3
     assert "sweep stopped: job #0 exited with 3" in capsys.readouterr().err and list(fresh.iterdir()) == []
 
