@@ -53,6 +53,7 @@ from tgdist.runtime.build import build_trainer, validate
 from tgdist.runtime.distributed import (cpu_share, fault_injection, memory_backend, model_digest, rank_logging,
                                         shared_settings)
 from tgdist.runtime.tasks import downstream_alone, pretrain_static
+from tgdist.runtime.tensorboard import TensorBoardLog
 from tgdist.runtime.trainer import Progress, StageTimer, Trainer
 
 log = logging.getLogger(__name__)
@@ -144,6 +145,7 @@ class Run:
         self.ckpt_path = self.ckpt_dir / "last.pt"
         self.start_iteration = 0
         self.history: list[dict] = []
+        self._tensorboard: TensorBoardLog | None = None  # train.tensorboard: made with the first line
         self.losses: list[tuple[int, float, int]] = []  # (pass, loss * events, events) of this rank
         self._passes: dict[int, list] = {}  # pass -> [loss * events, events] summed over self.losses
         self.slots: dict[int, object] = {}  # read slot -> a prepared batch read ahead (epoch parallelism)
@@ -165,6 +167,8 @@ class Run:
         if self._own_groups:
             self.groups.destroy()
         collectives.set_link(None)  # not carried into a later run of this process
+        if getattr(self, "_tensorboard", None) is not None:
+            self._tensorboard.close()
 
     # ------------------------------------------------------------------------------------------
 
@@ -332,6 +336,9 @@ class Run:
         self.history.append(jsonable(res))
         with open(self.dir / "metrics.jsonl", "a") as mf:
             mf.write(json.dumps(self.history[-1]) + "\n")
+        if self.cfg.train.tensorboard:
+            self._tensorboard = self._tensorboard or TensorBoardLog(self.dir, fresh=not self.cfg.train.resume)
+            self._tensorboard.write(self.history[-1])
 
     def _finish_alone(self) -> dict:
         cfg, tr = self.cfg, self.trainer
