@@ -444,3 +444,30 @@ def _alive(pid: int) -> bool:
         return False
     except OSError:
         return os.path.exists(f"/proc/{pid}")
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_sweep_runs_jobs_side_by_side_with_max_parallel(tmp_path):
+    """``--max-parallel 2``: both jobs start at once, their lines prefixed with the job number; the
+    job whose data does not read fails, the other ends and keeps its result."""
+    from tgdist.kernels.graph import cpu_mask
+
+    if len(cpu_mask()) < 2:
+        pytest.skip("two jobs side by side need two CPUs")
+    (tmp_path / "bad.csv").write_text("1,2,3\n2,3\n")
+    (tmp_path / "good.csv").write_text("".join(f"{i % 40},{40 + i % 23},{i}\n" for i in range(600)))
+    res = run([sys.executable, "-m", "tgdist", "launch", "--max-parallel", "2", "--nproc", "1", "--", "-m",
+               f"data.path={tmp_path / 'bad.csv'},{tmp_path / 'good.csv'}", "model.mem_dim=16", "model.time_dim=8",
+               "train.epochs=1", "train.batch_size=100", "train.num_neg_eval=4", "train.progress=false",
+               f"run_dir={tmp_path / 'sweep'}"])
+    assert res.returncode == 2, res.stderr
+    err = res.stderr.splitlines()
+    started = [n for n, ln in enumerate(err) if ln.startswith("tgdist launch: sweep job #")]
+    first_output = min(n for n, ln in enumerate(err) if ln.startswith("[#0] ") or ln.startswith("[#1] "))
+    assert len(started) == 2 and started[1] < first_output  # the second started before the first said anything
+    assert any(ln.startswith("[#0] tgdist train: error: ") for ln in err), res.stderr
+    assert err[-1] == "tgdist launch: sweep stopped: job #0 exited with 2"
+    summary = json.loads((tmp_path / "sweep" / "1" / "summary.json").read_text())
+    assert res.stdout.strip().splitlines()[-1].startswith("[#1] {") and summary["test_ap"] > 0
+    assert not (tmp_path / "sweep" / "0").exists()

@@ -444,6 +444,7 @@ def _sweep_side_by_side(args: argparse.Namespace, jobs: list[list[str]], swept: 
     this launcher may use (one job always runs); each job's output lines prefixed with ``[#N]``.
     After a failure no job starts; the running ones end. Returns the first failure's exit code."""
     import threading
+    import time
 
     from tgdist.cli.overrides import swept_values
     from tgdist.kernels.graph import cpu_mask
@@ -481,6 +482,9 @@ def _sweep_side_by_side(args: argparse.Namespace, jobs: list[list[str]], swept: 
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        for child, _, _ in running.values():  # only after an error of this launcher's own
+            if child.poll() is None:
+                child.send_signal(signal.SIGINT)
     if received:
         print(f"tgdist launch: stopped by {signal.Signals(received[0]).name}", file=sys.stderr, flush=True)
         return 128 + received[0]
