@@ -317,11 +317,14 @@ def _sweep(args: argparse.Namespace, overrides: list[str]) -> int:
 
     composed = []  # each job's config, in the sweep's order
 
+    slurm = _slurm_launcher(overrides)
+
     def check(cfg) -> None:
         precheck(cfg)
         composed.append(cfg)
+        if not slurm and (par := _layout(args, cfg, [])):  # else the job's own overrides decide (below)
+            _check_world(args, cfg, _nproc(args, par))
 
-    slurm = _slurm_launcher(overrides)
     if slurm:
         from tgdist.launcher.slurm_sweep import check_launcher_overrides
 
@@ -336,8 +339,6 @@ def _sweep(args: argparse.Namespace, overrides: list[str]) -> int:
             else:
                 par = {}
             nprocs.append(_nproc(args, par or parallel_overrides(job)))
-            if par and not slurm:
-                _check_world(args, composed[num], nprocs[-1])
         except ConfigError as e:
             raise ConfigError(f"{e} (sweep job #{num}: {swept_values(job, swept)})") from None
     base = override_value(overrides, "run_dir")
@@ -374,20 +375,25 @@ def _sweep(args: argparse.Namespace, overrides: list[str]) -> int:
 
 
 def _slurm_launcher(overrides: list[str]) -> bool:
-    """Whether the sweep chooses Hydra's submitit SLURM launcher (``hydra/launcher=submitit_slurm``);
-    another launcher than Hydra's basic one is refused, since this command starts the jobs itself."""
+    """Whether the sweep chooses Hydra's submitit SLURM launcher (``hydra/launcher=submitit_slurm``,
+    or a config of that group built on it, such as ``slurm_example``); another launcher than Hydra's
+    basic one is refused, since this command starts the jobs itself."""
+    from tgdist.cli.overrides import checked_compose
+    from tgdist.launcher.slurm_sweep import LAUNCHER_TARGET
+
     chosen = [o.partition("=")[2] for o in overrides if o.partition("=")[0].lstrip("+") == "hydra/launcher"]
     if not chosen or chosen[-1] == "basic":
         return False
-    if chosen[-1] != "submitit_slurm":
-        raise ConfigError(f"hydra/launcher={chosen[-1]}: tgdist launch runs a sweep's jobs on this machine, or one "
-                          f"SLURM job each with hydra/launcher=submitit_slurm")
     try:
         import hydra_plugins.hydra_submitit_launcher  # noqa: F401
         import submitit  # noqa: F401
     except ImportError:
-        raise ConfigError("hydra/launcher=submitit_slurm needs hydra-submitit-launcher and submitit: "
-                          "pip install 'tgdist[slurm]'") from None
+        raise ConfigError(f"hydra/launcher={chosen[-1]} needs hydra-submitit-launcher and submitit: "
+                          f"pip install 'tgdist[slurm]'") from None
+    target = checked_compose([f"hydra/launcher={chosen[-1]}"], return_hydra_config=True).hydra.launcher.get("_target_")
+    if target != LAUNCHER_TARGET:
+        raise ConfigError(f"hydra/launcher={chosen[-1]}: tgdist launch runs a sweep's jobs on this machine, or one "
+                          f"SLURM job each with hydra/launcher=submitit_slurm")
     return True
 
 
