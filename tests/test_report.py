@@ -117,3 +117,11 @@ def test_a_path_that_is_no_run_fails_in_one_line(tmp_path, capsys, case):
     assert {"missing": "no such directory", "empty": "neither a run directory",
             "bad metrics": "metrics.jsonl: line 2 is not JSON"}[case] in err
     assert not (tmp_path / "x" / "report.md").exists() and not (tmp_path / "x" / "report").exists()
+
+
+def test_an_output_that_cannot_be_written_is_one_line(tmp_path, capsys):
+    run = make_run(tmp_path / "run")
+    (tmp_path / "file").write_text("")
+    assert cli_main(["report", str(run), "--out", str(tmp_path / "file")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tgdist report: error: ") and "cannot write the report" in err and err.count("\n") == 1

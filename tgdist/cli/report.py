@@ -263,6 +263,13 @@ def write_report(path: Path, out: Path | None = None) -> Path:
                               f"sweep directory (numbered run directories)")
         run, points = None, results.sweep_points(found)
     plt = _pyplot()
+    try:
+        return _write(path, out, run, points, plt)
+    except OSError as e:
+        raise ConfigError(f"{e.filename or out}: cannot write the report ({e.strerror or e})") from None
+
+
+def _write(path: Path, out: Path, run: Run | None, points: list[Point] | None, plt) -> Path:
     figures = out / "report"
     figures.mkdir(parents=True, exist_ok=True)
     images = []

@@ -93,7 +93,9 @@ def run(job: PartitionJob) -> Path:
         owner, info = res.owner, {"budget": res.budget, "searches": res.searches, "rounds": res.rounds,
                                   "moves": res.moves}
     else:
-        owner, info = methods.assign(access, p.method, weights=p.weights, imbalance=p.imbalance, seed=p.seed), {}
+        with Status("tgdist partition", enabled=p.progress) as status:
+            status.set(f"assigning {n:,} nodes ({p.method})")
+            owner, info = methods.assign(access, p.method, weights=p.weights, imbalance=p.imbalance, seed=p.seed), {}
     assign_s = time.perf_counter() - t0
     owners = {p.method: owner}
     for base in ("range", "interval"):
