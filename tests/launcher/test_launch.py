@@ -471,3 +471,13 @@ def test_a_sweep_runs_jobs_side_by_side_with_max_parallel(tmp_path):
     summary = json.loads((tmp_path / "sweep" / "1" / "summary.json").read_text())
     assert res.stdout.strip().splitlines()[-1].startswith("[#1] {") and summary["test_ap"] > 0
     assert not (tmp_path / "sweep" / "0").exists()
+    pinned = [ln for ln in err if "threads: 1 torch, 1 numba" in ln]  # each job on a CPU of its own
+    assert any(ln.startswith("[#1] ") for ln in pinned), res.stderr
+
+
+def test_max_parallel_is_checked(capsys):
+    assert cli_main(["launch", "--max-parallel", "0", "--", "-m", "parallel.i=1,2"]) == 2
+    assert capsys.readouterr().err == "tgdist launch: error: --max-parallel 0: give at least 1\n"
+    assert cli_main(["launch", "--max-parallel", "2", "--nnodes", "2", "--master-addr", "h0", "--", "-m",
+                     "parallel.k=2,4"]) == 2
+    assert "--max-parallel runs a sweep's jobs side by side on this machine" in capsys.readouterr().err

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import os
 import re
 import shlex
 import signal
@@ -204,6 +205,9 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"--node-rank {args.node_rank}: give 0 .. {args.nnodes - 1} (--nnodes {args.nnodes})")
     if args.max_parallel < 1:
         raise ConfigError(f"--max-parallel {args.max_parallel}: give at least 1")
+    if args.max_parallel > 1 and args.nnodes > 1:
+        raise ConfigError(f"--max-parallel runs a sweep's jobs side by side on this machine; with --nnodes {args.nnodes} "
+                          f"they run one after another")
     if args.master_port is not None and not 0 < args.master_port < 65536:
         raise ConfigError(f"--master-port {args.master_port} is not a TCP port")
     if args.nnodes > 1 and args.master_addr == _LOOPBACK:
@@ -446,17 +450,20 @@ def _sweep_on_slurm(args: argparse.Namespace, jobs: list[list[str]], swept: list
 
 def _sweep_side_by_side(args: argparse.Namespace, jobs: list[list[str]], swept: list[str],
                         nprocs: list[int | None]) -> int:
-    """Up to ``--max-parallel`` torchruns at once, while the processes running fit the CPUs
-    this launcher may use (one job always runs); each job's output lines prefixed with ``[#N]``.
-    After a failure no job starts; the running ones end. Returns the first failure's exit code."""
+    """Up to ``--max-parallel`` torchruns at once, each pinned to CPUs of its own: a job takes
+    ``max(its processes, CPUs / max-parallel)`` of the CPUs this launcher may use that no running
+    job holds, and waits while fewer are free (one job always runs, on what is free), so jobs side
+    by side do not share cores and each rank's automatic thread count (``train.num_threads=0``)
+    splits its job's CPUs. Each job's output lines are prefixed with ``[#N]``. After a failure no
+    job starts; the running ones end. Returns the first failure's exit code."""
     import threading
     import time
 
     from tgdist.cli.overrides import swept_values
     from tgdist.kernels.graph import cpu_mask
 
-    cpus = len(cpu_mask())
-    running: dict[int, tuple[subprocess.Popen, int, list[threading.Thread]]] = {}
+    mask = sorted(cpu_mask())
+    running: dict[int, tuple[subprocess.Popen, list[int], list[threading.Thread]]] = {}
     queue = list(range(len(jobs)))
     failure: tuple[int, int] | None = None
     received: list[int] = []
@@ -469,14 +476,16 @@ def _sweep_side_by_side(args: argparse.Namespace, jobs: list[list[str]], swept: 
                 for child, _, _ in running.values():
                     if child.poll() is None:
                         child.send_signal(signal.SIGINT if signum in _AS_CTRL_C else signum)
-            busy = sum(n for _, n, _ in running.values())
-            while (queue and failure is None and not received and len(running) < args.max_parallel
-                   and (not running or busy + (nprocs[queue[0]] or 1) <= cpus)):
+            while queue and failure is None and not received and len(running) < args.max_parallel:
+                held = {c for _, cpus, _ in running.values() for c in cpus}
+                free = [c for c in mask if c not in held]
+                want = max(nprocs[queue[0]] or 1, len(mask) // args.max_parallel)
+                if running and len(free) < want:
+                    break
                 num = queue.pop(0)
                 print(f"tgdist launch: sweep job #{num} of {len(jobs)}: "
                       f"{swept_values(jobs[num], swept) or '(no swept keys)'}", file=sys.stderr, flush=True)
-                running[num] = _start_prefixed(args, jobs[num], nprocs[num], num)
-                busy += nprocs[num] or 1
+                running[num] = _start_prefixed(args, jobs[num], nprocs[num], num, free[:want] or mask)
             time.sleep(0.2)
             for num in [n for n, (child, _, _) in running.items() if child.poll() is not None]:
                 child, _, readers = running.pop(num)
@@ -502,9 +511,15 @@ def _sweep_side_by_side(args: argparse.Namespace, jobs: list[list[str]], swept: 
     return 0
 
 
-def _start_prefixed(args: argparse.Namespace, job: list[str], nproc: int | None, num: int):
-    """Start job ``num``'s torchrun with its stdout and stderr lines prefixed ``[#num] ``."""
+def _start_prefixed(args: argparse.Namespace, job: list[str], nproc: int | None, num: int, cpus: list[int]):
+    """Start job ``num``'s torchrun on ``cpus``, its stdout and stderr lines prefixed ``[#num] ``;
+    returns (the process, its CPUs, the threads copying its output)."""
     import threading
+
+    def pinned() -> None:  # in the child: its CPUs, and SIGTERM when the launcher dies
+        if hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, cpus)
+        _set_parent_death_signal()
 
     nproc = nproc or _nproc(args, parallel_overrides(job))
     port = _free_port()
@@ -512,7 +527,7 @@ def _start_prefixed(args: argparse.Namespace, job: list[str], nproc: int | None,
     print(f"tgdist launch: [#{num}] {shlex.join(cmd)}", file=sys.stderr, flush=True)
     child = subprocess.Popen([cmd[0], "-m", "tgdist.launcher.torchrun", *cmd[3:]], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, bufsize=1, start_new_session=True,
-                             preexec_fn=_set_parent_death_signal if sys.platform.startswith("linux") else None)
+                             preexec_fn=pinned if sys.platform.startswith("linux") else None)
 
     def pump(src, dst) -> None:
         for line in src:
@@ -523,7 +538,7 @@ def _start_prefixed(args: argparse.Namespace, job: list[str], nproc: int | None,
                threading.Thread(target=pump, args=(child.stderr, sys.stderr), daemon=True)]
     for t in readers:
         t.start()
-    return child, nproc, readers
+    return child, cpus, readers
 
 
 def _layout(args: argparse.Namespace, cfg, overrides: list[str]) -> dict[str, int]:
