@@ -28,7 +28,7 @@ from pathlib import Path
 
 from tgdist.errors import ConfigError, first_line
 
-__all__ = ["PointResources", "point_resources", "executor_parameters", "uses_slurm_launcher", "TrainPoint",
+__all__ = ["PointResources", "point_resources", "executor_parameters", "check_launcher_overrides", "TrainPoint",
            "run_sweep", "LAUNCHER_TARGET"]
 
 LAUNCHER_TARGET = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
@@ -75,12 +75,6 @@ def point_resources(world_size: int, gpus_per_node: int | None, nodes: int = 1) 
     if world_size % nodes:
         raise ConfigError(f"{world_size} trainers cannot be spread evenly over hydra.launcher.nodes={nodes} nodes")
     return PointResources(nodes=nodes, tasks_per_node=world_size // nodes, gpus_per_node=None)
-
-
-def uses_slurm_launcher(hydra_cfg) -> bool:
-    """Whether the composed ``hydra`` node chooses the submitit SLURM launcher."""
-    launcher = hydra_cfg.get("launcher") if hydra_cfg is not None else None
-    return launcher is not None and launcher.get("_target_") == LAUNCHER_TARGET
 
 
 def check_launcher_overrides(overrides: list[str]) -> None:
