@@ -77,7 +77,7 @@ def test_sweep_report_holds_the_summaries_numbers(tmp_path, capsys):
                        "speed-up": f"{s['train_events_per_s'] / base:.2f}", "ideal": row["processes"],
                        "wall s": "12.34", "bytes sent": f"{sent:,}"}
     assert rows[3][:3] == ["3", "memory.backend=daemon", "2 x 1 x 1"] and rows[3][6:10] == ["-"] * 4
-    assert "Without a summary (failed, stopped or still running): #3" in text
+    assert "Without a summary (failed, stopped or still running): `#3 2x1x1 backend=daemon`." in text
     with open(sweep / "report" / "points.csv") as f:
         exact = list(csv.DictReader(f))
     for n, s in summaries.items():
@@ -125,3 +125,18 @@ def test_an_output_that_cannot_be_written_is_one_line(tmp_path, capsys):
     assert cli_main(["report", str(run), "--out", str(tmp_path / "file")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("tgdist report: error: ") and "cannot write the report" in err and err.count("\n") == 1
+
+
+def test_a_sweep_record_names_the_points_that_left_no_directory(tmp_path):
+    """tgdist launch lists a sweep's jobs in sweep.json; a run that fails removes its own directory."""
+    sweep = tmp_path / "sweep"
+    make_run(sweep / "0", (1, 1, 1), ["model=tgn"])
+    (sweep / "sweep.json").write_text(json.dumps({"points": [
+        {"num": n, "swept": f"parallel.i={i} model={m}", "layout": [i, 1, 1],
+         "overrides": [f"parallel.i={i}", f"parallel.k=1", f"model={m}", f"run_dir={sweep}/{n}"]}
+        for n, (i, m) in enumerate([(1, "tgn"), (2, "jodie")])]}))
+    assert cli_main(["report", str(sweep)]) == 0
+    text = (sweep / "report.md").read_text()
+    rows = md_table(text)[1:]
+    assert [r[:4] for r in rows] == [["0", "model=tgn", "1 x 1 x 1", "1"], ["1", "model=jodie", "2 x 1 x 1", "2"]]
+    assert rows[1][6:10] == ["-"] * 4 and "Without a summary (failed, stopped or still running): `#1 2x1x1 model=jodie`" in text

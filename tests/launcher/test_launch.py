@@ -208,6 +208,10 @@ def test_sweep_folder_is_its_own_and_goes_when_nothing_ran(tmp_path, monkeypatch
     assert [d.rsplit("/", 1)[1] for d in dirs] == ["0", "1"] and len({d.rsplit("/", 1)[0] for d in dirs}) == 1
     sweep = tmp_path / dirs[0].rsplit("/", 1)[0]
     assert sweep.name.endswith("-2") and sweep.with_name(sweep.name[:-2]) in taken and sweep.is_dir()
+    record = json.loads((sweep / "sweep.json").read_text())  # the jobs, for tgdist report
+    assert [(p["num"], p["swept"], p["layout"]) for p in record["points"]] == [(0, "model=tgn", [1, 1, 1]),
+                                                                              (1, "model=jodie", [1, 1, 1])]
+    assert record["points"][1]["overrides"] == launched[1]
 
     fresh = tmp_path / "fresh"
     fresh.mkdir()

@@ -120,3 +120,6 @@ def test_a_failing_slurm_point_is_named_and_the_others_keep_their_results(slurm_
     lines = res.stderr.strip().splitlines()
     assert any(ln.startswith("tgdist launch: sweep job #1 (parallel.i=2): failed: ") for ln in lines), res.stderr
     assert lines[-1] == ("tgdist launch: 1 of 2 sweep jobs failed: #1 (parallel.i=2); the others kept their results")
+    pytest.importorskip("matplotlib", reason="tgdist report draws with matplotlib")
+    assert cli_main(["report", str(tmp_path / "sweep")]) == 0  # the failed point is named there too
+    assert "Without a summary (failed, stopped or still running): `#1 2x1x1`" in (tmp_path / "sweep" / "report.md").read_text()

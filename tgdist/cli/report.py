@@ -187,7 +187,11 @@ def _communication(plt, points: list[Point], path: Path) -> bool:
 
 
 def _save(plt, fig, path: Path) -> None:
-    fig.tight_layout()
+    import warnings
+
+    with warnings.catch_warnings():  # long point labels: the layout is tightened as far as it goes
+        warnings.simplefilter("ignore", UserWarning)
+        fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -240,7 +244,7 @@ def _sweep_markdown(path: Path, points: list[Point], images: list[str]) -> str:
     failed = [p for p in points if not p.run.summary]
     if failed:
         out += ["Without a summary (failed, stopped or still running): "
-                + ", ".join(f"#{p.num} (`{p.run.path.name}`)" for p in failed) + ".", ""]
+                + ", ".join(f"`{p.label}`" for p in failed) + ".", ""]
     out += ["Speed-up is events/s over the 1 x 1 x 1 point with the same settings; ideal is the number of "
             "processes. Bytes are those rank 0 sent, summed over the phases. Full precision: "
             "[report/points.csv](report/points.csv).", "",

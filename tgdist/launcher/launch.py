@@ -355,27 +355,59 @@ def _sweep(args: argparse.Namespace, overrides: list[str]) -> int:
             made = [base, *new_parents]
     jobs = [[a for a in job if a.partition("=")[0].lstrip("+") != "run_dir"] + [f"run_dir={base}/{num}"]
             for num, job in enumerate(jobs)]
-    if slurm:
-        try:
-            return _sweep_on_slurm(args, jobs, swept, composed, Path(base))
-        finally:
+    record = None
+    if not args.dry_run:
+        record, new = _record_sweep(Path(base), jobs, swept, composed)
+        made = made or new
+    rc = 1
+    try:
+        if slurm:
+            rc = _sweep_on_slurm(args, jobs, swept, composed, Path(base))
+        elif args.max_parallel > 1 and not args.dry_run:
+            rc = _sweep_side_by_side(args, jobs, swept, nprocs)
+        else:
+            for num, job in enumerate(jobs):
+                if not args.dry_run:
+                    print(f"tgdist launch: sweep job #{num} of {len(jobs)}: "
+                          f"{swept_values(job, swept) or '(no swept keys)'}", file=sys.stderr, flush=True)
+                rc = _launch(args, job, nprocs[num])
+                if rc:
+                    print(f"tgdist launch: sweep stopped: job #{num} exited with {rc}"
+                          f"{jobs_not_run(num, len(jobs))}", file=sys.stderr, flush=True)
+                    break
+        return rc
+    finally:
+        if rc and not any(Path(base, str(n)).exists() for n in range(len(jobs))):
+            if record is not None:  # no job left anything: neither does the sweep
+                record.unlink(missing_ok=True)
             remove_empty_dirs(made)
-    if args.max_parallel > 1 and not args.dry_run:
-        try:
-            return _sweep_side_by_side(args, jobs, swept, nprocs)
-        finally:
-            remove_empty_dirs(made)
-    for num, job in enumerate(jobs):
-        if not args.dry_run:
-            print(f"tgdist launch: sweep job #{num} of {len(jobs)}: {swept_values(job, swept) or '(no swept keys)'}",
-                  file=sys.stderr, flush=True)
-        rc = _launch(args, job, nprocs[num])
-        if rc:
-            print(f"tgdist launch: sweep stopped: job #{num} exited with {rc}{jobs_not_run(num, len(jobs))}",
-                  file=sys.stderr, flush=True)
-            remove_empty_dirs(made)
-            return rc
-    return 0
+
+
+SWEEP_RECORD = "sweep.json"
+
+
+def _record_sweep(base: Path, jobs: list[list[str]], swept: list[str], composed: list) -> tuple[Path, list[Path]]:
+    """``BASE/sweep.json``: every job's number, swept values, overrides and layout, so that
+    ``tgdist report`` names the jobs that left no run directory (a run that fails removes its own).
+    Returns its path and the folders made for it, deepest first."""
+    import json
+
+    from tgdist.cli.overrides import swept_values
+
+    points = [{"num": num, "swept": swept_values(job, swept), "overrides": job,
+               "layout": [int(composed[num].parallel[k]) for k in "ijk"] if composed else None}
+              for num, job in enumerate(jobs)]
+    path = base / SWEEP_RECORD
+    new = [p for p in [base, *base.parents] if not p.exists()]
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"points": points}, indent=1) + "\n")
+    except OSError as e:
+        from tgdist.runtime.rundir import remove_empty_dirs
+
+        remove_empty_dirs(new)
+        raise ConfigError(f"{path}: cannot write the sweep's record ({e.strerror or e})") from None
+    return path, new
 
 
 def _slurm_launcher(overrides: list[str]) -> bool:

@@ -23,6 +23,7 @@ __all__ = ["Run", "Point", "read_run", "is_run_dir", "read_sweep", "sweep_points
            "STAGES"]
 
 STAGES = ("sample", "features", "memory_read", "compute", "memory_write")
+SWEEP_RECORD = "sweep.json"  # tgdist launch's list of a sweep's jobs
 _RUN_FILES = (".tgdist-run", "summary.json", "metrics.jsonl", "config.yaml")
 # keys that differ between the jobs of any sweep without being a setting of it
 _NOT_SETTINGS = ("run_dir", "train.resume", "train.overwrite", "train.progress")
@@ -123,9 +124,22 @@ def layout_of(run: Run) -> tuple[int, int, int]:
 
 
 def read_sweep(path: Path) -> list[tuple[int, Run]]:
-    """The numbered run directories of sweep directory ``path``, in job order."""
-    found = sorted((int(p.name), p) for p in path.iterdir() if p.is_dir() and p.name.isdigit() and is_run_dir(p))
-    return [(num, read_run(p)) for num, p in found]
+    """The numbered run directories of sweep directory ``path``, in job order, and the jobs that
+    ``tgdist launch``'s record (``sweep.json``) names but that left no run directory (a run that
+    fails removes its own), as runs without files."""
+    found = {int(p.name): read_run(p) for p in path.iterdir() if p.is_dir() and p.name.isdigit() and is_run_dir(p)}
+    record = _read_json(path / SWEEP_RECORD) or {}
+    for point in record.get("points", []):  # its overrides are the command line's, for every job
+        num = int(point["num"])
+        overrides = {key.lstrip("+~"): value for key, _, value in (str(o).partition("=")
+                                                                  for o in point.get("overrides", []))}
+        if num in found:
+            found[num].overrides = overrides
+        else:
+            layout = point.get("layout") or [1, 1, 1]
+            found[num] = Run(path=path / str(num), config={f"parallel.{x}": n for x, n in zip("ijk", layout)},
+                             metrics=[], summary=None, overrides=overrides)
+    return sorted(found.items())
 
 
 def sweep_points(runs: list[tuple[int, Run]]) -> list[Point]:
