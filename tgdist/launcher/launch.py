@@ -140,8 +140,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--master-port", type=int, default=None,
                     help=f"rendezvous port (default: a free port on one node, {DEFAULT_MULTINODE_PORT} on several)")
     ap.add_argument("--max-parallel", type=int, default=1, metavar="N",
-                    help="a sweep (-m): run up to N jobs side by side on this machine while their processes fit "
-                         "its CPUs (default 1: one after another)")
+                    help="a sweep (-m): run up to N jobs side by side on this machine, each on CPUs of its own "
+                         "(default 1: one after another)")
     ap.add_argument("--module", default="tgdist.train", help=argparse.SUPPRESS)
     ap.add_argument("--dry-run", action="store_true", help="print the torchrun command and exit")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides (after '--')")
@@ -309,9 +309,9 @@ def _launch_in_own_directory(args: argparse.Namespace, cfg, nproc: int) -> int:
 def _sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     """``--multirun``: one torchrun per job of the sweep, each with the process count its layout
     needs, every job checked first. Job N runs in ``multirun/<time>/N``, or in ``RUN_DIR/N`` when
-    ``run_dir`` is given. One after another by default, stopping at the first job that fails;
-    ``--max-parallel N`` runs up to N side by side while their processes fit the CPUs (a failed
-    job then lets the running ones end and starts no other). With ``hydra/launcher=submitit_slurm``
+    ``run_dir`` is given, and ``sweep.json`` there lists the jobs. One after another by default,
+    stopping at the first job that fails; ``--max-parallel N`` runs up to N side by side, each on
+    CPUs of its own (a failed job then lets the running ones end and starts no other). With ``hydra/launcher=submitit_slurm``
     every job is a SLURM job instead (``slurm_sweep``)."""
     import time
 
@@ -383,9 +383,6 @@ def _sweep(args: argparse.Namespace, overrides: list[str]) -> int:
             remove_empty_dirs(made)
 
 
-SWEEP_RECORD = "sweep.json"
-
-
 def _record_sweep(base: Path, jobs: list[list[str]], swept: list[str], composed: list) -> tuple[Path, list[Path]]:
     """``BASE/sweep.json``: every job's number, swept values, overrides and layout, so that
     ``tgdist report`` names the jobs that left no run directory (a run that fails removes its own).
@@ -393,6 +390,7 @@ def _record_sweep(base: Path, jobs: list[list[str]], swept: list[str], composed:
     import json
 
     from tgdist.cli.overrides import swept_values
+    from tgdist.runtime.results import SWEEP_RECORD
 
     points = [{"num": num, "swept": swept_values(job, swept), "overrides": job,
                "layout": [int(composed[num].parallel[k]) for k in "ijk"] if composed else None}
