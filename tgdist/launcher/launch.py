@@ -2,6 +2,8 @@
 
     tgdist launch --nproc 4 -- data=wikipedia parallel.i=2 parallel.k=2 memory.backend=daemon
     tgdist launch --nproc 8 --nnodes 2 --node-rank 0 --master-addr node01 -- ...   (on each node)
+    tgdist launch --max-parallel 2 -- -m parallel.i=1,2 parallel.k=1,2             (a sweep, ``_sweep``)
+    tgdist launch -- -m parallel.i=1,2 hydra/launcher=submitit_slurm              (one SLURM job per point)
 
 builds and runs
 
