@@ -288,6 +288,7 @@ class TrainConfig:
     resume: Optional[str] = None  # a checkpoint file, or a run directory (its latest checkpoint)
     stop_after_batches: Optional[int] = None  # stop early after this many training batches (tests)
     progress: bool = True  # progress lines on stderr (the end-of-epoch stage table is logged either way)
+    tensorboard: bool = False  # also write each metrics line as TensorBoard scalars to RUN_DIR/tensorboard
     # write into a run_dir that holds files of something other than a tgdist run (they may be replaced)
     overwrite: bool = False
     node_class_epochs: int = 10  # task=node/edge: decoder epochs

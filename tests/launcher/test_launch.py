@@ -198,7 +198,7 @@ def test_sweep_folder_is_its_own_and_goes_when_nothing_ran(tmp_path, monkeypatch
 
     monkeypatch.chdir(tmp_path)
     launched = []
-    monkeypatch.setattr(launch, "_launch", lambda args, job: launched.append(job) or 0)
+    monkeypatch.setattr(launch, "_launch", lambda args, job, nproc=None: launched.append(job) or 0)
     now = datetime.now()
     taken = [tmp_path / "multirun" / f"{(now + timedelta(seconds=d)):%Y%m%d-%H%M%S}" for d in range(30)]
     for d in taken:
@@ -208,11 +208,15 @@ def test_sweep_folder_is_its_own_and_goes_when_nothing_ran(tmp_path, monkeypatch
     assert [d.rsplit("/", 1)[1] for d in dirs] == ["0", "1"] and len({d.rsplit("/", 1)[0] for d in dirs}) == 1
     sweep = tmp_path / dirs[0].rsplit("/", 1)[0]
     assert sweep.name.endswith("-2") and sweep.with_name(sweep.name[:-2]) in taken and sweep.is_dir()
+    record = json.loads((sweep / "sweep.json").read_text())  # the jobs, for tgdist report
+    assert [(p["num"], p["swept"], p["layout"]) for p in record["points"]] == [(0, "model=tgn", [1, 1, 1]),
+                                                                              (1, "model=jodie", [1, 1, 1])]
+    assert record["points"][1]["overrides"] == launched[1]
 
     fresh = tmp_path / "fresh"
     fresh.mkdir()
     monkeypatch.chdir(fresh)
-    monkeypatch.setattr(launch, "_launch", lambda args, job: 3)
+    monkeypatch.setattr(launch, "_launch", lambda args, job, nproc=None: 3)
     assert cli_main(["launch", "--", "-m", "model=tgn,jodie", "parallel.i=1"]) == 3
     assert "sweep stopped: job #0 exited with 3" in capsys.readouterr().err and list(fresh.iterdir()) == []
 
@@ -444,3 +448,40 @@ def _alive(pid: int) -> bool:
         return False
     except OSError:
         return os.path.exists(f"/proc/{pid}")
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_sweep_runs_jobs_side_by_side_with_max_parallel(tmp_path):
+    """``--max-parallel 2``: both jobs start at once, their lines prefixed with the job number; the
+    job whose data does not read fails, the other ends and keeps its result."""
+    from tgdist.kernels.graph import cpu_mask
+
+    if len(cpu_mask()) < 2:
+        pytest.skip("two jobs side by side need two CPUs")
+    (tmp_path / "bad.csv").write_text("1,2,3\n2,3\n")
+    (tmp_path / "good.csv").write_text("".join(f"{i % 40},{40 + i % 23},{i}\n" for i in range(600)))
+    res = run([sys.executable, "-m", "tgdist", "launch", "--max-parallel", "2", "--nproc", "1", "--", "-m",
+               f"data.path={tmp_path / 'bad.csv'},{tmp_path / 'good.csv'}", "model.mem_dim=16", "model.time_dim=8",
+               "train.epochs=1", "train.batch_size=100", "train.num_neg_eval=4", "train.progress=false",
+               f"run_dir={tmp_path / 'sweep'}"])
+    assert res.returncode == 2, res.stderr
+    err = res.stderr.splitlines()
+    started = [n for n, ln in enumerate(err) if ln.startswith("tgdist launch: sweep job #")]
+    first_output = min(n for n, ln in enumerate(err) if ln.startswith("[#0] ") or ln.startswith("[#1] "))
+    assert len(started) == 2 and started[1] < first_output  # the second started before the first said anything
+    assert any(ln.startswith("[#0] tgdist train: error: ") for ln in err), res.stderr
+    assert err[-1] == "tgdist launch: sweep stopped: job #0 exited with 2"
+    summary = json.loads((tmp_path / "sweep" / "1" / "summary.json").read_text())
+    assert res.stdout.strip().splitlines()[-1].startswith("[#1] {") and summary["test_ap"] > 0
+    assert not (tmp_path / "sweep" / "0").exists()
+    pinned = [ln for ln in err if "threads: 1 torch, 1 numba" in ln]  # each job on a CPU of its own
+    assert any(ln.startswith("[#1] ") for ln in pinned), res.stderr
+
+
+def test_max_parallel_is_checked(capsys):
+    assert cli_main(["launch", "--max-parallel", "0", "--", "-m", "parallel.i=1,2"]) == 2
+    assert capsys.readouterr().err == "tgdist launch: error: --max-parallel 0: give at least 1\n"
+    assert cli_main(["launch", "--max-parallel", "2", "--nnodes", "2", "--master-addr", "h0", "--", "-m",
+                     "parallel.k=2,4"]) == 2
+    assert "--max-parallel runs a sweep's jobs side by side on this machine" in capsys.readouterr().err

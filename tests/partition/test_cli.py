@@ -34,7 +34,8 @@ def test_writes_the_artifact_and_nothing_else(tmp_path, events):
              "partition.batch_size=30", "partition.out_dir=parts/tiny")
     assert r.returncode == 0, r.stderr
     assert "wrote parts/tiny: reflexbicut balance cost" in r.stdout
-    assert "pre-sampling" in r.stderr  # progress goes to stderr
+    assert "pre-sampling 280 training events" in r.stderr and "pre-sampled 10 batches in" in r.stderr
+    assert "pre-sampling: " not in r.stderr  # the running counts are for a terminal only
     out = tmp_path / "parts" / "tiny"
     assert sorted(p.name for p in out.iterdir()) == ["comm.npz", "maps.npz", "measures.json", "metadata.json",
                                                        "residual.png"]

@@ -19,7 +19,8 @@ COMMANDS = {
     "data": ("tgdist.cli.data", "inspect a data set or write a synthetic one: tgdist data --help"),
     "partition": ("tgdist.partition.cli", "partition node memory across trainers: tgdist partition [overrides]"),
     "plan": ("tgdist.launcher.planner", "choose i x j x k for a cluster: tgdist plan --help"),
-    "launch": ("tgdist.launcher.launch", "run torchrun on this machine: tgdist launch --help"),
+    "launch": ("tgdist.launcher.launch", "run torchrun on this machine, or a sweep on SLURM: tgdist launch --help"),
+    "report": ("tgdist.cli.report", "report.md and plots for a run or a sweep directory: tgdist report PATH"),
 }
 
 

@@ -42,6 +42,7 @@ import numpy as np
 
 from tgdist import checksum
 from tgdist.errors import DataError, first_line
+from tgdist.progress import Status
 
 log = logging.getLogger(__name__)
 
@@ -1287,14 +1288,31 @@ def _load(origin: Path, data: bytes | None, format: str, columns: str | None, bi
         other = "" if fmt == "collegemsg" else " (data.format=edgelist reads it as an edge list)"
         raise DataError(f"data.columns={columns!r} names the fields of a plain edge list, but {origin} is read as "
                         f"{_FORMAT_NAMES[fmt]}{other}; leave data.columns unset")
+    size = _source_size(origin) if fmt != "collegemsg" else 0
+    # a terminal shows what a large read is doing (hashing, parsing, caching) and for how long
+    with Status(f"reading {origin.name} ({size / 2**20:,.0f} MiB)", enabled=size >= STATUS_BYTES) as status:
+        return _load_source(origin, data, fmt, columns, bipartite, strict_order, cache, cache_dir, name,
+                            strict_columns, size, status)
+
+
+# Sources from this size on show a status line on a terminal (parsing runs at about 15 MiB/s).
+STATUS_BYTES = 16 << 20
+
+
+def _load_source(origin: Path, data: bytes | None, fmt: str, columns: str | None, bipartite: bool | None,
+                 strict_order: bool, cache: bool, cache_dir: str | Path | None, name: str | None,
+                 strict_columns: bool, size: int, status: Status) -> TemporalGraph:
     if fmt == "native":
+        status.set("loading")
         return load_native(origin)
     gname = name or ("collegemsg" if fmt == "collegemsg" else file_stem(origin))
+    status.set("hashing the source (the cache's key)")
     options = {"format": fmt, "columns": columns, "bipartite": bipartite, "strict": strict_order,
                "strict_columns": strict_columns}  # a relaxed read's entry must not serve a strict one
     digest = _source_hash(origin, options)
     cache_file = Path(cache_dir or default_cache_dir()) / f"{gname}-{digest}.npz"
     if cache and cache_file.exists():
+        status.set(f"loading the cached graph {cache_file.name}")
         try:
             g, notes = _read_native(cache_file)
             log.debug("loaded %s from cache %s", gname, cache_file)
@@ -1306,7 +1324,7 @@ def _load(origin: Path, data: bytes | None, format: str, columns: str | None, bi
         except DataError:
             log.warning("ignoring unreadable cache entry %s", cache_file)
     start = time.perf_counter()
-    size = _source_size(origin) if fmt != "collegemsg" else 0
+    status.set("parsing")
     if size >= 64 << 20:  # parsing runs at about 15 MiB/s: say what is happening before a long silence
         log.info("reading %s (%s MiB)%s", origin, f"{size >> 20:,}", "; the parsed graph is cached for later runs"
                  if cache else "")
@@ -1322,6 +1340,7 @@ def _load(origin: Path, data: bytes | None, format: str, columns: str | None, bi
             raw = _read_edgelist(origin, _read_bytes(origin), columns, strict_columns)
         else:
             raise DataError(f"format {fmt!r} is not readable from {origin}")
+        status.set("building the graph")
         graph = _finish(raw, name=gname, source_hash=digest, bipartite=bipartite, strict_order=strict_order,
                         origin=origin)
     notes = [str(w.message) for w in caught if w.category is UserWarning]  # the readers' own
@@ -1329,6 +1348,7 @@ def _load(origin: Path, data: bytes | None, format: str, columns: str | None, bi
         warnings.warn(w.message, w.category, stacklevel=2)
     log.info("read %s in %.2fs", graph.describe(), time.perf_counter() - start)
     if cache:
+        status.set(f"writing the cache {cache_file}")
         try:
             save_native(graph, cache_file, notes)
         except OSError as e:

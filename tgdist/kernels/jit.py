@@ -17,6 +17,8 @@ import time
 
 from numba.core import event
 
+from tgdist.progress import Status
+
 _clock = None
 
 
@@ -27,6 +29,8 @@ class _CompileClock(event.Listener):
         self.seconds = 0.0
         self.who: str | None = None
         self.announced = False
+        self.compiles = 0
+        self.status: Status | None = None  # the compile under way, on a terminal
 
     def on_start(self, ev) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -38,6 +42,10 @@ class _CompileClock(event.Listener):
                 self.announced = True
                 print(f"{self.who}: compiling numba kernels on first use, which takes a while once: they are "
                       f"cached for later runs", file=sys.stderr, flush=True)
+            if self.who is not None:  # the clock of this compile, on a terminal only
+                self.compiles += 1
+                self.status = Status(f"{self.who}: compiling numba kernels").__enter__()
+                self.status.set(f"kernel {self.compiles}")
 
     def on_end(self, ev) -> None:
         if threading.current_thread() is not threading.main_thread() or self.depth == 0:
@@ -45,6 +53,9 @@ class _CompileClock(event.Listener):
         self.depth -= 1
         if self.depth == 0:
             self.seconds += time.perf_counter() - self.started
+            if self.status is not None:
+                self.status.close()
+                self.status = None
 
 
 def track_compiles() -> _CompileClock:

@@ -2,6 +2,8 @@
 
     tgdist launch --nproc 4 -- data=wikipedia parallel.i=2 parallel.k=2 memory.backend=daemon
     tgdist launch --nproc 8 --nnodes 2 --node-rank 0 --master-addr node01 -- ...   (on each node)
+    tgdist launch --max-parallel 2 -- -m parallel.i=1,2 parallel.k=1,2             (a sweep, ``_sweep``)
+    tgdist launch -- -m parallel.i=1,2 hydra/launcher=submitit_slurm              (one SLURM job per point)
 
 builds and runs
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import os
 import re
 import shlex
 import signal
@@ -138,6 +141,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--master-addr", default=_LOOPBACK, help="host of the c10d rendezvous (node 0)")
     ap.add_argument("--master-port", type=int, default=None,
                     help=f"rendezvous port (default: a free port on one node, {DEFAULT_MULTINODE_PORT} on several)")
+    ap.add_argument("--max-parallel", type=int, default=1, metavar="N",
+                    help="a sweep (-m): run up to N jobs side by side on this machine, each on CPUs of its own "
+                         "(default 1: one after another)")
     ap.add_argument("--module", default="tgdist.train", help=argparse.SUPPRESS)
     ap.add_argument("--dry-run", action="store_true", help="print the torchrun command and exit")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides (after '--')")
@@ -199,6 +205,11 @@ def _check_args(args: argparse.Namespace) -> None:
         raise ConfigError(f"--nnodes {args.nnodes}: give at least 1 machine")
     if not 0 <= args.node_rank < args.nnodes:
         raise ConfigError(f"--node-rank {args.node_rank}: give 0 .. {args.nnodes - 1} (--nnodes {args.nnodes})")
+    if args.max_parallel < 1:
+        raise ConfigError(f"--max-parallel {args.max_parallel}: give at least 1")
+    if args.max_parallel > 1 and args.nnodes > 1:
+        raise ConfigError(f"--max-parallel runs a sweep's jobs side by side on this machine; with --nnodes {args.nnodes} "
+                          f"they run one after another")
     if args.master_port is not None and not 0 < args.master_port < 65536:
         raise ConfigError(f"--master-port {args.master_port} is not a TCP port")
     if args.nnodes > 1 and args.master_addr == _LOOPBACK:
@@ -298,24 +309,42 @@ def _launch_in_own_directory(args: argparse.Namespace, cfg, nproc: int) -> int:
 
 
 def _sweep(args: argparse.Namespace, overrides: list[str]) -> int:
-    """``--multirun``: one torchrun per job of the sweep, one after another (each job may need
-    another number of processes), every job checked first. Job N runs in ``multirun/<time>/N``, or
-    in ``RUN_DIR/N`` when ``run_dir`` is given. Stops at the first job that fails."""
+    """``--multirun``: one torchrun per job of the sweep, each with the process count its layout
+    needs, every job checked first. Job N runs in ``multirun/<time>/N``, or in ``RUN_DIR/N`` when
+    ``run_dir`` is given, and ``sweep.json`` there lists the jobs. One after another by default,
+    stopping at the first job that fails; ``--max-parallel N`` runs up to N side by side, each on
+    CPUs of its own (a failed job then lets the running ones end and starts no other). With ``hydra/launcher=submitit_slurm``
+    every job is a SLURM job instead (``slurm_sweep``)."""
     import time
 
     from tgdist.cli.overrides import jobs_not_run, override_value, sweep_jobs, swept_values
     from tgdist.runtime.build import precheck
     from tgdist.runtime.rundir import claim_directory, remove_empty_dirs
 
+    composed = []  # each job's config, in the sweep's order
+
+    slurm = _slurm_launcher(overrides)
+
     def check(cfg) -> None:
         precheck(cfg)
-        if par := _layout(args, cfg, []):  # else the job's own overrides decide (below)
+        composed.append(cfg)
+        if not slurm and (par := _layout(args, cfg, [])):  # else the job's own overrides decide (below)
             _check_world(args, cfg, _nproc(args, par))
 
+    if slurm:
+        from tgdist.launcher.slurm_sweep import check_launcher_overrides
+
+        check_launcher_overrides(overrides)
     jobs, swept = sweep_jobs("tgdist launch", "train", overrides, check if args.module == "tgdist.train" else None)
+    nprocs: list[int | None] = []
     for num, job in enumerate(jobs):  # the process counts, before anything starts
         try:
-            _nproc(args, parallel_overrides(job))
+            if composed:  # on SLURM every job's layout is its own (no --nproc to default to)
+                cfg = composed[num]
+                par = {k: int(cfg.parallel[k]) for k in "ijk"} if slurm else _layout(args, cfg, job)
+            else:
+                par = {}
+            nprocs.append(_nproc(args, par or parallel_overrides(job)))
         except ConfigError as e:
             raise ConfigError(f"{e} (sweep job #{num}: {swept_values(job, swept)})") from None
     base = override_value(overrides, "run_dir")
@@ -326,24 +355,228 @@ def _sweep(args: argparse.Namespace, overrides: list[str]) -> int:
             new_parents = [p for p in base.parents if not p.exists()]
             base = claim_directory(base)
             made = [base, *new_parents]
-    for num, job in enumerate(jobs):
-        job = [a for a in job if a.partition("=")[0].lstrip("+") != "run_dir"] + [f"run_dir={base}/{num}"]
-        if not args.dry_run:
-            print(f"tgdist launch: sweep job #{num} of {len(jobs)}: {swept_values(job, swept) or '(no swept keys)'}",
-                  file=sys.stderr, flush=True)
-        rc = _launch(args, job)
-        if rc:
-            print(f"tgdist launch: sweep stopped: job #{num} exited with {rc}{jobs_not_run(num, len(jobs))}",
-                  file=sys.stderr, flush=True)
+    jobs = [[a for a in job if a.partition("=")[0].lstrip("+") != "run_dir"] + [f"run_dir={base}/{num}"]
+            for num, job in enumerate(jobs)]
+    record = None
+    if not args.dry_run:
+        record, new = _record_sweep(Path(base), jobs, swept, composed)
+        made = made or new
+    rc = 1
+    try:
+        if slurm:
+            rc = _sweep_on_slurm(args, jobs, swept, composed, Path(base))
+        elif args.max_parallel > 1 and not args.dry_run:
+            rc = _sweep_side_by_side(args, jobs, swept, nprocs)
+        else:
+            for num, job in enumerate(jobs):
+                if not args.dry_run:
+                    print(f"tgdist launch: sweep job #{num} of {len(jobs)}: "
+                          f"{swept_values(job, swept) or '(no swept keys)'}", file=sys.stderr, flush=True)
+                rc = _launch(args, job, nprocs[num])
+                if rc:
+                    print(f"tgdist launch: sweep stopped: job #{num} exited with {rc}"
+                          f"{jobs_not_run(num, len(jobs))}", file=sys.stderr, flush=True)
+                    break
+        return rc
+    finally:
+        if rc and not any(Path(base, str(n)).exists() for n in range(len(jobs))):
+            if record is not None:  # no job left anything: neither does the sweep
+                record.unlink(missing_ok=True)
             remove_empty_dirs(made)
-            return rc
+
+
+def _record_sweep(base: Path, jobs: list[list[str]], swept: list[str], composed: list) -> tuple[Path, list[Path]]:
+    """``BASE/sweep.json``: every job's number, swept values, overrides and layout, so that
+    ``tgdist report`` names the jobs that left no run directory (a run that fails removes its own).
+    Returns its path and the folders made for it, deepest first."""
+    import json
+
+    from tgdist.cli.overrides import swept_values
+    from tgdist.runtime.results import SWEEP_RECORD
+
+    points = [{"num": num, "swept": swept_values(job, swept), "overrides": job,
+               "layout": [int(composed[num].parallel[k]) for k in "ijk"] if composed else None}
+              for num, job in enumerate(jobs)]
+    path = base / SWEEP_RECORD
+    new = [p for p in [base, *base.parents] if not p.exists()]
+    try:
+        base.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"points": points}, indent=1) + "\n")
+    except OSError as e:
+        from tgdist.runtime.rundir import remove_empty_dirs
+
+        remove_empty_dirs(new)
+        raise ConfigError(f"{path}: cannot write the sweep's record ({e.strerror or e})") from None
+    return path, new
+
+
+def _slurm_launcher(overrides: list[str]) -> bool:
+    """Whether the sweep chooses Hydra's submitit SLURM launcher (``hydra/launcher=submitit_slurm``,
+    or a config of that group built on it, such as ``slurm_example``); another launcher than Hydra's
+    basic one is refused, since this command starts the jobs itself."""
+    from tgdist.cli.overrides import checked_compose
+    from tgdist.launcher.slurm_sweep import LAUNCHER_TARGET
+
+    chosen = [o.partition("=")[2] for o in overrides if o.partition("=")[0].lstrip("+") == "hydra/launcher"]
+    if not chosen or chosen[-1] == "basic":
+        return False
+    try:
+        import hydra_plugins.hydra_submitit_launcher  # noqa: F401
+        import submitit  # noqa: F401
+    except ImportError:
+        raise ConfigError(f"hydra/launcher={chosen[-1]} needs hydra-submitit-launcher and submitit: "
+                          f"pip install 'tgdist[slurm]'") from None
+    target = checked_compose([f"hydra/launcher={chosen[-1]}"], return_hydra_config=True).hydra.launcher.get("_target_")
+    if target != LAUNCHER_TARGET:
+        raise ConfigError(f"hydra/launcher={chosen[-1]}: tgdist launch runs a sweep's jobs on this machine, or one "
+                          f"SLURM job each with hydra/launcher=submitit_slurm")
+    return True
+
+
+def _sweep_on_slurm(args: argparse.Namespace, jobs: list[list[str]], swept: list[str], composed: list,
+                    base: Path) -> int:
+    """One SLURM job per point (``tgdist.launcher.slurm_sweep``), its tasks read from its layout."""
+    from omegaconf import OmegaConf
+
+    from tgdist.cli.overrides import checked_compose, swept_values
+    from tgdist.launcher import slurm_sweep
+    from tgdist.runtime.distributed import memory_backend
+
+    if args.module != "tgdist.train" or args.nproc is not None or args.nnodes != 1:
+        raise ConfigError("hydra/launcher=submitit_slurm reads each job's processes and nodes from its layout: "
+                          "leave --nproc and --nnodes out")
+    if args.max_parallel != 1:
+        raise ConfigError("--max-parallel is for sweeps on this machine; SLURM runs a sweep's jobs as it schedules them")
+    hydra_cfg = checked_compose([*jobs[0], f"hydra.sweep.dir={base.absolute()}"], return_hydra_config=True).hydra
+    launcher = OmegaConf.to_container(hydra_cfg.launcher, resolve=True)
+    points = []
+    for job, cfg in zip(jobs, composed):
+        train = [a for a in job if not a.partition("=")[0].lstrip("+").startswith(("hydra/launcher", "hydra.launcher."))]
+        run_dir = str(Path(train[-1].removeprefix("run_dir=")).absolute())
+        points.append(([*train[:-1], f"run_dir={run_dir}"], {k: int(cfg.parallel[k]) for k in "ijk"},
+                       swept_values(job, [s for s in swept if not s.startswith("hydra")])))
+
+    def check_world(num: int, layout: dict, res) -> None:
+        from tgdist.distributed.schedule import Layout
+        from tgdist.distributed.world import WorldInfo
+        from tgdist.distributed.world import validate as validate_world
+
+        lay = Layout(layout["i"], layout["j"], layout["k"])
+        world = WorldInfo(world_size=res.tasks, local_world_size=res.tasks_per_node, num_nodes=res.nodes,
+                          launcher="slurm")
+        validate_world(lay, world, memory_backend(composed[num], lay), epochs=composed[num].train.epochs)
+
+    if args.dry_run:
+        for num, (train, layout, where) in enumerate(points):
+            res = slurm_sweep.point_resources(layout["i"] * layout["j"] * layout["k"], launcher.get("gpus_per_node"),
+                                              int(launcher.get("nodes") or 1))
+            check_world(num, layout, res)
+            params = slurm_sweep.executor_parameters(launcher, res, f"tgdist-{num}")
+            settings = " ".join(f"{k.removeprefix('slurm_')}={v}" for k, v in params.items()
+                                if v not in (None, {}, []))
+            print(f"sweep job #{num} ({where or 'no swept keys'}): SLURM job with {settings}; each of its "
+                  f"{res.tasks} task(s) runs python -m tgdist.train {shlex.join(train)}")
+        return 0
+    return slurm_sweep.run_sweep(points, launcher, base, check_world)
+
+
+def _sweep_side_by_side(args: argparse.Namespace, jobs: list[list[str]], swept: list[str],
+                        nprocs: list[int | None]) -> int:
+    """Up to ``--max-parallel`` torchruns at once, each pinned to CPUs of its own: a job takes
+    ``max(its processes, CPUs / max-parallel)`` of the CPUs this launcher may use that no running
+    job holds, and waits while fewer are free (one job always runs, on what is free), so jobs side
+    by side do not share cores and each rank's automatic thread count (``train.num_threads=0``)
+    splits its job's CPUs. Each job's output lines are prefixed with ``[#N]``. After a failure no
+    job starts; the running ones end. Returns the first failure's exit code."""
+    import threading
+    import time
+
+    from tgdist.cli.overrides import swept_values
+    from tgdist.kernels.graph import cpu_mask
+
+    mask = sorted(cpu_mask())
+    running: dict[int, tuple[subprocess.Popen, list[int], list[threading.Thread]]] = {}
+    queue = list(range(len(jobs)))
+    failure: tuple[int, int] | None = None
+    received: list[int] = []
+    forwarded = 0
+    previous = {sig: signal.signal(sig, lambda signum, _f: received.append(signum)) for sig in FORWARDED_SIGNALS}
+    try:
+        while queue or running:
+            for signum in received[forwarded:]:  # torchrun stops its ranks; no job starts after
+                forwarded += 1
+                for child, _, _ in running.values():
+                    if child.poll() is None:
+                        child.send_signal(signal.SIGINT if signum in _AS_CTRL_C else signum)
+            while queue and failure is None and not received and len(running) < args.max_parallel:
+                held = {c for _, cpus, _ in running.values() for c in cpus}
+                free = [c for c in mask if c not in held]
+                want = max(nprocs[queue[0]] or 1, len(mask) // args.max_parallel)
+                if running and len(free) < want:
+                    break
+                num = queue.pop(0)
+                print(f"tgdist launch: sweep job #{num} of {len(jobs)}: "
+                      f"{swept_values(jobs[num], swept) or '(no swept keys)'}", file=sys.stderr, flush=True)
+                running[num] = _start_prefixed(args, jobs[num], nprocs[num], num, free[:want] or mask)
+            time.sleep(0.2)
+            for num in [n for n, (child, _, _) in running.items() if child.poll() is not None]:
+                child, _, readers = running.pop(num)
+                for t in readers:
+                    t.join()
+                rc = child.returncode if child.returncode >= 0 else 128 - child.returncode
+                if rc and failure is None:
+                    failure = (num, rc)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for child, _, _ in running.values():  # only after an error of this launcher's own
+            if child.poll() is None:
+                child.send_signal(signal.SIGINT)
+    if received:
+        print(f"tgdist launch: stopped by {signal.Signals(received[0]).name}", file=sys.stderr, flush=True)
+        return 128 + received[0]
+    if failure is not None:
+        num, rc = failure
+        left = f"; {len(queue)} job{'s' * (len(queue) != 1)} did not run" if queue else ""
+        print(f"tgdist launch: sweep stopped: job #{num} exited with {rc}{left}", file=sys.stderr, flush=True)
+        return rc
     return 0
+
+
+def _start_prefixed(args: argparse.Namespace, job: list[str], nproc: int | None, num: int, cpus: list[int]):
+    """Start job ``num``'s torchrun on ``cpus``, its stdout and stderr lines prefixed ``[#num] ``;
+    returns (the process, its CPUs, the threads copying its output)."""
+    import threading
+
+    def pinned() -> None:  # in the child: its CPUs, and SIGTERM when the launcher dies
+        if hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, cpus)
+        _set_parent_death_signal()
+
+    nproc = nproc or _nproc(args, parallel_overrides(job))
+    port = _free_port()
+    cmd = build_command(nproc, job, master_addr=args.master_addr, master_port=port, module=args.module)
+    print(f"tgdist launch: [#{num}] {shlex.join(cmd)}", file=sys.stderr, flush=True)
+    child = subprocess.Popen([cmd[0], "-m", "tgdist.launcher.torchrun", *cmd[3:]], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, bufsize=1, start_new_session=True,
+                             preexec_fn=pinned if sys.platform.startswith("linux") else None)
+
+    def pump(src, dst) -> None:
+        for line in src:
+            dst.write(f"[#{num}] {line}")
+            dst.flush()
+
+    readers = [threading.Thread(target=pump, args=(child.stdout, sys.stdout), daemon=True),
+               threading.Thread(target=pump, args=(child.stderr, sys.stderr), daemon=True)]
+    for t in readers:
+        t.start()
+    return child, cpus, readers
 
 
 def _layout(args: argparse.Namespace, cfg, overrides: list[str]) -> dict[str, int]:
     """parallel.i/j/k to check the process count against: the composed config's (its defaults
     included) when the overrides give one of them or ``--nproc`` is given, else none."""
-    named = any(_PARALLEL.fullmatch(o.strip()) for o in overrides)
+    named = any(_PARALLEL.fullmatch(o.strip()) or o.partition("=")[0].lstrip("+") == "parallel" for o in overrides)
     if named or args.nproc is not None or any(cfg.parallel[k] != 1 for k in "ijk"):
         return {k: int(cfg.parallel[k]) for k in "ijk"}
     return {}

@@ -24,6 +24,7 @@ from tgdist.errors import ConfigError
 from tgdist.partition import artifact, methods
 from tgdist.partition.access import WEIGHTS, AccessGraph, build_access_graph, from_weights
 from tgdist.partition.idmap import DualHashMap
+from tgdist.progress import Status
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ def check_settings(backend: str, j: int, part) -> None:
 
 def first_pass_access(graph: TemporalGraph, train_end: int, num_parts: int, batch_size: int, fanouts, *,
                       subgroups: int = 1, strategy: str = "recent", both_directions: bool = True, seed: int = 0,
-                      per_batch: bool = False) -> AccessGraph:
+                      per_batch: bool = False, progress=None) -> AccessGraph:
     """The trainer-node access graph of memory group 0's first pass of a run whose ``num_parts``
     (i) trainers take ``batch_size`` events each (global batches of ``i * batch_size``), sampling
     ``fanouts`` (empty: the model reads roots only), with that pass's negatives (train seed
@@ -74,7 +75,7 @@ def first_pass_access(graph: TemporalGraph, train_end: int, num_parts: int, batc
     negatives = NegativeSampler(graph, seed)
     parts = [build_access_graph(graph, num_parts=num_parts, batch_size=num_parts * batch_size, train_end=train_end,
                                 fanouts=tuple(fanouts), strategy=strategy, num_neg=1, seed=seed,
-                                both_directions=both_directions, per_batch=per_batch and subgroups == 1,
+                                both_directions=both_directions, per_batch=per_batch and subgroups == 1, progress=progress,
                                 negatives=lambda lo, hi, jj=jj: negatives.keyed(FIRST_PASS_NEGATIVES + jj, lo, hi, 1))
              for jj in range(subgroups)]
     if subgroups == 1:
@@ -84,10 +85,10 @@ def first_pass_access(graph: TemporalGraph, train_end: int, num_parts: int, batc
 
 def compute_owner(graph: TemporalGraph, train_end: int, num_parts: int, batch_size: int, fanouts, part, *,
                   subgroups: int = 1, strategy: str = "recent", both_directions: bool = True,
-                  seed: int = 0) -> tuple[np.ndarray, str]:
+                  seed: int = 0, progress=None) -> tuple[np.ndarray, str]:
     """``(owner [num_nodes], description)`` among ``num_parts * subgroups`` trainers by
     ``part.method`` over the first pass's accesses (``first_pass_access``; range and interval
-    need none)."""
+    need none). ``progress`` receives a short line about once a second."""
     start = time.perf_counter()
     n, m = graph.num_nodes, num_parts * subgroups
     if part.method == "range":
@@ -95,10 +96,10 @@ def compute_owner(graph: TemporalGraph, train_end: int, num_parts: int, batch_si
     if part.method == "interval":
         return methods.interval_partition(n, m), "interval"
     access = first_pass_access(graph, train_end, num_parts, batch_size, fanouts, subgroups=subgroups,
-                               strategy=strategy, both_directions=both_directions, seed=seed)
+                               strategy=strategy, both_directions=both_directions, seed=seed, progress=progress)
     if part.method == "reflexbicut":
         owner = methods.reflexbicut_search(access.weights(part.weights), imbalance=part.imbalance, seed=part.seed,
-                                           tolerance=part.tolerance).owner
+                                           tolerance=part.tolerance, progress=progress).owner
     else:
         owner = methods.assign(access, part.method, weights=part.weights, imbalance=part.imbalance, seed=part.seed)
     return owner, f"{part.method} computed at start ({time.perf_counter() - start:.1f} s)"
@@ -131,9 +132,10 @@ def placement(ctx) -> Placement:
     def work():
         if part.artifact:
             return load_owner(part.artifact, graph, m, m // j * ctx.batch_size)
-        return compute_owner(graph, ctx.train_end, m // j, ctx.batch_size, ctx.fanouts, part, subgroups=j,
-                             strategy=cfg.sampler.strategy, both_directions=cfg.sampler.both_directions,
-                             seed=cfg.train.seed)
+        with Status("placing node memory", enabled=cfg.train.progress) as status:  # rank 0, on a terminal
+            return compute_owner(graph, ctx.train_end, m // j, ctx.batch_size, ctx.fanouts, part, subgroups=j,
+                                 strategy=cfg.sampler.strategy, both_directions=cfg.sampler.both_directions,
+                                 seed=cfg.train.seed, progress=status.set)
 
     world = ctx.groups.get("world") if ctx.groups is not None else None
     owner, source = collectives.result_of(work, world, name="placement", counter=collectives.ByteCounter())

@@ -112,7 +112,8 @@ def build_access_graph(graph: TemporalGraph, *, num_parts: int, batch_size: int,
     (memory: one id per unique access, ``dedup.sum()`` ids). ``negatives(lo, hi)``: the negative
     destinations ``[hi - lo, num_neg]`` of events ``[lo, hi)``, e.g. the keyed ones of a parallel
     run's first pass (default: ``NegativeSampler(graph, seed).train``, drawn in event order).
-    ``progress`` receives a short line now and then (the CLI prints it to stderr).
+    ``progress`` receives a short line about once a second (the commands show it on a terminal,
+    ``tgdist.progress.Status``).
     """
     start = time.perf_counter()
     n_events = graph.num_events if train_end is None else int(train_end)
@@ -162,8 +163,7 @@ def build_access_graph(graph: TemporalGraph, *, num_parts: int, batch_size: int,
         now = time.perf_counter()
         if progress is not None and (now - last_report > 1.0 or hi == n_events):
             last_report = now
-            progress(f"pre-sampling: {hi // batch_size if hi < n_events else num_batches}/{num_batches} batches "
-                     f"({now - start:.1f}s)")
+            progress(f"pre-sampling: {hi // batch_size if hi < n_events else num_batches:,}/{num_batches:,} batches")
     first = np.ones(n_events, dtype=bool)
     first[1:] = group[1:] != group[:-1]  # groups are non-decreasing
     per_part = np.bincount(group[first] % m, minlength=m).astype(np.int64)

@@ -29,6 +29,7 @@ from tgdist.errors import ConfigError, TgdistError, log_warnings_as_lines
 from tgdist.partition import artifact, measures, methods
 from tgdist.partition.access import WEIGHTS, build_access_graph
 from tgdist.partition.idmap import DualHashMap
+from tgdist.progress import Status
 
 register_schemas()
 
@@ -76,19 +77,25 @@ def run(job: PartitionJob) -> Path:
         print(f"tgdist partition: warning: {p.num_parts} parts for {graph.num_nodes:,} nodes: at least "
               f"{p.num_parts - graph.num_nodes:,} parts will own no node memory", file=sys.stderr, flush=True)
     fanouts = tuple(job.sampler.fanouts) if p.neighbors else ()
-    access = build_access_graph(graph, num_parts=p.num_parts, batch_size=p.batch_size, train_end=split.train_end,
-                                fanouts=fanouts, strategy=job.sampler.strategy, num_neg=p.num_neg, seed=p.seed,
-                                both_directions=job.sampler.both_directions, num_threads=job.sampler.num_threads,
-                                per_batch=p.per_batch, progress=say)
+    with Status("tgdist partition", enabled=p.progress) as status:  # on a terminal only
+        access = build_access_graph(graph, num_parts=p.num_parts, batch_size=p.batch_size, train_end=split.train_end,
+                                    fanouts=fanouts, strategy=job.sampler.strategy, num_neg=p.num_neg, seed=p.seed,
+                                    both_directions=job.sampler.both_directions, num_threads=job.sampler.num_threads,
+                                    per_batch=p.per_batch, progress=status.set)
+    say(f"pre-sampled {access.num_batches:,} batches in {access.seconds:.1f} s")
     t0 = time.perf_counter()
     n, m = graph.num_nodes, p.num_parts
     w = access.weights(p.weights)
     if p.method == "reflexbicut":
-        res = methods.reflexbicut_search(w, imbalance=p.imbalance, seed=p.seed, tolerance=p.tolerance, progress=say)
+        with Status("tgdist partition", enabled=p.progress) as status:
+            res = methods.reflexbicut_search(w, imbalance=p.imbalance, seed=p.seed, tolerance=p.tolerance,
+                                             progress=status.set)
         owner, info = res.owner, {"budget": res.budget, "searches": res.searches, "rounds": res.rounds,
                                   "moves": res.moves}
     else:
-        owner, info = methods.assign(access, p.method, weights=p.weights, imbalance=p.imbalance, seed=p.seed), {}
+        with Status("tgdist partition", enabled=p.progress) as status:
+            status.set(f"assigning {n:,} nodes ({p.method})")
+            owner, info = methods.assign(access, p.method, weights=p.weights, imbalance=p.imbalance, seed=p.seed), {}
     assign_s = time.perf_counter() - t0
     owners = {p.method: owner}
     for base in ("range", "interval"):

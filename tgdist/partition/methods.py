@@ -161,8 +161,7 @@ def reflexbicut_search(weights: np.ndarray, *, imbalance: float = 0.05, seed: in
             lo = mid + 1
         if progress is not None and time.perf_counter() - reported > 1.0:
             reported = time.perf_counter()
-            progress(f"re-flexbicut: bound B in [{lo}, {hi}] after {searches} runs "
-                     f"({time.perf_counter() - start:.1f}s)")
+            progress(f"re-flexbicut: bound B in [{lo:,}, {hi:,}] after {searches} runs")
     owner, load, size, rounds, budget = best
     moves = 0
     while True:

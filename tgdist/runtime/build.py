@@ -29,7 +29,7 @@ from tgdist.errors import ConfigError
 from tgdist.kernels import graph as kernels
 from tgdist.memory.placement import PARTITIONED, check_settings
 from tgdist.models.modules import build_model, use_cpu_kernels
-from tgdist.runtime import checkpoint
+from tgdist.runtime import checkpoint, tensorboard
 from tgdist.runtime.cache import EmbeddingCache, default_size
 from tgdist.runtime.trainer import Trainer, memory_for, time_scale
 
@@ -133,6 +133,8 @@ def validate(cfg: DictConfig) -> None:
     A value outside a key's options (``model.name``, ``memory.backend``, ...) is refused earlier,
     when the config is composed (``tgdist.config.Choice``)."""
     t, m = cfg.train, cfg.model
+    if t.tensorboard and (why := tensorboard.missing()) is not None:
+        raise ConfigError(why)
     if t.batch_size <= 0:
         raise ConfigError(f"train.batch_size={t.batch_size}: give a positive number of events per batch")
     if t.epochs < 0:

@@ -80,7 +80,7 @@ def cpu_share(group) -> int:
 
 # Settings each rank may have its own of: where its machine keeps the data, threads, device, output.
 _PER_RANK = {"data.path", "data.name", "data.cache", "data.cache_dir", "data.require_path", "train.num_threads",
-             "sampler.num_threads", "train.device", "train.progress", "memory.num_threads"}
+             "sampler.num_threads", "train.device", "train.progress", "train.tensorboard", "memory.num_threads"}
 
 
 def shared_settings(cfg: DictConfig) -> dict:

@@ -62,6 +62,7 @@ from tgdist.runtime.mspipe import (STAGES, max_staleness, mitigate, quantile_gap
                                      staleness_bounds, update_gaps)
 from tgdist.runtime.pipeline import GradientSync, Prefetcher, fit_eta, fit_granularity
 from tgdist.runtime.tasks import downstream_alone, pretrain_static
+from tgdist.runtime.tensorboard import TensorBoardLog
 from tgdist.runtime.trainer import SIDE_STREAMS, Progress, StageTimer, Trainer, micro_bounds
 
 log = logging.getLogger(__name__)
@@ -176,6 +177,7 @@ class Run:
         self.best_path = self.ckpt_dir / "best.pt"  # the best validated epoch (one process)
         self.start_iteration = 0
         self.history: list[dict] = []
+        self._tensorboard: TensorBoardLog | None = None  # train.tensorboard: made with the first line
         self.losses: list[tuple[int, float, int]] = []  # (pass, loss * events, events) of this rank
         self._passes: dict[int, list] = {}  # pass -> [loss * events, events] summed over self.losses
         self.slots: dict[int, object] = {}  # read slot -> a prepared batch read ahead (epoch parallelism)
@@ -203,6 +205,8 @@ class Run:
         if self._own_groups:
             self.groups.destroy()
         collectives.set_link(None)  # not carried into a later run of this process
+        if getattr(self, "_tensorboard", None) is not None:
+            self._tensorboard.close()
 
     # ------------------------------------------------------------------------------------------
 
@@ -653,6 +657,9 @@ class Run:
         self.history.append(jsonable(res))
         with open(self.dir / "metrics.jsonl", "a") as mf:
             mf.write(json.dumps(self.history[-1]) + "\n")
+        if self.cfg.train.tensorboard:
+            self._tensorboard = self._tensorboard or TensorBoardLog(self.dir, fresh=not self.cfg.train.resume)
+            self._tensorboard.write(self.history[-1])
 
     def _finish_alone(self) -> dict:
         cfg, tr = self.cfg, self.trainer

@@ -1,0 +1,323 @@
+"""``tgdist report PATH``: ``report.md`` and PNG plots for a run directory or a sweep directory.
+
+    tgdist report runs/20261126-101500-collegemsg-tgn     # one run
+    tgdist report multirun/20261126-101500                # a sweep (tgdist launch -- -m, tgdist train -m)
+
+A run: loss and val/test AP per epoch, the seconds of each training stage per epoch (runs of one
+process record them), the summary's numbers and its communication per phase. A sweep: a table of
+every point (its numbers are the summaries', also written with full precision to
+``report/points.csv``), events/s and speed-up against processes (against the 1 x 1 x 1 point of the
+same settings, and ideal), test AP per point, communication bytes per phase, and the curves of
+every point. The plots go to ``PATH/report/`` (``--out DIR`` writes ``DIR/report.md`` and
+``DIR/report/`` instead). matplotlib draws them (the ``plot`` extra), without a display.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import math
+import sys
+from pathlib import Path
+
+from tgdist.errors import ConfigError
+from tgdist.runtime import results
+from tgdist.runtime.results import Point, Run
+
+__all__ = ["main", "write_report", "POINT_COLUMNS"]
+
+# the sweep table's columns: (header, how the cell is read from a point)
+POINT_COLUMNS = ("#", "settings", "layout", "processes", "memory backend", "epochs", "test AP", "val AP",
+                 "events/s", "speed-up", "ideal", "wall s", "bytes sent")
+
+
+def _fmt(value, spec: str) -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return format(value, spec)
+
+
+def point_row(p: Point) -> dict:
+    """The sweep table's row of point ``p``, exact (for points.csv) before formatting."""
+    s = p.run.summary or {}
+    i, j, k = p.run.layout
+    return {"#": p.num, "settings": " ".join(f"{key}={value}" for key, value in p.settings.items()),
+            "layout": f"{i} x {j} x {k}", "processes": p.run.processes, "memory backend": s.get("memory_backend"),
+            "epochs": s.get("epochs"), "test AP": s.get("test_ap"), "val AP": s.get("val_ap"),
+            "events/s": s.get("train_events_per_s"), "speed-up": p.speedup, "ideal": p.run.processes,
+            "wall s": s.get("wall_seconds"),
+            "bytes sent": sum(results.communication_bytes(p.run).values()) if p.run.summary else None}
+
+
+_CELL = {"test AP": ".4f", "val AP": ".4f", "events/s": ",.0f", "speed-up": ".2f", "wall s": ".2f", "bytes sent": ","}
+
+
+def format_row(row: dict) -> list[str]:
+    return [_fmt(row[c], _CELL[c]) if c in _CELL else ("-" if row[c] is None else str(row[c])) for c in POINT_COLUMNS]
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------ plots
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise ConfigError("tgdist report draws with matplotlib: pip install 'tgdist[plot]'") from None
+    matplotlib.use("Agg")  # files only: no display needed
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _curves(plt, runs: list[tuple[str, Run]], path: Path) -> bool:
+    """Loss, and val / test AP, per epoch (one line per run)."""
+    runs = [(label, r) for label, r in runs if any(m.get("epoch", -1) >= 0 for m in r.metrics)]
+    if not runs:
+        return False
+    fig, (ax_loss, ax_ap) = plt.subplots(1, 2, figsize=(11, 4))
+    for label, run in runs:
+        lines = sorted((m for m in run.metrics if m.get("epoch", -1) >= 0), key=lambda m: m["epoch"])
+        epochs = [m["epoch"] for m in lines]
+        ax_loss.plot(epochs, [m.get("loss") for m in lines], marker="o", label=label)
+        for key, style in (("val_ap", "--"), ("test_ap", "-")):
+            ax_ap.plot(epochs, [m.get(key) for m in lines], style, marker="o",
+                       label=f"{label} {key[:-3]}" if label else key[:-3])
+    ax_loss.set(xlabel="epoch", ylabel="training loss", title="loss")
+    ax_ap.set(xlabel="epoch", ylabel="AP", title="validation and test AP")
+    for ax in (ax_loss, ax_ap):
+        ax.grid(alpha=0.3)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    ax_ap.legend(fontsize="small")
+    if len(runs) > 1:
+        ax_loss.legend(fontsize="small")
+    _save(plt, fig, path)
+    return True
+
+
+def _stages(plt, run: Run, path: Path) -> bool:
+    """Seconds per training stage, stacked, per epoch."""
+    rows = results.stage_seconds(run)
+    if not rows:
+        return False
+    fig, ax = plt.subplots(figsize=(7, 4))
+    epochs = [e for e, _ in rows]
+    bottom = [0.0] * len(rows)
+    for stage in rows[0][1]:
+        values = [secs[stage] for _, secs in rows]
+        ax.bar(epochs, values, bottom=bottom, label=stage)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set(xlabel="epoch", ylabel="seconds", title="training time per stage")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.legend(fontsize="small")
+    _save(plt, fig, path)
+    return True
+
+
+def _scaling(plt, points: list[Point], path: Path) -> bool:
+    """events/s against processes, and speed-up against processes with the ideal line."""
+    done = [p for p in points if (p.run.summary or {}).get("train_events_per_s")]
+    if not done:
+        return False
+    fig, (ax_rate, ax_up) = plt.subplots(1, 2, figsize=(11, 4))
+    series: dict[str, list[Point]] = {}
+    for p in done:
+        series.setdefault(" ".join(f"{k}={v}" for k, v in p.settings.items()), []).append(p)
+    for name, ps in series.items():
+        ps = sorted(ps, key=lambda p: p.run.processes)
+        procs = [p.run.processes for p in ps]
+        ax_rate.plot(procs, [p.run.summary["train_events_per_s"] for p in ps], "o", label=name or None)
+        for p in ps:
+            ax_rate.annotate("{}x{}x{}".format(*p.run.layout), (p.run.processes, p.run.summary["train_events_per_s"]),
+                             fontsize="x-small", xytext=(3, 3), textcoords="offset points")
+        up = [p for p in ps if p.speedup is not None]
+        ax_up.plot([p.run.processes for p in up], [p.speedup for p in up], "o", label=name or "speed-up")
+    most = max(p.run.processes for p in done)
+    ax_up.plot([1, most], [1, most], "k:", label="ideal")
+    ax_rate.set(xlabel="processes (i x j x k)", ylabel="training events/s", title="throughput")
+    ax_up.set(xlabel="processes (i x j x k)", ylabel="speed-up over 1 x 1 x 1", title="speed-up")
+    for ax in (ax_rate, ax_up):
+        ax.grid(alpha=0.3)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    ax_up.legend(fontsize="small")
+    if len(series) > 1:
+        ax_rate.legend(fontsize="small")
+    _save(plt, fig, path)
+    return True
+
+
+def _test_ap(plt, points: list[Point], path: Path) -> bool:
+    done = [p for p in points if (p.run.summary or {}).get("test_ap") is not None]
+    if not done:
+        return False
+    fig, ax = plt.subplots(figsize=(max(5, 0.9 * len(done) + 2), 4))
+    ax.bar(range(len(done)), [p.run.summary["test_ap"] for p in done])
+    ax.set_xticks(range(len(done)), [p.label for p in done], rotation=30, ha="right", fontsize="small")
+    ax.set(ylabel="test AP", title="test AP per point")
+    lo = min(p.run.summary["test_ap"] for p in done)
+    ax.set_ylim(max(0.0, lo - 0.1), 1.0)
+    _save(plt, fig, path)
+    return True
+
+
+def _communication(plt, points: list[Point], path: Path) -> bool:
+    per_point = [(p, results.communication_bytes(p.run)) for p in points]
+    per_point = [(p, c) for p, c in per_point if c]
+    if not per_point:
+        return False
+    phases = sorted({name for _, c in per_point for name in c})
+    fig, ax = plt.subplots(figsize=(max(5, 0.9 * len(per_point) + 3), 4))
+    bottom = [0] * len(per_point)
+    for phase in phases:
+        values = [c.get(phase, 0) for _, c in per_point]
+        ax.bar(range(len(per_point)), values, bottom=bottom, label=phase)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set_xticks(range(len(per_point)), [p.label for p, _ in per_point], rotation=30, ha="right", fontsize="small")
+    ax.set(ylabel="bytes sent by rank 0", title="communication per phase")
+    ax.legend(fontsize="x-small")
+    _save(plt, fig, path)
+    return True
+
+
+def _save(plt, fig, path: Path) -> None:
+    import warnings
+
+    with warnings.catch_warnings():  # long point labels: the layout is tightened as far as it goes
+        warnings.simplefilter("ignore", UserWarning)
+        fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------ reports
+
+
+def _run_markdown(run: Run, images: list[str]) -> str:
+    s = run.summary or {}
+    out = [f"# Run {run.path.name}", ""]
+    if not s:
+        out += ["This run has no summary.json: it did not finish (its metrics lines are below).", ""]
+    else:
+        out += [f"{s.get('data')} / {s.get('model')}, layout {s.get('parallel')}, memory backend "
+                f"{s.get('memory_backend')}, {s.get('epochs')} epoch(s) of batch {s.get('batch_size')}.", ""]
+        keys = [("test AP", "test_ap", ".4f"), ("val AP", "val_ap", ".4f"), ("best epoch (val AP)", "best_epoch", ""),
+                ("test AP at best val", "test_ap_at_best_val", ".4f"), ("test MRR", "test_mrr", ".4f"),
+                ("training events/s", "train_events_per_s", ",.0f"), ("traversed events", "traversed_events", ","),
+                ("wall seconds", "wall_seconds", ".2f")]
+        out += [_table(["", "value"], [[name, _fmt(s.get(key), spec)] for name, key, spec in keys if key in s]), ""]
+    if run.metrics:
+        stages = dict(results.stage_seconds(run))
+        names = list(next(iter(stages.values()))) if stages else []
+        rows = []
+        for m in run.metrics:
+            secs = stages.get(m.get("epoch"), {})
+            rows.append([str(m.get("epoch")), _fmt(m.get("loss"), ".4f"), _fmt(m.get("val_ap"), ".4f"),
+                         _fmt(m.get("test_ap"), ".4f"), _fmt(m.get("events_per_s"), ",.0f"),
+                         _fmt(m.get("compile_seconds"), ".2f")] + [_fmt(secs.get(n), ".3f") for n in names])
+        out += ["## Per epoch", "", _table(["epoch", "loss", "val AP", "test AP", "events/s", "compile s"]
+                                          + [f"{n} s" for n in names], rows), ""]
+        if any(m.get("compile_seconds") for m in run.metrics):
+            out += ["numba's compile time is part of the first epoch's `compute` stage and left out of its "
+                    "events/s.", ""]
+    comm = (s or {}).get("communication") or {}
+    if comm:
+        out += ["## Communication (rank 0)", "",
+                _table(["phase", "calls", "bytes sent", "bytes received"],
+                       [[name, str(c.get("calls")), _fmt(c.get("bytes_sent"), ","), _fmt(c.get("bytes_received"), ",")]
+                        for name, c in comm.items()]), ""]
+    out += [f"![{name}](report/{name})" for name in images]
+    return "\n".join(out) + "\n"
+
+
+def _sweep_markdown(path: Path, points: list[Point], images: list[str]) -> str:
+    done = [p for p in points if p.run.summary]
+    out = [f"# Sweep {path.name}", "", f"{len(points)} point(s), {len(done)} with a summary."
+           + (" Settings that vary across the sweep besides the layout: "
+              + ", ".join(f"`{k}`" for k in points[0].settings) + "." if points and points[0].settings else ""), ""]
+    failed = [p for p in points if not p.run.summary]
+    if failed:
+        out += ["Without a summary (failed, stopped or still running): "
+                + ", ".join(f"`{p.label}`" for p in failed) + ".", ""]
+    out += ["Speed-up is events/s over the 1 x 1 x 1 point with the same settings; ideal is the number of "
+            "processes. Bytes are those rank 0 sent, summed over the phases. Full precision: "
+            "[report/points.csv](report/points.csv).", "",
+            _table(list(POINT_COLUMNS), [format_row(point_row(p)) for p in points]), ""]
+    out += [f"![{name}](report/{name})" for name in images]
+    return "\n".join(out) + "\n"
+
+
+def write_report(path: Path, out: Path | None = None) -> Path:
+    """Write ``report.md`` and its plots for run or sweep directory ``path``; returns report.md."""
+    if not path.is_dir():
+        raise ConfigError(f"{path}: no such directory (give a run directory or a sweep directory)")
+    out = out or path
+    if results.is_run_dir(path):
+        run, points = results.read_run(path), None
+    else:
+        found = results.read_sweep(path)
+        if not found:
+            raise ConfigError(f"{path}: neither a run directory (config.yaml, metrics.jsonl, summary.json) nor a "
+                              f"sweep directory (numbered run directories)")
+        run, points = None, results.sweep_points(found)
+    plt = _pyplot()
+    try:
+        return _write(path, out, run, points, plt)
+    except OSError as e:
+        raise ConfigError(f"{e.filename or out}: cannot write the report ({e.strerror or e})") from None
+
+
+def _write(path: Path, out: Path, run: Run | None, points: list[Point] | None, plt) -> Path:
+    figures = out / "report"
+    figures.mkdir(parents=True, exist_ok=True)
+    images = []
+    if points is None:
+        for name, draw in (("curves.png", lambda p: _curves(plt, [("", run)], p)),
+                           ("stages.png", lambda p: _stages(plt, run, p))):
+            if draw(figures / name):
+                images.append(name)
+        text = _run_markdown(run, images)
+    else:
+        for name, draw in (("scaling.png", lambda p: _scaling(plt, points, p)),
+                           ("test_ap.png", lambda p: _test_ap(plt, points, p)),
+                           ("communication.png", lambda p: _communication(plt, points, p)),
+                           ("curves.png", lambda p: _curves(plt, [(q.label, q.run) for q in points], p))):
+            if draw(figures / name):
+                images.append(name)
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=list(POINT_COLUMNS), lineterminator="\n")
+        writer.writeheader()
+        for p in points:
+            writer.writerow({k: ("" if v is None else repr(v) if isinstance(v, float) else v)
+                             for k, v in point_row(p).items()})
+        (figures / "points.csv").write_text(buf.getvalue())
+        text = _sweep_markdown(path, points, images)
+    report = out / "report.md"
+    report.write_text(text)
+    return report
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="tgdist report",
+                                 description="Write report.md and PNG plots for a run directory or a sweep directory.",
+                                 epilog="example: tgdist report multirun/20261126-101500")
+    ap.add_argument("path", type=Path, help="a run directory, or a sweep directory of numbered runs")
+    ap.add_argument("--out", type=Path, default=None, help="write DIR/report.md and DIR/report/ (default: PATH)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    report = write_report(args.path, args.out)
+    print(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
