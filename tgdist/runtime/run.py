@@ -270,7 +270,6 @@ class Run:
         mem, nb = tr.memory, self.batches_per_epoch
         tr.model.train()
         every, stop_after = cfg.train.checkpoint_every, cfg.train.stop_after_batches
-        world_group = self.groups.get("world")
         fault = fault_injection(self.rank)
         start = time.perf_counter()
         trained = done = 0
