@@ -213,8 +213,9 @@ def test_every_read_equals_a_reference_that_applies_writes_k_iterations_late(tmp
     and evaluation) must equal the reference's, and so must the metrics. (Without prefetch the
     read thread samples the batch it reads too.)"""
     epochs = 2
+    # select=last: the final test starts from the last validation's memory, as the reference's does
     over = ["train.epochs=2", f"model={model}", "pipeline.mode=mspipe", f"pipeline.staleness={K}",
-            f"pipeline.prefetch={prefetch}"]
+            f"pipeline.prefetch={prefetch}", "train.select=last"]
     cfg = compose(SMALL + over + [f"run_dir={tmp_path / 'ms'}"])
     ms = recording(build_trainer(cfg, progress=False))
     summary = Run(cfg, tmp_path / "ms", trainer=ms).train()
@@ -231,12 +232,14 @@ def test_every_read_equals_a_reference_that_applies_writes_k_iterations_late(tmp
         ref.compute(ref.prepare(s.lo, s.hi, neg), train=True,
                     sync_gradients=lambda ps: collectives.average_gradients(ps))
         ref.memory.end_iteration()
-        if (t + 1) % nb == 0:  # the epoch's end: every held write applied, then evaluation as it is
+        if (t + 1) % nb == 0:  # the epoch's end: every held write applied, then validation as it is
             ref.memory.flush()
             ref.memory.delay = 0
-            res = {**ref.evaluate("val"), **ref.evaluate("test")}  # (train.test_every_epoch)
+            res = ref.evaluate("val", 1)  # (validation during training scores one negative)
             ref.memory.delay = K
             ref.model.train()
+    ref.memory.delay = 0
+    res.update(ref.evaluate("test"))  # the one complete test, at the end
     assert len(ms.memory.reads) == len(ref.memory.reads) > epochs * nb
     for got, want in zip(ms.memory.reads, ref.memory.reads):
         assert all(torch.equal(a, b) for a, b in zip(got, want))
@@ -248,14 +251,14 @@ def test_no_read_sees_a_write_of_the_last_k_iterations_or_later(tmp_path):
     of batch i - K - 1 of its epoch (the newest write it may see); reset memory before that."""
     K = 3
     cfg = compose(SMALL + ["train.epochs=2", "pipeline.mode=mspipe", f"pipeline.staleness={K}",
-                           f"run_dir={tmp_path / 'r'}"])
+                           "train.select=last", f"run_dir={tmp_path / 'r'}"])
     tr = recording(build_trainer(cfg, progress=False))
     n_train, bs = tr.split.range("train")[1], tr.batch_size
     nb = num_global_batches(n_train, 1, bs)
     Run(cfg, tmp_path / "r", trainer=tr).train()
-    per_eval = len(range(*tr.split.range("val"), bs)) + len(range(*tr.split.range("test"), bs))
-    train_reads = [r for e in range(2) for r in tr.memory.reads[e * (nb + per_eval): e * (nb + per_eval) + nb]]
-    assert len(tr.memory.reads) == 2 * (nb + per_eval)  # (train.test_every_epoch)
+    per_val, per_test = len(range(*tr.split.range("val"), bs)), len(range(*tr.split.range("test"), bs))
+    train_reads = [r for e in range(2) for r in tr.memory.reads[e * (nb + per_val): e * (nb + per_val) + nb]]
+    assert len(tr.memory.reads) == 2 * (nb + per_val) + per_test  # each epoch validated, one test at the end
     t_rel = tr.t_rel
     seen = False
     for i, (_, _, mem_ts, _, mail_ts) in enumerate(train_reads):
