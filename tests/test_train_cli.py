@@ -389,7 +389,8 @@ def test_help_lists_this_commands_groups(tmp_path):
                       "model": ["apan", "jodie", "tgat2", "tgn"], "train": ["default"],
                       "parallel": ["disttgl_2x1x2", "single"],
                       "memory": ["auto", "daemon", "depcache", "depcomm", "local", "sven"],
-                      "pipeline": ["none"], "cache": ["freshgnn", "none"], "experiment": ["wikipedia_apan"]}
+                      "pipeline": ["async_allreduce", "micro_batches", "mspipe", "none", "prefetch", "sven"],
+                      "cache": ["freshgnn", "none"], "experiment": ["wikipedia_apan"]}
     assert "mem_dim: 100" in r.stdout and "_schema" not in r.stdout
     r = tgdist("partition", "--help", cwd=tmp_path)
     assert r.returncode == 0 and r.stdout.startswith("tgdist partition: pre-sample one training epoch")

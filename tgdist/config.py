@@ -354,8 +354,8 @@ class PipelineConfig:
     # mitigation_quantile of the time between a node's events) gets lambda s_v + (1 - lambda) * the
     # mean memory of the most similar active nodes of its batch (common neighbours)
     mitigation: str = "none"
-    mitigation_lambda: float = 0.95
-    mitigation_quantile: float = 0.99
+    mitigation_lambda: float = 0.95  # similarity: lambda, the weight of the node's own stale memory
+    mitigation_quantile: float = 0.99  # similarity: gamma is this quantile of the time between a node's events
 
 
 @dataclass
