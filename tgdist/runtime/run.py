@@ -709,6 +709,8 @@ class Run:
         chosen["selected"] = True
         with open(self.dir / "metrics.jsonl", "w") as mf:
             mf.writelines(json.dumps(h) + "\n" for h in self.history)
+        if self._tensorboard is not None:  # the final test, at the selected epoch's step
+            self._tensorboard.write({k: v for k, v in chosen.items() if k == "epoch" or k.startswith("test_")})
         log.info("epoch %d: %s", chosen["epoch"],
                  ", ".join(f"{k} {v:.4f}" for k, v in chosen.items() if k.startswith("test_") and v is not None))
 
