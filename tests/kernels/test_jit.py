@@ -29,8 +29,13 @@ def test_a_compile_is_timed_and_announced_once(monkeypatch, capsys):
     assert second(1.0) == pytest.approx(2.0 + np.sin(1.0) - 1.0)
     spent = jit.compile_seconds() - before
     assert spent > 0.01  # a numba compile takes tens of milliseconds at least
-    assert capsys.readouterr().err == ("tgdist test: compiling numba kernels on first use, which takes a while "
-                                       "once: they are cached for later runs\n")
+    notice = ("tgdist test: compiling numba kernels on first use, which takes a while once: they are cached for "
+              "later runs\n")
+    err = capsys.readouterr().err
+    assert err.startswith(notice)
+    # then, on a terminal, the status line of the compile, redrawn in place and erased at its end
+    redraws = err[len(notice):].split("\r")
+    assert all(r == "" or r.startswith("\x1b[K") for r in redraws) and "compiling numba kernels" in err[len(notice):]
     assert second(2.0) == pytest.approx(3.0 + np.sin(2.0))  # compiled already: no time, no notice
     assert jit.compile_seconds() - before == spent and capsys.readouterr().err == ""
 
