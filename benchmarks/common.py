@@ -117,5 +117,14 @@ def require(*modules: str) -> None:
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 
 
+def free_port() -> int:
+    """A TCP port free on this machine now (torchrun's rendezvous)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def note(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)

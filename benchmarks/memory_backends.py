@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import at_least, emit, machine, note, run_main
+from common import at_least, emit, free_port, machine, note, run_main
 
 SECTIONS = ("bytes", "links", "memory", "time")
 BACKENDS = ("depcache", "depcomm", "sven")
@@ -142,13 +142,6 @@ def worker(out: str, runs: list[str], base: list[str]) -> None:
 # ------------------------------------------------------------------------------------------------
 # The parent: launches and tables
 
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch(nproc: int, runs: list[str], overrides: list[str], timeout: float) -> list[list[dict]]:

@@ -12,22 +12,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
-from common import at_least, emit, machine, note, run_main
+from common import at_least, emit, free_port, machine, note, run_main
 
 from tgdist.errors import RunFailure
 from tgdist.runtime.build import compose, precheck
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def layout_arg(text: str) -> str:

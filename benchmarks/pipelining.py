@@ -39,7 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import at_least, emit, machine, note, run_main
+from common import at_least, emit, free_port, machine, note, run_main
 
 SECTIONS = ("speed", "accuracy", "single")
 SLOW_LINK = "100mbps:50us"
@@ -126,13 +126,6 @@ def worker(out: str, specs: list[list[str]], traced: list[bool], base: list[str]
 # ------------------------------------------------------------------------------------------------
 # The parent
 
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch(nproc: int, specs: list[list[str]], traced: list[bool], base: list[str], timeout: float) -> list[list[dict]]:
