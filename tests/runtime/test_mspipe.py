@@ -2,6 +2,8 @@
 function, and the loop with staleness K against a reference written by hand with the Trainer API."""
 
 import math
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -12,8 +14,8 @@ from tgdist.distributed.schedule import Layout, num_global_batches, step
 from tgdist.errors import ConfigError
 from tgdist.memory.store import LocalMemory
 from tgdist.runtime.build import build_trainer, compose, validate
-from tgdist.runtime.mspipe import (max_staleness, mitigate, quantile_gap, similar_nodes, stale_fraction,
-                                   staleness_bounds, update_gaps)
+from tgdist.runtime.mspipe import (StageLocks, max_staleness, mitigate, quantile_gap, read_schedule, similar_nodes,
+                                   stale_fraction, staleness_bounds, update_gaps)
 from tgdist.runtime.run import Run
 
 # ----------------------------------------------------------------------------------------------
@@ -108,6 +110,83 @@ def test_mitigation_formula_on_a_hand_made_case():
                                                     np.array([1])], gamma=5.0, lam=0.75)
     assert torch.equal(out, torch.tensor([[3.0, 2.0], [0.0, 8.0], [100.0, 100.0], [1.0, 1.0], [7.0, 7.0]]))
     assert quantile_gap(np.array([1.0, 2.0, 3.0, 4.0, np.inf]), 0.5) == 2.5
+
+
+# ----------------------------------------------------------------------------------------------
+# The online schedule's parts (Appendix D.3, Algorithm 1)
+
+
+def test_stage_locks_run_a_stage_for_one_iteration_at_a_time_in_ticket_order():
+    """Six threads started in reverse order still run the stage in ticket order (0..5), never two
+    at once; ``wait`` returns once an iteration is through, ``mark`` counts one as through."""
+    locks = StageLocks(("sample", "memory_write"))
+    locks.spans = []
+    tickets = [locks.ticket("sample") for _ in range(6)]
+    inside, most = [0], [0]
+    guard = threading.Lock()
+
+    def work(i):
+        with locks.turn("sample", tickets[i], iteration=10 + i):
+            with guard:
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+            time.sleep(0.005)
+            with guard:
+                inside[0] -= 1
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in reversed(range(6))]
+    for th in threads:
+        th.start()
+    locks.wait("sample", 15)
+    for th in threads:
+        th.join()
+    assert [it for _, it, *_ in locks.spans] == list(range(10, 16)) and most[0] == 1
+    assert all(a[4] <= b[3] for a, b in zip(locks.spans, locks.spans[1:]))  # one after the other
+    assert locks.done("sample") == 15 and locks.done("memory_write") == -1
+    locks.mark("memory_write", 3)
+    locks.wait("memory_write", 3)  # returns: marked through
+
+
+def test_a_failed_stage_wakes_every_waiter_with_its_error():
+    locks = StageLocks(("memory_read", "memory_write"))
+    first, second = locks.ticket("memory_read"), locks.ticket("memory_read")
+    errors = []
+
+    def waiter():
+        try:
+            with locks.turn("memory_read", second, 1):  # waits for ticket 0's turn, which fails
+                pass
+        except RuntimeError as e:
+            errors.append(str(e))
+
+    def update_waiter():
+        try:
+            locks.wait("memory_write", 0)  # no update will come
+        except RuntimeError as e:
+            errors.append(str(e))
+
+    threads = [threading.Thread(target=waiter), threading.Thread(target=update_waiter)]
+    for th in threads:
+        th.start()
+    with pytest.raises(ValueError):
+        with locks.turn("memory_read", first, 0):
+            raise ValueError("disk on fire")
+    for th in threads:
+        th.join(timeout=10)
+    assert not any(th.is_alive() for th in threads)
+    assert len(errors) == 2 and all("disk on fire" in e for e in errors)
+
+
+def test_read_schedule_keeps_the_newest_update_a_read_sees_from_going_back():
+    """i - K_i - 1, the newest update iteration i's read sees, may only move on: a K_i that would
+    make it go back is lowered, any other is kept; the bound's own schedules are kept as they are."""
+    assert read_schedule([0, 1, 2, 3, 0, 1, 5, 0]).tolist() == [0, 1, 2, 3, 0, 1, 2, 0]
+    assert read_schedule([0, 1, 2, 3, 3, 3]).tolist() == [0, 1, 2, 3, 3, 3]
+    for tau, cap in (([1, 1, 3, 10, 4], 3), ([1, 1, 3, 5, 8], 3), ([2, 1, 1, 3, 9], 6), ([1, 1, 1, 1, 1], None)):
+        k = staleness_bounds(tau, 40, cap).staleness
+        assert np.array_equal(read_schedule(k), k)
+    with pytest.raises(ValueError, match="at least 0"):
+        read_schedule([0, -1])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -246,6 +325,116 @@ def test_every_read_equals_a_reference_that_applies_writes_k_iterations_late(tmp
     assert summary["val_ap"] == res["val_ap"] and summary["test_ap"] == res["test_ap"]
 
 
+class HeldMemory(RecordingMemory):
+    """The reference of a per-iteration schedule: every write is held, and ``apply_through(j)``
+    applies the held writes of iterations up to j, in order."""
+
+    def __init__(self, *args):
+        super().__init__(*args, delay=1)
+        self.through = -1
+
+    def end_iteration(self):
+        self.held.append(self.current)
+        self.current = []
+
+    def apply_through(self, j):
+        while self.through < j and self.held:
+            self.flush(1)
+            self.through += 1
+
+
+def test_a_per_iteration_schedule_reads_what_a_reference_with_those_delays_reads(tmp_path):
+    """The online schedule (K_i per position of an epoch, here K_i = position mod 4, so the reads
+    of each group of four see the memory as it was at the group's start): every training read
+    equals a hand-written loop's that applies, before reading batch i, the writes of iterations
+    up to i - K_i - 1 of the epoch."""
+    K = 3
+    over = ["train.epochs=2", "pipeline.mode=mspipe", f"pipeline.staleness={K}", "train.select=last"]
+    cfg = compose(SMALL + over + [f"run_dir={tmp_path / 'ms'}"])
+    ms = recording(build_trainer(cfg, progress=False))
+    run = Run(cfg, tmp_path / "ms", trainer=ms)
+    nb = run.batches_per_epoch
+    schedule = np.arange(nb) % 4
+    run._online = read_schedule(schedule)
+    assert np.array_equal(run._online, schedule)
+    run.train()
+
+    ref = build_trainer(cfg, progress=False)
+    m = ref.memory
+    ref.memory = HeldMemory(m.num_nodes, m.mem_dim, m.mail_dim, m.mailbox_size)
+    n_train, bs, lay = ref.split.range("train")[1], ref.batch_size, Layout(1, 1, 1)
+    ref.model.train()
+    for t in range(2 * nb):
+        s = step(lay, 0, t, n_train, bs, 2)
+        if s.reset_memory:
+            ref.memory.reset_state()
+        pos = t % nb
+        ref.memory.apply_through(t - pos + (pos - int(schedule[pos]) - 1))
+        neg = ref.negatives.keyed(3 + s.neg_set, s.lo, s.hi, 1)
+        ref.compute(ref.prepare(s.lo, s.hi, neg), train=True,
+                    sync_gradients=lambda ps: collectives.average_gradients(ps))
+        ref.memory.end_iteration()
+        if pos == nb - 1:  # the epoch's end: every held write applied, then validation
+            ref.memory.apply_through(t)
+            ref.memory.delay = 0
+            ref.evaluate("val", 1)
+            ref.memory.delay = 1
+            ref.model.train()
+    per_val = len(range(*ref.split.range("val"), bs))
+    got = [r for e in range(2) for r in ms.memory.reads[e * (nb + per_val): e * (nb + per_val) + nb]]
+    want = [r for e in range(2) for r in ref.memory.reads[e * (nb + per_val): e * (nb + per_val) + nb]]
+    assert len(got) == len(want) == 2 * nb
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert all(torch.equal(x, y) for x, y in zip(a, b)), i
+
+
+def test_the_five_stages_of_consecutive_iterations_overlap_in_threads(tmp_path):
+    """Algorithm 1 in the loop: sampling, features and memory reads run in stage threads and the
+    memory update in its own, each stage for one iteration at a time and in iteration order; with
+    training slowed (an 80 ms optimizer step) the reads of later batches and each update run while
+    the main thread trains; and no read ever runs during an update (which keeps the run exact)."""
+    K = 1
+    cfg = compose(SMALL + ["train.epochs=1", "pipeline.mode=mspipe", f"pipeline.staleness={K}",
+                           f"run_dir={tmp_path / 'r'}"])
+    tr = build_trainer(cfg, progress=False)
+    computing = []
+    compute, opt_step = tr.compute, tr.optimizer.step
+
+    def timed_compute(*a, **k):
+        began = time.perf_counter()
+        try:
+            return compute(*a, **k)
+        finally:
+            computing.append((began, time.perf_counter()))
+
+    def slow_step(*a, **k):
+        time.sleep(0.08)
+        return opt_step(*a, **k)
+
+    tr.compute, tr.optimizer.step = timed_compute, slow_step
+    run = Run(cfg, tmp_path / "r", trainer=tr)
+    run.stage_spans = spans = []
+    run.train()
+    nb = run.batches_per_epoch
+    by_stage = {st: [sp for sp in spans if sp[0] == st] for st in ("sample", "features", "memory_read", "memory_write")}
+    for stage, ss in by_stage.items():
+        assert [sp[1] for sp in ss] == list(range(nb)), stage  # each iteration once, in order
+        assert all(a[4] <= b[3] for a, b in zip(ss, ss[1:])), stage  # one at a time
+        assert all(sp[2] != "MainThread" for sp in ss), stage
+    computing = computing[:nb]  # (evaluation computes after them)
+
+    def overlaps(a, b):
+        return a[0] < b[1] and b[0] < a[1]
+
+    reads = [(sp[3], sp[4]) for sp in by_stage["memory_read"]]
+    updates = [(sp[3], sp[4]) for sp in by_stage["memory_write"]]
+    assert not any(overlaps(r, u) for r in reads for u in updates)
+    read_during_training = sum(any(overlaps(r, c) for c in computing) for r in reads)
+    update_during_training = sum(overlaps(u, c) for u, c in zip(updates, computing))
+    assert read_during_training >= nb // 2 and update_during_training >= nb // 2, (read_during_training,
+                                                                                    update_during_training, nb)
+
+
 def test_no_read_sees_a_write_of_the_last_k_iterations_or_later(tmp_path):
     """Every memory and mail time a training read returns is at most the time of the last event
     of batch i - K - 1 of its epoch (the newest write it may see); reset memory before that."""
@@ -272,8 +461,9 @@ def test_no_read_sees_a_write_of_the_last_k_iterations_or_later(tmp_path):
 
 
 def test_mspipe_resumes_exactly_from_a_checkpoint_with_reads_in_flight(tmp_path):
-    """A mid-epoch checkpoint holds the K batches read ahead (and the sampler's count before
-    them, so uniform sampling draws them again alike): the resumed run ends as the full one."""
+    """A mid-epoch checkpoint after iteration t holds the K + 1 batches read ahead, t + 1 .. t + K
+    + 1 (the last read during t, after t's update), and the sampler's count before them, so
+    uniform sampling draws them again alike: the resumed run ends as the full one."""
     over = ["train.epochs=2", "sampler.strategy=uniform", "pipeline.mode=mspipe", "pipeline.staleness=2",
             "pipeline.prefetch=2"]
     full, _ = run(tmp_path, "full", over)
@@ -281,7 +471,7 @@ def test_mspipe_resumes_exactly_from_a_checkpoint_with_reads_in_flight(tmp_path)
     assert stopped["stopped"]
     state = torch.load(d / "checkpoints" / "last.pt", weights_only=True)
     part = torch.load(d / "checkpoints" / state["dir"] / "rank-0.pt", weights_only=True)
-    assert len(part["slots"]) == 2  # the two batches read ahead
+    assert sorted(part["slots"]) == [16, 17, 18]  # the checkpoint after 16 iterations (every 4), K = 2
     resumed, _ = run(tmp_path, "resumed", [*over, f"train.resume={d}"])
     assert metrics(resumed) == metrics(full)
 

@@ -27,6 +27,9 @@ within C3's cap, k_i is the cap and training waits (``Bounds.stall``).
 
 from __future__ import annotations
 
+import threading
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -35,8 +38,8 @@ import torch
 
 from tgdist.runtime.trainer import STAGES  # MSPipe's stages 1..5, in its order
 
-__all__ = ["STAGES", "Bounds", "staleness_bounds", "stale_fraction", "max_staleness", "stale_rows", "mitigate",
-           "quantile_gap", "similar_nodes", "update_gaps"]
+__all__ = ["STAGES", "StageLocks", "Bounds", "staleness_bounds", "read_schedule", "stale_fraction", "max_staleness",
+           "stale_rows", "mitigate", "quantile_gap", "similar_nodes", "update_gaps"]
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,20 @@ def staleness_bounds(tau: Sequence[float], num_iterations: int, max_staleness: i
     return Bounds(k, k - 1, b, e, delay, stall)
 
 
+def read_schedule(staleness: Sequence[int]) -> np.ndarray:
+    """The K_i the loop can keep for the iterations of an epoch: iteration i reads after the update
+    of i - K_i - 1 and before that of i - K_i, and reads are made in order, so the newest update
+    a read sees, i - K_i - 1, may not go back from one iteration to the next (a later read seeing
+    less would have to come before an update an earlier read waits for). ``staleness_bounds``'
+    K_i keep that order (the update a fetch waits for only moves on); this holds it for any input
+    by lowering a K_i that would go back."""
+    k = np.asarray(staleness, dtype=np.int64)
+    if (k < 0).any():
+        raise ValueError(f"staleness must be at least 0, got {k.min()}")
+    i = np.arange(k.size)
+    return i - np.maximum.accumulate(i - k)
+
+
 def stale_fraction(reads: Sequence[np.ndarray], writes: Sequence[np.ndarray], staleness: int) -> float:
     """The share of node reads that are stale at ``staleness`` K (MSPipe Figure 6): over the
     iterations i, the nodes read by i (``reads[i]``, unique ids) that one of iterations i - K .. i - 1
@@ -123,6 +140,84 @@ def max_staleness(reads: Sequence[np.ndarray], writes: Sequence[np.ndarray], lim
     while K < upper and stale_fraction(reads, writes, K + 1) <= limit:
         K += 1
     return K
+
+
+# ----------------------------------------------------------------------------------------------
+# The online schedule (Appendix D.3, Algorithm 1)
+
+
+class StageLocks:
+    """Algorithm 1's per-stage locks: a stage runs for one iteration at a time, and for the
+    iterations in the order they took their tickets (eq. (3)'s order: stage j of iteration i after
+    stage j of i - 1). The driver takes every ticket in one thread, in iteration order, when it
+    hands an iteration's stage to a thread (``ticket``); the thread then runs the stage inside
+    ``turn``. ``done(stage)`` is the latest iteration through a stage (for the memory write, the
+    paper's i_upd), and ``wait(stage, i)`` waits until iteration i is through it: the memory fetch
+    of i waits for the update of i - k_i there (Algorithm 1, line 9).
+
+    A stage that fails hands its error to every waiter (``fail``), so no thread waits forever for
+    an iteration that will not come. ``spans``: when a list, each turn appends ``(stage,
+    iteration, thread, start, end)`` (timelines and tests)."""
+
+    def __init__(self, stages: Sequence[str] = STAGES, done: int = -1):
+        self._cv = threading.Condition()
+        self._issued = dict.fromkeys(stages, 0)  # the next ticket of each stage
+        self._serving = dict.fromkeys(stages, 0)  # the ticket whose turn it is
+        self._done = dict.fromkeys(stages, done)
+        self._error: BaseException | None = None
+        self.spans: list | None = None
+
+    def ticket(self, stage: str) -> int:
+        with self._cv:
+            t = self._issued[stage]
+            self._issued[stage] = t + 1
+            return t
+
+    @contextmanager
+    def turn(self, stage: str, ticket: int, iteration: int):
+        """Run the body as ``stage`` of ``iteration`` once every earlier ticket's turn is over."""
+        with self._cv:
+            self._cv.wait_for(lambda: self._error is not None or self._serving[stage] == ticket)
+            self._raise()
+        began = time.perf_counter()
+        try:
+            yield
+        except BaseException as e:
+            self.fail(e)
+            raise
+        finally:
+            with self._cv:
+                self._serving[stage] = ticket + 1
+                self._done[stage] = max(self._done[stage], iteration)
+                if self.spans is not None:
+                    self.spans.append((stage, iteration, threading.current_thread().name, began, time.perf_counter()))
+                self._cv.notify_all()
+
+    def done(self, stage: str) -> int:
+        with self._cv:
+            return self._done[stage]
+
+    def mark(self, stage: str, iteration: int) -> None:
+        """``iteration`` counts as through ``stage`` (what a checkpoint restored)."""
+        with self._cv:
+            self._done[stage] = max(self._done[stage], iteration)
+            self._cv.notify_all()
+
+    def wait(self, stage: str, iteration: int) -> None:
+        """Until ``iteration`` is through ``stage`` (at once for iterations before the first)."""
+        with self._cv:
+            self._cv.wait_for(lambda: self._error is not None or self._done[stage] >= iteration)
+            self._raise()
+
+    def fail(self, error: BaseException) -> None:
+        with self._cv:
+            if self._error is None:
+                self._error = error
+            self._cv.notify_all()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"an MSPipe pipeline stage failed: {self._error!r}") from self._error
 
 
 # ----------------------------------------------------------------------------------------------

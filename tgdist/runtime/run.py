@@ -58,14 +58,15 @@ from tgdist.runtime.build import build_trainer, micro_batches, staleness, valida
 from tgdist.runtime.cache import cache_totals
 from tgdist.runtime.distributed import (cpu_share, fault_injection, memory_backend, model_digest, rank_logging,
                                         shared_settings)
-from tgdist.runtime.mspipe import (STAGES, max_staleness, mitigate, quantile_gap, similar_nodes, stale_rows,
-                                     staleness_bounds, update_gaps)
+from tgdist.runtime.mspipe import (STAGES, StageLocks, max_staleness, mitigate, quantile_gap, read_schedule,
+                                     similar_nodes, stale_rows, staleness_bounds, update_gaps)
 from tgdist.runtime.pipeline import GradientSync, Prefetcher, fit_eta, fit_granularity
 from tgdist.runtime.tasks import downstream_alone, pretrain_static
 from tgdist.runtime.tensorboard import TensorBoardLog
 from tgdist.runtime.trainer import SIDE_STREAMS, Progress, StageTimer, Trainer, micro_bounds
 
 log = logging.getLogger(__name__)
+MSPIPE_THREADS = 8  # mspipe: stage threads, one per batch in flight (Algorithm 1); more batches queue in order
 
 
 def jsonable(d: dict) -> dict:
@@ -151,9 +152,15 @@ class Run:
         # mspipe's K (reads made K iterations ahead); None: auto, measured (``_choose_staleness``)
         self.staleness = staleness(pipe) if self.mspipe else 0
         self.bounds = None  # staleness=auto: what it measured and chose (the summary's ``pipeline``)
+        self._online = None  # staleness=auto: K of each position in an epoch, the online schedule's k_i - 1
         self._stage_rows: list = []  # staleness=auto: per measured iteration, its stage seconds, reads, writes
         self._next_read = 0  # mspipe: the next batch (iteration) to read
-        self._read_pool: ThreadPoolExecutor | None = None  # mspipe: reads made while an iteration computes
+        self._read_k: dict[int, int] = {}  # mspipe: the K each read in flight was issued with
+        self._locks: StageLocks | None = None  # mspipe: the per-stage locks of Algorithm 1
+        self._read_pool: ThreadPoolExecutor | None = None  # mspipe: the stages before training, a thread per batch
+        self._write_pool: ThreadPoolExecutor | None = None  # mspipe: the memory update stage
+        self._writes: list[Future] = []  # mspipe: memory updates handed to the update stage, not yet waited for
+        self.stage_spans: list | None = None  # mspipe: a list to record each stage's turns in (timelines, tests)
         self._sampler_calls = None  # the sampler's call count after the last batch consumed (prefetch)
         self._resume = None  # (path, state) of train.resume, checked here and loaded by train()
         if cfg.train.resume:  # a refused resume leaves the run directory (maybe the checkpoint's own) as it was
@@ -193,9 +200,12 @@ class Run:
         """Release the store (a daemon's client detaches and stops the daemon it started) and the
         process groups. ``train()`` closes; a ``Run`` never trained should be closed by its maker."""
         self._stop_prefetch()
-        if getattr(self, "_read_pool", None) is not None:
-            self._read_pool.shutdown(wait=True, cancel_futures=True)
-            self._read_pool = None
+        if getattr(self, "_locks", None) is not None:  # stages still waiting (after an error) give up
+            self._locks.fail(RuntimeError("the run is closing"))
+        for name in ("_read_pool", "_write_pool"):
+            if getattr(self, name, None) is not None:
+                getattr(self, name).shutdown(wait=True, cancel_futures=True)
+                setattr(self, name, None)
         if self.trainer is not None and self.backend != "local":  # a store made here (a caller's is the caller's)
             self.trainer.memory.close()
         if not self.alone and self._own_groups:
@@ -274,6 +284,10 @@ class Run:
         start = time.perf_counter()
         trained = done = 0
         epoch = None  # a run of one process: the epoch under way and its clock
+        if self.mspipe:  # what a checkpoint restored is through its stages already
+            self._locks = StageLocks(STAGES, done=self.start_iteration - 1)
+            self._locks.spans = self.stage_spans
+            self._locks.mark("memory_read", self._next_read - 1)  # the batches it read ahead
         for t in range(self.start_iteration, self.iterations):
             if self.alone and epoch is None:
                 epoch = self._begin_epoch(t // nb)
@@ -281,7 +295,7 @@ class Run:
                 os.kill(os.getpid(), signal.SIGKILL)
             began = time.perf_counter()
             stages = dict(tr.timer.seconds) if self.staleness is None else None  # staleness=auto measures
-            if self.mspipe:  # MSPipe: the batches up to t + K are read now, before this iteration writes
+            if self.mspipe:  # MSPipe: the batches that may be read during this iteration go to the stage threads
                 ahead = None
                 self._read_ahead(t)
             else:
@@ -298,20 +312,29 @@ class Run:
             loss = row = None
             self.grads.issue()  # asynchronous all-reduce: the last iteration's, now that the reads are out
             if now.active and now.hi > now.lo:
-                self._settle_reads()
-                batch = self.slots.pop(key)
+                if not self.mspipe:  # (mspipe's later reads may wait for this iteration's update)
+                    self._settle_reads()
+                batch = self._take(key)
                 if stages is not None:  # C3's data: the nodes this iteration reads and those it writes
                     row = {"reads": batch.ids.cpu().numpy(), "writes": np.unique(
                         np.concatenate([tr.g.src[now.lo:now.hi], tr.g.dst[now.lo:now.hi]]))}
                     self._stage_rows.append(row)
+                wrote = []
                 out = tr.compute(batch, train=True, write=now.writes, sync_gradients=self.grads,
-                                 written=mem.start_exchange, before_write=self._settle_reads)
+                                 written=mem.start_exchange, before_write=self._settle_reads if not self.mspipe
+                                 else lambda: self._before_write(t),
+                                 defer_write=self._update_stage(t, wrote) if self.mspipe else None)
+                if self.mspipe and not wrote:  # no write made: the update stage still passes t
+                    self._update_stage(t, wrote)(lambda: None)
                 loss = out.loss
                 self._add_loss(now.pass_index, out.loss * now.num_events, now.num_events)
                 trained += now.num_events
             else:  # an idle rank still joins the gradient exchange and applies the same update
-                self._settle_reads()
-                self.slots.pop(key, None)
+                if not self.mspipe:
+                    self._settle_reads()
+                self._take(key)
+                if self.mspipe:
+                    self._update_stage(t, [])(lambda: None)
                 tr.optimizer.zero_grad(set_to_none=True)
                 mem.start_exchange()  # where the active trainers start it: before the gradients
                 if self.grads(tr.model.parameters(), active=False):
@@ -331,6 +354,9 @@ class Run:
                     row["seconds"] = [tr.timer.seconds.get(k, 0.0) - stages.get(k, 0.0) for k in STAGES]
                 if t + 1 - self.start_iteration == cfg.pipeline.profile_iterations or t + 1 == self.iterations:
                     self._choose_staleness()
+            if self.mspipe and (t + 1 == self.iterations or (t + 1) % nb == 0 or (every and (t + 1) % every == 0)
+                                or (stop_after is not None and done + 1 >= stop_after)):
+                self._drain()  # evaluation, a checkpoint or the end next: every stage in flight finishes
             if on_iteration is not None:
                 on_iteration(t, loss)
             done += 1
@@ -398,31 +424,87 @@ class Run:
     # ------------------------------------------------------------------------------------------
     # MSPipe (``runtime.mspipe``)
 
+    def _staleness_of(self, u: int) -> int:
+        """K of iteration ``u``'s read: 0 while auto measures, then the online schedule's k_i - 1
+        for its position in the epoch (``staleness_bounds``), or the fixed ``pipeline.staleness``."""
+        if self.staleness is None:
+            return 0
+        if self._online is not None:
+            return int(self._online[min(u % self.batches_per_epoch, len(self._online) - 1)])
+        return self.staleness
+
     def _read_ahead(self, t: int) -> None:
-        """mspipe: read the batches of iterations up to t + K (K = ``staleness``, 0 while auto
-        measures) that are not read yet, in order, before iteration t writes: batch i is then read
-        at iteration i - K and misses exactly the writes of i - K .. i - 1. Reads never cross an
-        epoch: the next epoch starts from reset memory, after evaluation, so its first K + 1
-        batches are read at its first iteration (the warm-up, MSPipe Appendix D.3)."""
-        mem, nb = self.trainer.memory, self.batches_per_epoch
-        last = min(t + (self.staleness or 0), (t // nb + 1) * nb - 1, self.iterations - 1)
+        """mspipe, at the start of iteration t: hand to the stage threads (Algorithm 1: a thread
+        per batch, ``StageLocks``) the batches u not handed yet whose read may happen during
+        iteration t, those with u - K_u - 1 <= t, in order. Each thread samples, organizes and
+        reads (``_front``); its read waits for the update of iteration u - K_u - 1 and the update
+        of u - K_u waits for the read (``_before_write``), so batch u misses exactly the writes of
+        u - K_u .. u - 1. Reads never cross an epoch: the next epoch starts from reset memory,
+        after evaluation, so its first batches read it alike (the warm-up, MSPipe Appendix D.3)."""
+        mem, nb, locks = self.trainer.memory, self.batches_per_epoch, self._locks
+        end = min((t // nb + 1) * nb, self.iterations)
         self._next_read = max(self._next_read, t)
-        while self._next_read <= last:
+        while self._next_read < end and self._next_read - self._staleness_of(self._next_read) - 1 <= t:
             u = self._next_read
             s = self._step(u)
             if s.active:
                 mem.open_position(s.position, s.read_slot, s.reset_memory)
-                if u > t and u == last:  # read while t computes (``_settle_reads`` waits before t writes)
-                    sampled, self._sampler_calls = self._sampled(u)
-                    self.slots[u] = self._reader().submit(self._read, s, self._negatives(s), sampled)
-                else:
-                    self.slots[u] = self._mitigate(self._prepare(u, s))
+                sampled, self._sampler_calls = self._sampled(u)  # (the prefetch thread's, when on)
+                stages = ("memory_read",) if sampled is not None else ("sample", "features", "memory_read")
+                tickets = {st: locks.ticket(st) for st in stages}
+                k = self._read_k[u] = self._staleness_of(u)
+                self.slots[u] = self._reader().submit(self._front, u, k, s, self._negatives(s), sampled, tickets)
                 mem.close_position()
             self._next_read += 1
 
-    def _read(self, s, neg, sampled):
-        """(the read thread) batch ``s`` prepared and read, mitigated with MSPipe-S when on."""
-        return self._mitigate(self.trainer.prepare(s.lo, s.hi, neg, sampled=sampled))
+    def _front(self, u: int, k: int, s, neg, sampled, tickets: dict):
+        """(a stage thread) MSPipe's stages 1-3 of iteration ``u``, each in its turn: sample,
+        features (skipped when the prefetch thread made them), then the memory read once the update
+        of u - k - 1 is done (Algorithm 1, line 9; at once in the epoch's first k + 1 iterations),
+        mitigated with MSPipe-S when on."""
+        tr, locks = self.trainer, self._locks
+        if sampled is None:
+            sampled = tr.sample(s.lo, s.hi, neg, turn=lambda stage: locks.turn(stage, tickets[stage], u))
+        locks.wait("memory_write", u - k - 1)  # (before its turn, which comes in order anyway: the span is the read's)
+        with locks.turn("memory_read", tickets["memory_read"], u):
+            p = tr.prepare(s.lo, s.hi, neg, sampled=sampled)
+        return self._mitigate(p)
+
+    def _before_write(self, t: int) -> None:
+        """mspipe, before iteration t's update: wait until the reads that must miss it (u > t with
+        u - K_u <= t) are done. (Reads that must see it wait for it in their thread.)"""
+        last = max((u for u, k in self._read_k.items() if u > t and u - k <= t), default=None)
+        if last is not None:
+            self._locks.wait("memory_read", last)
+
+    def _update_stage(self, t: int, wrote: list):
+        """mspipe: MSPipe's stage 5 for iteration t, as ``Trainer.compute``'s ``defer_write``: the
+        write runs in the update thread in its turn (after t - 1's), overlapping t's backward pass
+        and the next iteration; ``wrote`` records that it was handed over."""
+        locks, tr = self._locks, self.trainer
+        ticket = locks.ticket("memory_write")
+
+        def update(write):
+            with locks.turn("memory_write", ticket, t):
+                began = time.perf_counter()
+                write()
+                tr.timer.add("memory_write", time.perf_counter() - began)
+
+        def hand(write):
+            wrote.append(t)
+            if self._write_pool is None:
+                self._write_pool = ThreadPoolExecutor(1, thread_name_prefix="tgdist-mspipe-update")
+            self._writes.append(self._write_pool.submit(update, write))
+
+        return hand
+
+    def _drain(self) -> None:
+        """mspipe: wait for every update handed over and every read in flight (before evaluation,
+        a checkpoint, the end); an error in a stage is raised here."""
+        writes, self._writes = self._writes, []
+        for f in writes:
+            f.result()
+        self._settle_reads()
 
     def _mitigate(self, p):
         """MSPipe-S (3.3) on a training read (``pipeline.mitigation=similarity``): each node of the
@@ -453,15 +535,24 @@ class Run:
         return self.prefetcher.get(u)
 
     def _reader(self) -> ThreadPoolExecutor:
-        if self._read_pool is None:
-            self._read_pool = ThreadPoolExecutor(1, thread_name_prefix="tgdist-mspipe-read")
+        if self._read_pool is None:  # Algorithm 1's thread per batch in flight (more queue, in order)
+            self._read_pool = ThreadPoolExecutor(MSPIPE_THREADS, thread_name_prefix="tgdist-mspipe-stages")
         return self._read_pool
 
+    def _take(self, key: int):
+        """The batch read for slot ``key`` (None if there is none), waited for if in flight."""
+        p = self.slots.pop(key, None)
+        if isinstance(p, Future):
+            p = p.result()
+        self._read_k.pop(key, None)
+        return p
+
     def _settle_reads(self) -> None:
-        """Wait for a read in flight (mspipe): before this iteration writes, and before a batch is used."""
+        """Wait for the reads in flight (mspipe): before an iteration writes, and before a batch is used."""
         for u, p in self.slots.items():
             if isinstance(p, Future):
                 self.slots[u] = p.result()
+                self._read_k.pop(u, None)
 
     def _choose_staleness(self) -> None:
         """staleness=auto, after ``profile_iterations`` iterations read without staleness: the
@@ -480,8 +571,10 @@ class Run:
                             self.cfg.pipeline.max_stale_fraction, upper=max(len(rows) - 1, 0))
         bounds = staleness_bounds(tau, self.batches_per_epoch, cap)
         self.staleness = bounds.steady()
+        self._online = read_schedule(bounds.staleness)
         self.bounds = {"tau": [round(float(x), 6) for x in tau], "stages": list(STAGES), "max_staleness": cap,
-                       "steady_k": self.staleness + 1, "stall_s": round(float(bounds.stall.sum()), 6)}
+                       "steady_k": self.staleness + 1, "stall_s": round(float(bounds.stall.sum()), 6),
+                       "schedule": "online", "k_per_position": _runs(bounds.k)}
         log.info("pipeline.staleness=auto: K=%d (the paper's k=%d) from stage times %s ms, C3's cap K<=%d "
                  "(at most %.0f%% of the nodes read stale)", self.staleness, self.staleness + 1,
                  ", ".join(f"{n} {1e3 * x:.2f}" for n, x in zip(STAGES, tau)), cap,
@@ -896,7 +989,9 @@ class Run:
             self._next_read = max(self.slots, default=-1) + 1
             if self.staleness is None and mine.get("staleness") is not None:
                 self.staleness = int(mine["staleness"])  # auto chose it before the checkpoint
-                self.bounds = mine.get("staleness_bounds")
+                self.bounds = b = mine.get("staleness_bounds")
+                self._online = read_schedule(staleness_bounds(b["tau"], self.batches_per_epoch, b["max_staleness"])
+                                             .staleness)
         if self.micro is None and mine.get("micro_batches") is not None:
             self.micro = int(mine["micro_batches"])  # auto chose it before the checkpoint: not measured again
         self.grads.restore(state.get("pending_gradients"), tr.device)
@@ -908,6 +1003,17 @@ class Run:
             shutil.copytree(parts, self.ckpt_dir / parts.name, dirs_exist_ok=True)
             shutil.copy2(best, self.best_path)
         log.info("resumed from %s at iteration %d of %d", path, self.start_iteration, self.iterations)
+
+
+def _runs(k: np.ndarray) -> list[list[int]]:
+    """``[[k, count], ...]``: a per-position schedule told in runs (the summary's)."""
+    out: list[list[int]] = []
+    for v in np.asarray(k).tolist():
+        if out and out[-1][0] == v:
+            out[-1][1] += 1
+        else:
+            out.append([int(v), 1])
+    return out
 
 
 class _Epoch:

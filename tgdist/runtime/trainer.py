@@ -7,6 +7,7 @@ Every distributed or pipelined mode is a controlled change of ``Trainer.step``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import sys
@@ -92,6 +93,13 @@ def micro_bounds(lo: int, hi: int, n: int) -> list[tuple[int, int]]:
     return out
 
 
+_TIMER_LOCK = threading.Lock()
+
+
+def _no_turn(stage: str):
+    return contextlib.nullcontext()
+
+
 @dataclass
 class StageTimer:
     """Accumulated seconds per stage (MSPipe Table 1 style breakdown)."""
@@ -101,10 +109,11 @@ class StageTimer:
     spans: list | None = None
 
     def add(self, stage: str, dt: float) -> None:
-        self.seconds[stage] += dt
-        if self.spans is not None:
-            now = time.perf_counter()
-            self.spans.append((stage, threading.current_thread().name, now - dt, now))
+        with _TIMER_LOCK:  # stages may run in several threads (prefetch, MSPipe's stages)
+            self.seconds[stage] += dt
+            if self.spans is not None:
+                now = time.perf_counter()
+                self.spans.append((stage, threading.current_thread().name, now - dt, now))
 
     def table(self, events: int) -> str:
         total = sum(self.seconds.values()) or 1e-12
@@ -201,28 +210,35 @@ class Trainer:
         return [Prepared(a, b, neg.shape[1], s.ids, s.root_idx, s.hop_tables, s.hops, r, neg[a - lo:b - lo])
                 for (a, b), s, r in zip(bounds, samples, reads)]
 
-    def sample(self, lo: int, hi: int, neg: np.ndarray) -> Sampled:
+    def sample(self, lo: int, hi: int, neg: np.ndarray, turn=None) -> Sampled:
         """Phases sample and features of events ``[lo, hi)`` with negatives ``neg``: the roots
         ``[src | dst | neg column 0 | neg column 1 | ...]``, their neighbours and the unique tables.
-        Reads the graph only, so it may run in another thread (prefetch)."""
+        Reads the graph only, so it may run in another thread (prefetch, MSPipe's stages).
+        ``turn(stage)``: a context manager each phase runs in (MSPipe's per-stage locks)."""
         g = self.g
         num_neg = neg.shape[1]
         roots = np.concatenate([g.src[lo:hi], g.dst[lo:hi], neg.T.reshape(-1)])
-        ids, root_idx, hop_tables, hops = self._sample_and_organize(roots, np.tile(g.t[lo:hi], 2 + num_neg))
+        ids, root_idx, hop_tables, hops = self._sample_and_organize(roots, np.tile(g.t[lo:hi], 2 + num_neg), turn)
         return Sampled(lo, hi, ids, root_idx, hop_tables, hops)
 
     def sample_micro(self, lo: int, hi: int, neg: np.ndarray, n: int) -> list[Sampled]:
         return [self.sample(a, b, neg[a - lo:b - lo]) for a, b in micro_bounds(lo, hi, n)]
 
-    def _sample_and_organize(self, roots: np.ndarray, root_t: np.ndarray):
+    def _sample_and_organize(self, roots: np.ndarray, root_t: np.ndarray, turn=None):
         """Phases sample (the roots' neighbours before their times) and features (unique nodes
         and index tables into them). Returns ``ids, root_idx, hop_tables, hops``."""
-        dev, tm = self.device, self.timer
-        t0 = time.perf_counter()
-        hops = self.sampler.sample(roots, root_t) if self.model.num_hops else []
-        t1 = time.perf_counter()
-        tm.add("sample", t1 - t0)
+        tm, turn = self.timer, turn or _no_turn
+        with turn("sample"):
+            t0 = time.perf_counter()
+            hops = self.sampler.sample(roots, root_t) if self.model.num_hops else []
+            tm.add("sample", time.perf_counter() - t0)
+        with turn("features"):
+            return self._organize(roots, hops)
 
+    def _organize(self, roots: np.ndarray, hops: list):
+        """Phase features: unique nodes of the roots and their sampled neighbours, and index tables into them."""
+        dev, tm = self.device, self.timer
+        t1 = time.perf_counter()
         parts = [roots] + [h.nbr[h.mask] for h in hops]
         unique, psi, _ = kernels.organize(np.concatenate(parts) if len(parts) > 1 else roots)
         offset = roots.shape[0]
@@ -270,7 +286,7 @@ class Trainer:
             model.train(training)
 
     def compute(self, p: "Prepared | list[Prepared]", train: bool, keep_emb: bool = False, write: bool | None = None,
-                sync_gradients=None, written=None, before_write=None) -> BatchOutput:
+                sync_gradients=None, written=None, before_write=None, defer_write=None) -> BatchOutput:
         """Phases compute (update memory once per unique node, embed, score, learn) and memory
         write. ``write`` overrides ``writes_enabled`` (epoch-parallel subgroups other than the
         first do not write). ``sync_gradients(params)`` runs between backward and the optimizer
@@ -281,7 +297,9 @@ class Trainer:
         pass, and ``written()`` is called after it: a parallel run starts sending the writes
         there (``MemoryStore.start_exchange``), which then travel during the backward pass.
         ``before_write()`` is called just before the write (MSPipe: a read of a later batch issued
-        during this forward pass is waited for there, so it misses this write).
+        during this forward pass is waited for there, so it misses this write). ``defer_write(fn)``
+        (MSPipe's update stage) takes the write as a function of no arguments to run later, in
+        another thread; without it the write is made here.
 
         ``p`` may be a batch's micro-batches (``prepare_micro``): each runs forward and backward
         in turn with its loss weighted by its share of the events, so the gradients accumulate to
@@ -352,7 +370,10 @@ class Trainer:
                                          + [n[k:] for (n, _), k in zip(hop1, sizes)])
                     mask = np.concatenate([m[:k] for (_, m), k in zip(hop1, sizes)]
                                           + [m[k:] for (_, m), k in zip(hop1, sizes)])
-                self.write_back(lo, hi, mem_rows, ts_rows, nbr, mask)
+                if defer_write is None:
+                    self.write_back(lo, hi, mem_rows, ts_rows, nbr, mask)
+                else:
+                    defer_write(functools.partial(self.write_back, lo, hi, mem_rows, ts_rows, nbr, mask))
             if written is not None:
                 written()
             wrote = time.perf_counter() - w0
