@@ -156,13 +156,13 @@ def test_a_failed_stage_wakes_every_waiter_with_its_error():
         try:
             with locks.turn("memory_read", second, 1):  # waits for ticket 0's turn, which fails
                 pass
-        except RuntimeError as e:
+        except ValueError as e:
             errors.append(str(e))
 
     def update_waiter():
         try:
             locks.wait("memory_write", 0)  # no update will come
-        except RuntimeError as e:
+        except ValueError as e:
             errors.append(str(e))
 
     threads = [threading.Thread(target=waiter), threading.Thread(target=update_waiter)]
@@ -433,6 +433,28 @@ def test_the_five_stages_of_consecutive_iterations_overlap_in_threads(tmp_path):
     update_during_training = sum(overlaps(u, c) for u, c in zip(updates, computing))
     assert read_during_training >= nb // 2 and update_during_training >= nb // 2, (read_during_training,
                                                                                     update_during_training, nb)
+
+
+def test_an_error_in_a_stage_thread_ends_the_run_with_it_and_leaves_no_thread(tmp_path):
+    """The sampler fails in a stage thread at its fifth batch while later batches' threads wait
+    for their turns: the run raises that error, and every stage thread is gone afterwards."""
+    cfg = compose(SMALL + ["train.epochs=1", "pipeline.mode=mspipe", "pipeline.staleness=2",
+                           f"run_dir={tmp_path / 'r'}"])
+    tr = build_trainer(cfg, progress=False)
+    sample, calls = tr.sampler.sample, [0]
+
+    def failing(*a, **k):
+        calls[0] += 1
+        if calls[0] == 5:
+            raise ValueError("bad neighbour table")
+        return sample(*a, **k)
+
+    tr.sampler.sample = failing
+    before = set(threading.enumerate())
+    with pytest.raises(ValueError, match="bad neighbour table"):
+        Run(cfg, tmp_path / "r", trainer=tr).train()
+    left = [th for th in threading.enumerate() if th not in before and th.name.startswith("tgdist")]
+    assert not left, left
 
 
 def test_no_read_sees_a_write_of_the_last_k_iterations_or_later(tmp_path):

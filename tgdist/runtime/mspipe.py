@@ -155,8 +155,8 @@ class StageLocks:
     paper's i_upd), and ``wait(stage, i)`` waits until iteration i is through it: the memory fetch
     of i waits for the update of i - k_i there (Algorithm 1, line 9).
 
-    A stage that fails hands its error to every waiter (``fail``), so no thread waits forever for
-    an iteration that will not come. ``spans``: when a list, each turn appends ``(stage,
+    A stage that fails hands its error to every waiter (``fail``), which raises it, so no thread
+    waits forever for an iteration that will not come. ``spans``: when a list, each turn appends ``(stage,
     iteration, thread, start, end)`` (timelines and tests)."""
 
     def __init__(self, stages: Sequence[str] = STAGES, done: int = -1):
@@ -216,8 +216,8 @@ class StageLocks:
             self._cv.notify_all()
 
     def _raise(self) -> None:
-        if self._error is not None:
-            raise RuntimeError(f"an MSPipe pipeline stage failed: {self._error!r}") from self._error
+        if self._error is not None:  # the stage's own error, so the run ends with what went wrong
+            raise self._error
 
 
 # ----------------------------------------------------------------------------------------------

@@ -463,12 +463,15 @@ class Run:
         of u - k - 1 is done (Algorithm 1, line 9; at once in the epoch's first k + 1 iterations),
         mitigated with MSPipe-S when on."""
         tr, locks = self.trainer, self._locks
-        if sampled is None:
-            sampled = tr.sample(s.lo, s.hi, neg, turn=lambda stage: locks.turn(stage, tickets[stage], u))
-        locks.wait("memory_write", u - k - 1)  # (before its turn, which comes in order anyway: the span is the read's)
-        with locks.turn("memory_read", tickets["memory_read"], u):
-            p = tr.prepare(s.lo, s.hi, neg, sampled=sampled)
-        return self._mitigate(p)
+        try:
+            if sampled is None:
+                sampled = tr.sample(s.lo, s.hi, neg, turn=lambda stage: locks.turn(stage, tickets[stage], u))
+            locks.wait("memory_write", u - k - 1)  # (before its turn: its span is the read alone)
+            with locks.turn("memory_read", tickets["memory_read"], u):
+                return self._mitigate(tr.prepare(s.lo, s.hi, neg, sampled=sampled))
+        except BaseException as e:  # the later stages' threads are not left waiting for this one
+            locks.fail(e)
+            raise
 
     def _before_write(self, t: int) -> None:
         """mspipe, before iteration t's update: wait until the reads that must miss it (u > t with
