@@ -36,13 +36,16 @@ def run(backend: str, cfg, layout: Layout, world, groups) -> dict:
     tr, store = driver.trainer, driver.trainer.memory
     m = tr.model
     rec = {"losses": [], "grads": [], "states": [], "counters": [], "links": [], "reads": [], "occurrences": [],
-           "events": [], "mem_writes": [], "mail_writes": []}
+           "events": [], "mem_writes": [], "mail_writes": [], "read_values": {}}
     reads, occurrences, events, mem_writes, mail_writes = [], [], [], [], []
     prepare, write_memory, write_mail = tr.prepare, store.write_memory, store.write_mail
     end_training = store.end_training
 
     def recording_prepare(lo, hi, neg, read=None, sampled=None):
         p = prepare(lo, hi, neg, read, sampled)
+        if p.read is not None and not hasattr(p.read, "wait"):  # what training reads returned, by batch, in order
+            rec["read_values"].setdefault(lo, []).append((p.ids.clone(), *(getattr(p.read, k).clone()
+                                                                           for k in STATE[:4])))
         reads.append(p.ids.clone())
         occurrences.append(p.root_idx.numel() + sum(int(h.mask.sum()) for h in p.hop_tables))
         events.append(hi - lo)
@@ -89,6 +92,8 @@ def run(backend: str, cfg, layout: Layout, world, groups) -> dict:
     rec["metrics"] = {k: v for k, v in summary.items()
                       if k.startswith(("val_", "test_")) and not k.endswith("_at_best_val")}
     rec["params"] = [p.detach().clone() for p in m.parameters()]
+    online = getattr(driver, "_online", None)  # mspipe: the staleness this rank read with
+    rec["staleness"] = (driver.staleness, None if online is None else online.tolist())
     return rec
 
 

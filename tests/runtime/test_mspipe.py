@@ -17,6 +17,8 @@ from tgdist.runtime.build import build_trainer, compose, validate
 from tgdist.runtime.mspipe import (StageLocks, max_staleness, mitigate, quantile_gap, read_schedule, similar_nodes,
                                    stale_fraction, staleness_bounds, update_gaps)
 from tgdist.runtime.run import Run
+from tests.memory.test_sven import SMALL as PROBE_SMALL
+from tests.memory.test_sven import _probe
 
 # ----------------------------------------------------------------------------------------------
 # The bound (MSPipe 3.2). The paper's figures give no stage times in its text, only the bounds
@@ -203,7 +205,9 @@ SMALL = ["data.max_events=1500", "model.mem_dim=16", "model.time_dim=8", "train.
     (["pipeline.mode=mspipe", "pipeline.staleness=soon"], "or auto"),
     (["pipeline.staleness=2"], "read by pipeline.mode=mspipe only"),
     (["pipeline.mode=mspipe", "pipeline.micro_batches=2"], "pipeline.micro_batches=1"),
-    (["pipeline.mode=mspipe", "parallel.i=2"], "parallel.i\\*j\\*k=2 is not supported"),
+    (["pipeline.mode=mspipe", "parallel.i=2", "memory.backend=sven"], "2 \\(2x1x1\\) with memory.backend=sven"),
+    (["pipeline.mode=mspipe", "parallel.j=2"], "parallel.i\\*j\\*k=2 \\(1x2x1\\)"),
+    (["pipeline.mode=mspipe", "parallel.i=2", "parallel.k=2"], "parallel.i\\*j\\*k=4 \\(2x1x2\\)"),
     (["pipeline.mode=mspipe", "pipeline.max_stale_fraction=0"], "max_stale_fraction=0"),
     (["pipeline.mitigation=similarity"], "needs pipeline.mode=mspipe"),
     (["pipeline.mode=mspipe", "pipeline.mitigation=cosine"], "give none or similarity"),
@@ -455,6 +459,51 @@ def test_an_error_in_a_stage_thread_ends_the_run_with_it_and_leaves_no_thread(tm
         Run(cfg, tmp_path / "r", trainer=tr).train()
     left = [th for th in threading.enumerate() if th not in before and th.name.startswith("tgdist")]
     assert not left, left
+
+
+def test_mini_batch_parallelism_on_depcache_reads_what_the_staleness_says(tmp_path):
+    """mspipe at 2 x 1 x 1 on depcache memory (its stage threads read the replica while the main
+    thread runs the collectives): staleness 0 is the plain parallel run bit for bit (losses, memory
+    after every iteration, metrics); with K = 2 every training read of a rank equals the replica as
+    it was after iteration u - K - 1 of the epoch (every rank's writes in it), or reset memory in
+    the epoch's first K + 1 iterations, and the replicas stay identical; auto chooses one K for
+    both ranks."""
+    K = 2
+    runs = ["depcache", "depcache:pipeline.mode=mspipe;pipeline.staleness=0",
+            f"depcache:pipeline.mode=mspipe;pipeline.staleness={K}",
+            "depcache:pipeline.mode=mspipe;pipeline.staleness=auto;pipeline.profile_iterations=3"]
+    ranks = _probe(tmp_path, 2, "model=tgn", "parallel.i=2", "train.epochs=2", runs="runs=" + ",".join(runs))
+    plain, k0, k2, auto = runs
+    for r in range(2):
+        assert ranks[r][k0]["losses"] == ranks[r][plain]["losses"]
+        for a, b in zip(ranks[r][k0]["states"], ranks[r][plain]["states"]):
+            assert all(torch.equal(a[k], b[k]) for k in a)
+        assert ranks[r][k2]["losses"] != ranks[r][plain]["losses"]
+    assert ranks[0][k0]["metrics"] == ranks[0][plain]["metrics"] and ranks[0][k0]["metrics"]
+    for a, b in zip(ranks[0][k2]["states"], ranks[1][k2]["states"]):
+        assert all(torch.equal(a[k], b[k]) for k in a)
+
+    cfg = compose(PROBE_SMALL + ["model=tgn", "parallel.i=2", "train.epochs=2"])  # the probe's batches
+    tr = build_trainer(cfg, progress=False)
+    n_train, bs, lay = tr.split.range("train")[1], tr.batch_size, Layout(2, 1, 1)
+    nb = num_global_batches(n_train, 2, bs)
+    checked = 0
+    for r in range(2):
+        rec = ranks[r][k2]
+        for t in range(2 * nb):
+            s = step(lay, r, t, n_train, bs, 2)
+            if not s.active or s.hi == s.lo:
+                continue
+            ids, *got = rec["read_values"][s.lo][t // nb]  # (its epoch's read of that batch)
+            seen = t - t % nb + (t % nb - K - 1)  # the newest iteration of this epoch whose writes it sees
+            if seen < t - t % nb:  # the warm-up: reset memory
+                assert not any(x[torch.isfinite(x)].any() for x in got), (r, t)
+            else:
+                state = rec["states"][seen]
+                assert all(torch.equal(x, state[k][ids]) for x, k in zip(got, ("mem", "mem_ts", "mail", "mail_ts")))
+                checked += 1
+    assert checked >= 2 * 2 * (nb - K - 1) > 0
+    assert ranks[0][auto]["staleness"] == ranks[1][auto]["staleness"] and ranks[0][auto]["staleness"][1]
 
 
 def test_no_read_sees_a_write_of_the_last_k_iterations_or_later(tmp_path):

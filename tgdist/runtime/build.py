@@ -93,7 +93,7 @@ def staleness(pipe) -> int | None:
 PIPELINE_MODES = ("none", "mspipe")
 
 
-def validate_pipeline(pipe, parallel=None) -> None:
+def validate_pipeline(pipe, parallel=None, backend: str = "auto") -> None:
     n = micro_batches(pipe)
     if pipe.mode not in PIPELINE_MODES:
         raise ConfigError(f"pipeline.mode={pipe.mode}: give one of {', '.join(PIPELINE_MODES)}")
@@ -116,8 +116,13 @@ def validate_pipeline(pipe, parallel=None) -> None:
             raise ConfigError(f"pipeline.mode=mspipe takes whole batches: set pipeline.micro_batches=1, not "
                               f"{pipe.micro_batches}")
         world = None if parallel is None else parallel.i * parallel.j * parallel.k
-        if world is not None and world > 1:
-            raise ConfigError(f"pipeline.mode=mspipe runs in one process for now: parallel.i*j*k={world} is not "
+        if world is not None and world > 1 and (parallel.j > 1 or parallel.k > 1 or backend not in ("auto", "depcache")):
+            # its stage threads read memory while the main thread runs the run's collectives: a
+            # store whose reads are collectives (sven, depcomm) or go through read slots (a daemon,
+            # epoch parallelism's j) would need them in one order on every rank
+            raise ConfigError(f"pipeline.mode=mspipe runs in one process or with mini-batch parallelism on depcache "
+                              f"memory (parallel.i=M, j=k=1, memory.backend=depcache or auto): parallel.i*j*k={world} "
+                              f"({parallel.i}x{parallel.j}x{parallel.k}) with memory.backend={backend} is not "
                               f"supported with it")
     if pipe.prefetch < 0:
         raise ConfigError(f"pipeline.prefetch={pipe.prefetch}: give the batches to sample ahead (0: none)")
@@ -141,7 +146,7 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"train.epochs={t.epochs}: give a count of at least 0 (0 evaluates the untrained model)")
     if not 0 < t.lr < math.inf:
         raise ConfigError(f"train.lr={t.lr}: give a positive, finite learning rate")
-    validate_pipeline(cfg.pipeline, cfg.parallel)
+    validate_pipeline(cfg.pipeline, cfg.parallel, str(cfg.memory.backend))
     fanouts = list(cfg.sampler.fanouts)
     if (not fanouts and m.name != "jodie") or (fanouts and min(fanouts) <= 0):  # JODIE samples none
         raise ConfigError(f"sampler.fanouts={fanouts}: give one positive neighbour count per hop, e.g. [10]")

@@ -323,8 +323,8 @@ class Run:
                 out = tr.compute(batch, train=True, write=now.writes, sync_gradients=self.grads,
                                  written=mem.start_exchange, before_write=self._settle_reads if not self.mspipe
                                  else lambda: self._before_write(t),
-                                 defer_write=self._update_stage(t, wrote) if self.mspipe else None)
-                if self.mspipe and not wrote:  # no write made: the update stage still passes t
+                                 defer_write=self._update_stage(t, wrote) if self.mspipe and self.alone else None)
+                if self.mspipe and self.alone and not wrote:  # no write made: the update stage still passes t
                     self._update_stage(t, wrote)(lambda: None)
                 loss = out.loss
                 self._add_loss(now.pass_index, out.loss * now.num_events, now.num_events)
@@ -333,7 +333,7 @@ class Run:
                 if not self.mspipe:
                     self._settle_reads()
                 self._take(key)
-                if self.mspipe:
+                if self.mspipe and self.alone:
                     self._update_stage(t, [])(lambda: None)
                 tr.optimizer.zero_grad(set_to_none=True)
                 mem.start_exchange()  # where the active trainers start it: before the gradients
@@ -344,6 +344,9 @@ class Run:
             if self.jj == 0 and ahead is not None and ahead.active:
                 mem.close_position()  # subgroup 0 has written the position it read
             mem.exchange()  # the group's writes of this iteration, everywhere (depcache's all-gather)
+            if self.mspipe and not self.alone:  # the update stage is here: the writes are in every replica now
+                with self._locks.turn("memory_write", self._locks.ticket("memory_write"), t):
+                    pass
             if self.micro is None:
                 self._profile_steps.append(time.perf_counter() - began - self._measuring)
                 self._measuring = 0.0
@@ -561,27 +564,34 @@ class Run:
         """staleness=auto, after ``profile_iterations`` iterations read without staleness: the
         stage times tau (the median per stage of the measured iterations but the first, which
         compiles kernels), C3's cap from the nodes they read and wrote, and k_i over an epoch from
-        C1-C2 (``mspipe.staleness_bounds``); the run then uses the steady K (``Bounds.steady``)."""
+        C1-C2 (``mspipe.staleness_bounds``); the run then reads with each position's K_i (the
+        online schedule, ``read_schedule``). A parallel run takes rank 0's choice on every rank."""
         rows = [r for r in self._stage_rows if "seconds" in r]
         self._stage_rows = []
-        if not rows:
-            self.staleness = 0
+        choice = (0, None, None)
+        if rows:
+            timed = rows[1:] or rows
+            tau = np.median(np.array([r["seconds"] for r in timed]), axis=0)
+            cap = max_staleness([r["reads"] for r in rows], [r["writes"] for r in rows],
+                                self.cfg.pipeline.max_stale_fraction, upper=max(len(rows) - 1, 0))
+            bounds = staleness_bounds(tau, self.batches_per_epoch, cap)
+            choice = (bounds.steady(), read_schedule(bounds.staleness).tolist(),
+                      {"tau": [round(float(x), 6) for x in tau], "stages": list(STAGES), "max_staleness": cap,
+                       "steady_k": bounds.steady() + 1, "stall_s": round(float(bounds.stall.sum()), 6),
+                       "schedule": "online", "k_per_position": _runs(bounds.k)})
+        if not self.alone:
+            choice = collectives.broadcast_object(choice, group=self.groups.get("world"), name="staleness",
+                                                  counter=collectives.ByteCounter())
+        self.staleness, online, self.bounds = choice
+        self._online = None if online is None else np.asarray(online, dtype=np.int64)
+        if self.bounds is None:
             log.info("pipeline.staleness=auto: nothing measured (empty batches?); using 0")
-            return
-        timed = rows[1:] or rows
-        tau = np.median(np.array([r["seconds"] for r in timed]), axis=0)
-        cap = max_staleness([r["reads"] for r in rows], [r["writes"] for r in rows],
-                            self.cfg.pipeline.max_stale_fraction, upper=max(len(rows) - 1, 0))
-        bounds = staleness_bounds(tau, self.batches_per_epoch, cap)
-        self.staleness = bounds.steady()
-        self._online = read_schedule(bounds.staleness)
-        self.bounds = {"tau": [round(float(x), 6) for x in tau], "stages": list(STAGES), "max_staleness": cap,
-                       "steady_k": self.staleness + 1, "stall_s": round(float(bounds.stall.sum()), 6),
-                       "schedule": "online", "k_per_position": _runs(bounds.k)}
-        log.info("pipeline.staleness=auto: K=%d (the paper's k=%d) from stage times %s ms, C3's cap K<=%d "
-                 "(at most %.0f%% of the nodes read stale)", self.staleness, self.staleness + 1,
-                 ", ".join(f"{n} {1e3 * x:.2f}" for n, x in zip(STAGES, tau)), cap,
-                 100 * self.cfg.pipeline.max_stale_fraction)
+        elif self.rank == 0:
+            b = self.bounds
+            log.info("pipeline.staleness=auto: K=%d (the paper's k=%d) from stage times %s ms, C3's cap K<=%d "
+                     "(at most %.0f%% of the nodes read stale)", self.staleness, self.staleness + 1,
+                     ", ".join(f"{n} {1e3 * x:.2f}" for n, x in zip(STAGES, b["tau"])), b["max_staleness"],
+                     100 * self.cfg.pipeline.max_stale_fraction)
 
     def _start_prefetch(self, t: int) -> None:
         """A worker sampling the batches this rank reads from iteration ``t`` on: to the end of the
