@@ -30,6 +30,9 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
     ("embedding_cache.py", ["--settings", "off", "0.9"], "setting '0.9': give off or P_GRAD:T_STALE"),
     ("embedding_cache.py", ["--settings", "0.9:5"], "--settings: the first setting is the baseline and must be off"),
     ("mspipe.py", ["--epochs", "0"], "argument --epochs: 0: give at least 1"),
+    ("mspipe.py", ["--seeds", "0", "-1"], "argument --seeds: -1: give at least 0"),
+    ("mspipe.py", ["--points", "K=1", "auto"], "--points: the baseline 'none' is needed"),
+    ("mspipe.py", ["--mitigation", "bogus"], "argument --mitigation: invalid choice: 'bogus'"),
     ("eval_cost.py", ["--epochs", "0"], "argument --epochs: 0: give at least 1"),
     ("select_study.py", ["--seeds", "-1"], "argument --seeds: -1: give at least 0"),
 ])
