@@ -19,6 +19,9 @@ last``), in the same run. Speed is compared inside one seed's round only: each r
 the baseline's of the same round. ``auto`` reports the K it chose and its five measured stage times
 tau; sum(tau) / max(tau) is the most any overlap of the five stages could speed an iteration up.
 Prints one JSON object on stdout, progress on stderr; ``--plot`` draws test AP against staleness.
+``--timeline PATH`` also trains the first data set and model once more at staleness 1, recording
+when each stage of each iteration ran and in which thread, and draws a window of iterations (the
+five stages overlapping, Algorithm 1); the JSON's ``timeline`` has the window's spans.
 """
 
 from __future__ import annotations
@@ -128,11 +131,74 @@ def plot(stats: list[dict], path: str) -> None:
     plt.close(fig)
 
 
+TIMELINE_WINDOW = (8, 14)  # iterations drawn by --timeline (the first ones compile kernels)
+STAGE_COLORS = {"sample": "#8fbc8f", "features": "#2e8b57", "memory_read": "#4682b4", "train": "#f4a460",
+                "memory_write": "#cd5c5c"}
+
+
+def timeline(base: list[str], epochs: int, run_dir: str) -> dict:
+    """One run at staleness 1 with every stage's turns recorded (``Run.stage_spans``) and each
+    training step timed: the spans of the iterations in ``TIMELINE_WINDOW``."""
+    from tgdist.runtime.build import build_trainer, compose
+    from tgdist.runtime.run import Run
+
+    cfg = compose([*base, f"train.epochs={epochs}", "pipeline.mode=mspipe", "pipeline.staleness=1",
+                   "pipeline.prefetch=0", f"run_dir={run_dir}"])
+    tr = build_trainer(cfg, progress=False)
+    steps: list = []
+    compute = tr.compute
+
+    def timed(*a, **k):
+        began = time.perf_counter()
+        try:
+            return compute(*a, **k)
+        finally:
+            steps.append((began, time.perf_counter()))
+
+    tr.compute = timed
+    run = Run(cfg, run_dir, trainer=tr)
+    run.stage_spans = spans = []
+    run.train()
+    lo, hi = TIMELINE_WINDOW
+    out = [(st, it, th, a, b) for st, it, th, a, b in spans if lo <= it < hi]
+    out += [("train", it, "MainThread", a, b) for it, (a, b) in enumerate(steps[:run.batches_per_epoch])
+            if lo <= it < hi]  # (evaluation's steps follow the epoch's)
+    t0 = min(a for *_, a, _ in out)
+    return {"window": list(TIMELINE_WINDOW), "staleness": 1,
+            "spans": [[st, it, th, round(a - t0, 6), round(b - t0, 6)]
+                      for st, it, th, a, b in sorted(out, key=lambda x: x[3])]}
+
+
+def draw_timeline(tl: dict, title: str, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lanes = {"MainThread": 0}
+    for _, _, th, _, _ in tl["spans"]:
+        lanes.setdefault(th, len(lanes))
+    fig, ax = plt.subplots(figsize=(12, 0.55 * len(lanes) + 1.4))
+    for stage, it, th, a, b in tl["spans"]:
+        ax.broken_barh([(a, b - a)], (lanes[th] - 0.4, 0.8), color=STAGE_COLORS[stage], edgecolor="white", lw=0.3)
+        if b - a > 0.004:
+            ax.text((a + b) / 2, lanes[th], str(it), ha="center", va="center", fontsize=6)
+    names = {th: ("main thread (train)" if th == "MainThread" else th.replace("tgdist-mspipe-", "")) for th in lanes}
+    ax.set_yticks(list(lanes.values()), [names[th] for th in lanes], fontsize=7)
+    ax.set_xlabel("seconds (numbers: iteration)")
+    ax.set_title(title, fontsize=10)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in STAGE_COLORS.values()]
+    ax.legend(handles, list(STAGE_COLORS), loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=5, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", nargs="+", default=["wikipedia", "collegemsg"], choices=("wikipedia", "collegemsg", "enron"))
     ap.add_argument("--models", nargs="+", default=["tgn", "apan"], choices=("tgn", "jodie", "apan"))
-    ap.add_argument("--seeds", nargs="+", type=at_least(0), default=[0, 1, 2], help="train.seed values")
+    ap.add_argument("--seeds", nargs="*", type=at_least(0), default=[0, 1, 2],
+                    help="train.seed values (none: no grid, only --timeline)")
     ap.add_argument("--events", type=at_least(0), default=30_000, help="data.max_events (0: all)")
     ap.add_argument("--epochs", type=at_least(1), default=2)
     ap.add_argument("--batch-size", type=at_least(1), default=600, help="the paper's batch size")
@@ -142,10 +208,13 @@ def main() -> int:
     ap.add_argument("--mitigation", nargs="+", choices=MITIGATIONS, default=list(MITIGATIONS),
                     help="pipeline.mitigation at each MSPipe point (similarity: MSPipe-S)")
     ap.add_argument("--plot", metavar="PATH", help="write a PNG of test AP against staleness")
+    ap.add_argument("--timeline", metavar="PATH", help="also draw when each stage of a window of iterations ran")
     args = ap.parse_args()
+    if not args.seeds and not args.timeline:
+        ap.error("--seeds: give at least one seed (or --timeline alone)")
     if "none" not in args.points:
         ap.error("--points: the baseline 'none' is needed (deltas and speed ratios are taken against it)")
-    if args.plot:
+    if args.plot or args.timeline:
         require("matplotlib")
     from tgdist.train import train
 
@@ -160,6 +229,8 @@ def main() -> int:
                         "train.test_every_epoch=false", "train.select=last"]
                 if args.events:
                     base.append(f"data.max_events={args.events}")
+                if not args.seeds:
+                    continue
                 note(f"{data} {model}: warm-up run (imports, kernel compiles)")
                 train([*base, "train.epochs=1", "train.stop_after_batches=3"], f"{d}/warm-{data}-{model}")
                 for i, seed in enumerate(args.seeds):
@@ -180,7 +251,18 @@ def main() -> int:
                              f"MRR {s.get('test_mrr', float('nan')):.4f}"
                              + (f", sum/max tau {bound(tau):.2f}" if tau else "")
                              + (f", rows mitigated {p['mitigation']['rows_mitigated']}" if p.get("mitigation") else ""))
-    stats = aggregate(rows)
+        tl = None
+        if args.timeline:
+            data, model = args.data[0], args.models[0]
+            base = [f"data={data}", f"model={model}", f"train.batch_size={args.batch_size}", "train.progress=false",
+                    f"train.num_neg_eval={args.neg_eval}", "train.test_every_epoch=false",
+                    *([f"data.max_events={args.events}"] if args.events else [])]
+            note(f"timeline: {data} {model}, staleness 1, iterations {TIMELINE_WINDOW[0]}-{TIMELINE_WINDOW[1] - 1}")
+            tl = timeline(base, 1, f"{d}/timeline")
+            draw_timeline(tl, f"MSPipe stages, {model} on {data}, staleness 1: iterations "
+                              f"{TIMELINE_WINDOW[0]}-{TIMELINE_WINDOW[1] - 1}", args.timeline)
+            note(f"timeline: {args.timeline}")
+    stats = aggregate(rows) if rows else []
     if args.plot:
         plot(stats, args.plot)
         note(f"plot: {args.plot}")
@@ -188,7 +270,7 @@ def main() -> int:
           "setup": f"one process, models {args.models}, data {args.data}, seeds {args.seeds}, max_events "
                    f"{args.events or 'all'}, batch {args.batch_size}, {args.epochs} epochs, train.select=last, "
                    f"{args.neg_eval} test negatives, prefetch=2 in every configuration",
-          "summary": stats, "runs": rows, "seconds": round(time.perf_counter() - started, 1)})
+          "summary": stats, "runs": rows, "timeline": tl, "seconds": round(time.perf_counter() - started, 1)})
     return 0
 
 

@@ -33,6 +33,7 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
     ("mspipe.py", ["--seeds", "0", "-1"], "argument --seeds: -1: give at least 0"),
     ("mspipe.py", ["--points", "K=1", "auto"], "--points: the baseline 'none' is needed"),
     ("mspipe.py", ["--mitigation", "bogus"], "argument --mitigation: invalid choice: 'bogus'"),
+    ("mspipe.py", ["--seeds"], "--seeds: give at least one seed"),
     ("eval_cost.py", ["--epochs", "0"], "argument --epochs: 0: give at least 1"),
     ("select_study.py", ["--seeds", "-1"], "argument --seeds: -1: give at least 0"),
 ])

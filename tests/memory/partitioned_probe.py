@@ -12,6 +12,7 @@ import torch
 from tgdist.distributed import collectives
 from tgdist.distributed.schedule import Layout
 from tgdist.distributed.world import ProcessGroups, detect
+from tgdist.memory.store import MemoryRead
 from tgdist.runtime.build import build_trainer, compose
 from tgdist.runtime.run import Run
 
@@ -43,7 +44,7 @@ def run(backend: str, cfg, layout: Layout, world, groups) -> dict:
 
     def recording_prepare(lo, hi, neg, read=None, sampled=None):
         p = prepare(lo, hi, neg, read, sampled)
-        if p.read is not None and not hasattr(p.read, "wait"):  # what training reads returned, by batch, in order
+        if isinstance(p.read, MemoryRead):  # what training reads returned, by batch, in order (not DepComm's)
             rec["read_values"].setdefault(lo, []).append((p.ids.clone(), *(getattr(p.read, k).clone()
                                                                            for k in STATE[:4])))
         reads.append(p.ids.clone())
