@@ -27,10 +27,12 @@ and the ring recycles the row. (FreshGNN moves the head back every ``t_stale`` i
 default size, the most rows ``t_stale`` iterations can admit, makes the wrap do the same.)
 
 Pruning (section 5, CSR2 in our dense layout): a served pair's hop-2 row is dropped before layer 1's
-attention, which then runs over the other rows only, forward and backward. This happens when the
-batch is computed, not when it is sampled: the cache changes every iteration, so a batch sampled
-ahead of time (epoch-parallel read-ahead, prefetching) can only be pruned then. The served pairs'
-hop-2 neighbours are still sampled, and their memory read and updated (a few percent of a step).
+attention, which then runs over the other rows only, forward and backward; layer 2's key and value
+terms are computed once per distinct inner row. A batch about to train is looked up when it is
+prepared (``Trainer.prepare(lookup=True)``), and the nodes only its dropped hop-2 rows reach leave its
+unique table (``prune_nodes``), so their memory is neither read nor updated. A batch read ahead of
+its iteration (epoch-parallel read-ahead, MSPipe) is looked up when it is computed, since the cache
+changes every iteration; its whole read is then updated. Hop 2 is always sampled in full.
 """
 
 from __future__ import annotations
