@@ -75,8 +75,8 @@ def one_run(spec: str, base: list[str], groups, rank: int) -> dict:
            "num_nodes": tr.g.num_nodes}
     prepare, write_memory, end_training = tr.prepare, store.write_memory, store.end_training
 
-    def counting_prepare(lo, hi, neg, read=None):  # N1, N1 (1 - eta1) and the events of this trainer's batch
-        p = prepare(lo, hi, neg, read)
+    def counting_prepare(lo, hi, neg, read=None, **kw):  # N1, N1 (1 - eta1) and the events of this trainer's batch
+        p = prepare(lo, hi, neg, read, **kw)
         rec["n1"] += p.root_idx.numel() + sum(int(h.mask.sum()) for h in p.hop_tables)
         rec["d1"] += p.ids.numel()
         rec["events"] += hi - lo

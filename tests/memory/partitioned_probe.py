@@ -42,8 +42,8 @@ def run(backend: str, cfg, layout: Layout, world, groups) -> dict:
     prepare, write_memory, write_mail = tr.prepare, store.write_memory, store.write_mail
     end_training = store.end_training
 
-    def recording_prepare(lo, hi, neg, read=None, sampled=None):
-        p = prepare(lo, hi, neg, read, sampled)
+    def recording_prepare(lo, hi, neg, read=None, sampled=None, **kw):
+        p = prepare(lo, hi, neg, read, sampled, **kw)
         if isinstance(p.read, MemoryRead):  # what training reads returned, by batch, in order (not DepComm's)
             rec["read_values"].setdefault(lo, []).append((p.ids.clone(), *(getattr(p.read, k).clone()
                                                                            for k in STATE[:4])))

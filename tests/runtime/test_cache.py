@@ -1,6 +1,7 @@
 """FreshGNN's historical embedding cache (tgdist/runtime/cache.py): the exact cases, the policy on a
 hand-made sequence, and a trainer with the cache against one without."""
 
+import json
 from types import SimpleNamespace
 
 import numpy as np
@@ -213,3 +214,80 @@ def test_evaluation_does_not_use_the_cache():
     b.model.load_state_dict(a.model.state_dict())
     assert scores(a) == scores(b)
     assert b.cache.take_stats()["rows"] == 0
+
+
+# ----------------------------------------------------------------------------------------------
+# Pruning before the memory read
+
+
+def test_the_memory_of_pruned_nodes_is_not_read():
+    """A training step reads (and so updates) exactly the roots, the hop-1 neighbours and the
+    hop-2 neighbours of the slots layer 1 computes, in the order of the unpruned table; nodes that
+    only served or shared slots reach are left out."""
+    tr = trainer({"p_grad": 0.9, "t_stale": 5, "size": 10_000})
+    sampled, reads, batches = [], [], []
+    sample, read = tr.sample, tr.memory.read
+    tr.sample = lambda *a: sampled.append(sample(*a)) or sampled[-1]
+    tr.memory.read = lambda ids: reads.append(ids.clone()) or read(ids)
+    train(tr, 10, batches)
+    assert len(sampled) == len(reads) == len(batches) == 10
+    pruned = 0
+    for s, ids, batch in zip(sampled, reads, batches):
+        h1, h2 = s.hops
+        rows = np.arange(batch.num_rows) if batch.compute_rows is None else batch.compute_rows.numpy()
+        needed = (set(s.ids[s.root_idx].tolist()) | set(h1.nbr[h1.mask].tolist())
+                  | set(h2.nbr[rows][h2.mask[rows]].tolist()))
+        assert ids.tolist() == [v for v in s.ids.tolist() if v in needed]
+        pruned += s.ids.numel() - ids.numel()
+    assert pruned > 0 and sum(b.hit.sum() for b in batches) > 0
+
+
+def test_pruning_before_the_read_trains_as_the_lookup_at_compute_time():
+    """``Trainer.step`` looks the cache up when it prepares the batch and reads the pruned node
+    set; ``compute`` of a batch prepared without the lookup looks it up itself and updates every
+    node's memory. Both serve the same pairs and train the same model (up to float rounding:
+    the memory update runs over fewer rows, and Adam's step on a near-zero gradient magnifies it)."""
+    setting = {"p_grad": 0.9, "t_stale": 5, "size": 10_000}
+    a, b = trainer(setting), trainer(setting)
+    loss_a = train(a, 12)
+    b.model.train()
+    torch.manual_seed(1)
+    loss_b = [b.compute(b.prepare(s, e, b.negatives.train(e - s, 1)), train=True).loss
+              for s, e in list(b.batches("train"))[:12]]
+    assert loss_a == pytest.approx(loss_b, rel=1e-5)
+    sa, sb = a.cache.take_stats(), b.cache.take_stats()
+    assert sa == sb and sa["hit_rows"] > 0
+    for p, q in zip(a.model.parameters(), b.model.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-3, atol=1e-4)  # 12 steps of lr 1e-3 move them up to 1.2e-2
+    torch.testing.assert_close(a.memory.mem, b.memory.mem, rtol=1e-3, atol=1e-4)
+
+
+def test_a_batch_looked_up_ahead_of_its_iteration_is_refused():
+    """A lookup is the cache at one iteration: computing the batch after another one trained
+    would serve it from a cache that has moved on."""
+    tr = trainer({"p_grad": 0.9, "t_stale": 5, "size": 10_000})
+    tr.model.train()
+    (s0, e0), (s1, e1) = list(tr.batches("train"))[:2]
+    late = tr.prepare(s1, e1, tr.negatives.train(e1 - s1, 1), lookup=True)
+    tr.step(s0, e0, tr.negatives.train(e0 - s0, 1), train=True)
+    with pytest.raises(RuntimeError, match="looked up in the embedding cache at its iteration 0, but is computed at 1"):
+        tr.compute(late, train=True)
+
+
+@pytest.mark.slow
+def test_a_prefetching_run_with_the_cache_is_bit_identical(tmp_path):
+    """The prefetch worker only samples; the lookup and the pruned read are made in order, when
+    the batch is about to train, so the cache serves what it serves without prefetching."""
+    from tgdist.runtime.run import Run
+
+    small = ["data.max_events=1500", "model=tgat2", "model.mem_dim=16", "model.time_dim=8", "train.batch_size=100",
+             "train.num_neg_eval=4", "train.progress=false", "train.num_threads=1", "sampler.num_threads=1",
+             "train.epochs=2", "cache=freshgnn"]
+    out = {}
+    for name, extra in (("plain", []), ("ahead", ["pipeline.prefetch=2"])):
+        cfg = compose(small + extra + [f"run_dir={tmp_path / name}"])
+        summary = Run(cfg, tmp_path / name).train()
+        lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        out[name] = ({k: v for k, v in summary.items() if k.startswith(("val_", "test_", "loss"))},
+                     [json.loads(x)["cache"] for x in lines])
+    assert out["ahead"] == out["plain"] and out["plain"][1][0]["hit_rows"] > 0

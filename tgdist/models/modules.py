@@ -14,6 +14,7 @@ import math
 import warnings
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -279,13 +280,26 @@ class HopTables:
     def select(self, rows: torch.Tensor) -> "HopTables":
         """The hop restricted to ``rows``, its time-gap and event tables cut to the entries those
         rows use (the time encoding runs once per table entry, forward and backward)."""
-        dt_used, dt_index = torch.unique(self.dt_index.index_select(0, rows), return_inverse=True)
+        dt_used, dt_index = _used(self.dt_index.index_select(0, rows), self.dt_values.shape[0])
         edge_index = edge_feat = None
         if self.edge_index is not None:
-            ev_used, edge_index = torch.unique(self.edge_index.index_select(0, rows), return_inverse=True)
+            ev_used, edge_index = _used(self.edge_index.index_select(0, rows), self.edge_feat.shape[0])
             edge_feat = self.edge_feat.index_select(0, ev_used)
         return HopTables(self.nbr.index_select(0, rows), self.mask.index_select(0, rows), dt_index,
                          self.dt_values.index_select(0, dt_used), edge_index, edge_feat)
+
+
+def _used(index: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The entries of a table of ``size`` rows that ``index`` uses, ascending, and ``index`` into
+    them: ``torch.unique(index, return_inverse=True)``. On CPU by marking the used entries in NumPy
+    instead of sorting (2-4x faster for a hop's 10^4 entries of a 6 x 10^4 table)."""
+    if index.device.type != "cpu":
+        return torch.unique(index, return_inverse=True)
+    flat = index.reshape(-1).numpy()
+    used = np.zeros(size, dtype=bool)
+    used[flat] = True
+    new = np.cumsum(used) - 1
+    return torch.from_numpy(np.flatnonzero(used)), torch.from_numpy(new[flat]).view_as(index)
 
 
 @dataclass
@@ -298,7 +312,8 @@ class EmbedInput:
     ``hops``: one ``HopTables`` per hop; hop l+1's rows are hop l's flattened neighbours.
     ``inner``: a historical embedding cache's view of the batch (``tgdist.runtime.cache.CachedBatch``)
     or None: layer 1 computes the hop-1 slots ``inner.compute_rows`` only (None: all), the others'
-    hop-2 rows are not expanded, and ``inner.combine(computed)`` gives the inner embeddings of every slot.
+    hop-2 rows are not expanded, and ``inner.distinct(computed)`` gives the distinct inner embeddings
+    and each slot's row in them.
     """
 
     h: torch.Tensor
@@ -439,10 +454,14 @@ class AttentionEmbedding(nn.Module):
             rows = x.inner.compute_rows
             z_nbr = (l1(x.h, kv1, hop2.select(rows), query.index_select(0, rows)) if rows.numel()
                      else z_root[:0])  # every slot served
-        if x.inner is not None:
-            z_nbr = x.inner.combine(z_nbr)
-        rows = torch.arange(hop1.nbr.numel(), device=hop1.nbr.device).view_as(hop1.nbr)
-        hop1_rows = HopTables(rows, hop1.mask, hop1.dt_index, hop1.dt_values, hop1.edge_index, hop1.edge_feat)
+        source = None
+        if x.inner is not None:  # the distinct rows [computed | served | zero] and each slot's row in them
+            z_nbr, source = x.inner.distinct(z_nbr)
+        if source is None:
+            source = torch.arange(hop1.nbr.numel(), device=hop1.nbr.device)
+        # layer 2's key and value terms once per distinct row (a slot served or shared reuses its row's)
+        hop1_rows = HopTables(source.view_as(hop1.nbr), hop1.mask, hop1.dt_index, hop1.dt_values, hop1.edge_index,
+                              hop1.edge_feat)
         return l2(z_root, l2.kv_h(z_nbr), hop1_rows)
 
 

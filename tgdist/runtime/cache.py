@@ -27,15 +27,17 @@ and the ring recycles the row. (FreshGNN moves the head back every ``t_stale`` i
 default size, the most rows ``t_stale`` iterations can admit, makes the wrap do the same.)
 
 Pruning (section 5, CSR2 in our dense layout): a served pair's hop-2 row is dropped before layer 1's
-attention, which then runs over the other rows only, forward and backward. This happens when the
-batch is computed, not when it is sampled: the cache changes every iteration, so a batch sampled
-ahead of time (epoch-parallel read-ahead, prefetching) can only be pruned then. The served pairs'
-hop-2 neighbours are still sampled, and their memory read and updated (a few percent of a step).
+attention, which then runs over the other rows only, forward and backward; layer 2's key and value
+terms are computed once per distinct inner row. A batch about to train is looked up when it is
+prepared (``Trainer.prepare(lookup=True)``), and the nodes only its dropped hop-2 rows reach leave its
+unique table (``prune_nodes``), so their memory is neither read nor updated. A batch read ahead of
+its iteration (epoch-parallel read-ahead, MSPipe) is looked up when it is computed, since the cache
+changes every iteration; its whole read is then updated. Hop 2 is always sampled in full.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -71,8 +73,9 @@ class CacheStats:
 class CachedBatch:
     """One training batch's view of the cache, made by ``EmbeddingCache.lookup`` and handed to the
     embedding (``EmbedInput.inner``), which computes the rows ``compute_rows`` and calls
-    ``combine``; ``EmbeddingCache.admit`` reads it after backward.
+    ``distinct`` (or ``combine``); ``EmbeddingCache.admit`` reads it after backward.
 
+    ``iteration``: the cache's iteration at the lookup (the batch must be computed at that one);
     ``valid_rows [num_valid]``: the hop-1 slots holding a neighbour (flat indices into
     ``[num_rows = num_roots * K1]``); ``pair_of_row [num_valid]``: their distinct pair, of
     ``keys [num_pairs]``; ``hit [num_pairs]``: served; ``hit_values [num_hit_pairs, dim]``: the
@@ -82,6 +85,7 @@ class CachedBatch:
     ``grad_pos``, ``grad_pair``: computed rows and the pair whose gradient each adds to;
     ``value_pos [num_pairs]``: the computed row a pair's value is admitted from."""
 
+    iteration: int
     lo: int
     num_rows: int
     valid_rows: np.ndarray
@@ -94,21 +98,35 @@ class CachedBatch:
     grad_pos: np.ndarray
     grad_pair: np.ndarray
     value_pos: np.ndarray
-    computed: torch.Tensor | None = field(default=None)  # [len(compute_rows) or num_rows, dim], set by combine
-    embeddings: torch.Tensor | None = field(default=None)  # [num_rows, dim], set by combine
+    computed: torch.Tensor | None = field(default=None)  # [len(compute_rows) or num_rows, dim], set by distinct
+    values: torch.Tensor | None = field(default=None)  # [computed | hit_values | zero], set by distinct
 
-    def combine(self, computed: torch.Tensor) -> torch.Tensor:
-        """The inner embeddings of every hop-1 slot ``[num_rows, dim]`` from the ``computed`` rows
-        (``compute_rows``), the served values and zeros for empty slots (which layer 2 masks)."""
+    def distinct(self, computed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The batch's distinct inner embeddings ``[computed | served | a zero row]`` from the
+        ``computed`` rows (``compute_rows``), and each hop-1 slot's row in them, ``source
+        [num_rows]`` (None: row i is slot i, as without a cache). Layer 2 gathers its per-row key
+        and value terms through ``source``, so they are computed once per distinct row; the
+        zero row stands for empty slots, which layer 2 masks."""
         if computed.requires_grad:
             computed.retain_grad()  # admission ranks pairs by this gradient
         self.computed = computed
         if self.source is None:
-            self.embeddings = computed
+            self.values = computed
         else:
-            zero = computed.new_zeros(1, self.hit_values.shape[1])
-            self.embeddings = torch.cat([computed, self.hit_values, zero]).index_select(0, self.source)
+            self.values = torch.cat([computed, self.hit_values, computed.new_zeros(1, self.hit_values.shape[1])])
+        return self.values, self.source
+
+    def combine(self, computed: torch.Tensor) -> torch.Tensor:
+        """The inner embeddings of every hop-1 slot ``[num_rows, dim]`` (``distinct``, gathered)."""
+        self.distinct(computed)
         return self.embeddings
+
+    @property
+    def embeddings(self) -> torch.Tensor | None:
+        """``[num_rows, dim]``: each hop-1 slot's inner embedding, once ``distinct`` has run."""
+        if self.values is None or self.source is None:
+            return self.values
+        return self.values.index_select(0, self.source)
 
 
 class EmbeddingCache:
@@ -194,8 +212,8 @@ class EmbeddingCache:
         else:  # nothing served: exactly the uncached computation
             st.computed += num_rows
             pos = valid[miss]
-            return CachedBatch(lo, num_rows, valid, pair_of_row, uniq, hit, hit_values, None, None, pos,
-                               pair_of_row[miss], valid[last])
+            return CachedBatch(self.iteration, lo, num_rows, valid, pair_of_row, uniq, hit, hit_values, None, None,
+                               pos, pair_of_row[miss], valid[last])
         st.computed += compute.shape[0]
         grad_pos = np.searchsorted(compute, grad_rows)
         grad_pair = pair_of_row[miss] if not self.share else pair_of_row[np.searchsorted(valid, grad_rows)]
@@ -209,8 +227,8 @@ class EmbeddingCache:
         else:
             source[compute] = np.arange(compute.shape[0])
         source[valid[row_hit]] = compute.shape[0] + hit_index[pair_of_row[row_hit]]
-        return CachedBatch(lo, num_rows, valid, pair_of_row, uniq, hit, hit_values, t(compute), t(source),
-                           grad_pos, grad_pair, value_pos)
+        return CachedBatch(self.iteration, lo, num_rows, valid, pair_of_row, uniq, hit, hit_values, t(compute),
+                           t(source), grad_pos, grad_pair, value_pos)
 
     @torch.no_grad()
     def admit(self, batch: CachedBatch) -> None:
@@ -261,6 +279,32 @@ class EmbeddingCache:
         out, self.stats = self.stats.as_dict(), CacheStats()
         out["entries"] = len(self)
         return out
+
+
+def prune_nodes(ids: torch.Tensor, root_idx: torch.Tensor, hop_tables: list, compute_rows: torch.Tensor | None):
+    """FreshGNN's pruning (section 5) before the memory read: a batch's unique nodes ``ids
+    [num_unique]`` without those that only hop-2 rows outside ``compute_rows`` reach (rows of
+    slots served from the cache or shared with another slot), so their memory is neither read nor
+    updated. ``root_idx`` and both hops' ``HopTables`` index ``ids``; returns the kept ``ids``,
+    ``root_idx`` and ``hop_tables`` indexing them (the kept nodes in their order; hop-2 rows outside
+    ``compute_rows`` point at row 0, a root, and must not be attended over), or None when every node
+    stays (``compute_rows`` None: every row is computed)."""
+    if compute_rows is None:
+        return None
+    hop1, hop2 = hop_tables
+    dev = ids.device
+    rows = compute_rows.to(dev)
+    keep = torch.zeros(ids.shape[0], dtype=torch.bool, device=dev)
+    keep[root_idx] = True
+    keep[hop1.nbr[hop1.mask]] = True
+    keep[hop2.nbr.index_select(0, rows)[hop2.mask.index_select(0, rows)]] = True
+    if bool(keep.all()):
+        return None
+    new = torch.cumsum(keep, 0) - 1  # old row -> kept row (row 0, the first root's node, is kept)
+    nbr2 = torch.where(keep.index_select(0, hop2.nbr.reshape(-1)), new.index_select(0, hop2.nbr.reshape(-1)), 0)
+    return (ids[keep], new.index_select(0, root_idx),
+            [replace(hop1, nbr=new.index_select(0, hop1.nbr.reshape(-1)).view_as(hop1.nbr)),
+             replace(hop2, nbr=nbr2.view_as(hop2.nbr))])
 
 
 def cache_totals(stats: list[dict]) -> dict:

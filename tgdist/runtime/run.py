@@ -304,7 +304,7 @@ class Run:
                 ahead = self._step(t + self.jj) if t + self.jj < self.iterations else None
                 if ahead is not None and ahead.active:
                     mem.open_position(ahead.position, ahead.read_slot, ahead.reset_memory)
-                    self.slots[ahead.read_slot] = self._prepare(t, ahead)
+                    self.slots[ahead.read_slot] = self._prepare(t, ahead, lookup=self.jj == 0)
                     if self.jj:  # this position's read is done; subgroup 0 writes it below
                         mem.close_position()
             now = self._step(t)
@@ -389,11 +389,12 @@ class Run:
     # ------------------------------------------------------------------------------------------
     # Pipelining (``runtime.pipeline``)
 
-    def _prepare(self, t: int, s):
+    def _prepare(self, t: int, s, lookup: bool = False):
         """The batch of step ``s`` (read ahead at iteration ``t``) sampled, organized and read:
         one ``Prepared``, or one per micro-batch. Its sampling comes from the prefetch worker when
         there is one (from the end of auto's measured iterations on); the memory read is always
-        made here, in order with the writes."""
+        made here, in order with the writes. ``lookup``: ``s`` trains at iteration ``t``, so the
+        embedding cache is looked up and the subgraph pruned before the read (``Trainer.prepare``)."""
         tr, n, neg = self.trainer, self.micro or 1, self._negatives(s)
         if self.micro is None:  # auto: measuring, with one micro-batch, then two
             n = 1 if t - self.start_iteration < self.cfg.pipeline.profile_iterations // 2 else 2
@@ -403,9 +404,9 @@ class Run:
                 self._start_prefetch(t)
             sampled, self._sampler_calls = self.prefetcher.get(t)
         if n > 1:
-            return tr.prepare_micro(s.lo, s.hi, neg, n, sampled=sampled)
+            return tr.prepare_micro(s.lo, s.hi, neg, n, sampled=sampled, lookup=lookup)
         read_before = tr.timer.seconds["memory_read"]
-        p = tr.prepare(s.lo, s.hi, neg, sampled=sampled)
+        p = tr.prepare(s.lo, s.hi, neg, sampled=sampled, lookup=lookup)
         if self.micro is None:
             self._measure_rows(s, neg, tr.timer.seconds["memory_read"] - read_before)
         return p

@@ -27,7 +27,7 @@ from tgdist.kernels import graph as kernels
 from tgdist.kernels import jit
 from tgdist.memory.store import LocalMemory, MemoryStore
 from tgdist.models.modules import EmbedInput, HopTables, TemporalModel
-from tgdist.runtime.cache import EmbeddingCache
+from tgdist.runtime.cache import EmbeddingCache, prune_nodes
 from tgdist.runtime.metrics import average_precision, reciprocal_ranks, roc_auc
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,8 @@ class BatchOutput:
 class Prepared:
     """A batch after sampling, feature indexing and memory read, ready for ``Trainer.compute``:
     ``ids [num_unique]`` nodes, ``root_idx [num_roots]`` into them, one ``HopTables`` per hop, the
-    raw sampled hops, the memory read of ``ids`` and the negatives used."""
+    raw sampled hops, the memory read of ``ids`` and the negatives used; ``inner``: the embedding
+    cache's lookup when it was made before the read (``Trainer.prepare(lookup=True)``), else None."""
 
     lo: int
     hi: int
@@ -66,6 +67,7 @@ class Prepared:
     hops: list
     read: object
     neg: np.ndarray  # [hi - lo, num_neg]
+    inner: object | None = None
 
 
 @dataclass
@@ -182,33 +184,53 @@ class Trainer:
     def step(self, lo: int, hi: int, neg: np.ndarray, train: bool, keep_emb: bool = False,
              sync_gradients=None) -> BatchOutput:
         """One iteration over events ``[lo, hi)`` with negatives ``neg [hi - lo, num_neg]``."""
-        return self.compute(self.prepare(lo, hi, neg), train, keep_emb=keep_emb, sync_gradients=sync_gradients)
+        p = self.prepare(lo, hi, neg, lookup=train)
+        return self.compute(p, train, keep_emb=keep_emb, sync_gradients=sync_gradients)
 
-    def prepare(self, lo: int, hi: int, neg: np.ndarray, read=None, sampled: Sampled | None = None) -> "Prepared":
+    def prepare(self, lo: int, hi: int, neg: np.ndarray, read=None, sampled: Sampled | None = None,
+                lookup: bool = False) -> "Prepared":
         """Phases sample, features and memory read: everything before the model runs. Parallel
         modes call it ahead of ``compute`` (epoch parallelism reads memory before the write of the
         position it will train later). ``sampled``: the batch's ``sample`` made earlier (a prefetch
-        worker's); ``read``: its memory read, restored from a checkpoint."""
+        worker's); ``read``: its memory read, restored from a checkpoint. ``lookup``: the batch is
+        the next one to train, so the embedding cache (if any) is looked up now, as ``compute``
+        would, and the nodes that only the pruned hop-2 rows reach are neither read nor updated."""
         s = sampled if sampled is not None else self.sample(lo, hi, neg)
+        inner = None
+        if lookup and self.cache is not None and read is None:
+            t1 = time.perf_counter()
+            s, inner = self._look_up(s)
+            self.timer.add("features", time.perf_counter() - t1)
         t2 = time.perf_counter()
         if read is None:  # a read restored from a checkpoint is used as it was
             read = self.memory.read(s.ids)
         self.timer.add("memory_read", time.perf_counter() - t2)
-        return Prepared(lo, hi, neg.shape[1], s.ids, s.root_idx, s.hop_tables, s.hops, read, neg)
+        return Prepared(lo, hi, neg.shape[1], s.ids, s.root_idx, s.hop_tables, s.hops, read, neg, inner)
+
+    def _look_up(self, s: Sampled) -> tuple[Sampled, object]:
+        """The cache's lookup of a batch about to train, and the batch without the nodes that only
+        hop-2 rows layer 1 does not compute reach (``cache.prune_nodes``)."""
+        inner = self.cache.lookup(s.hops, s.lo)
+        pruned = prune_nodes(s.ids, s.root_idx, s.hop_tables, inner.compute_rows)
+        return (s if pruned is None else Sampled(s.lo, s.hi, *pruned, s.hops)), inner
 
     def prepare_micro(self, lo: int, hi: int, neg: np.ndarray, n: int,
-                      sampled: list[Sampled] | None = None) -> list["Prepared"]:
+                      sampled: list[Sampled] | None = None, lookup: bool = False) -> list["Prepared"]:
         """``prepare`` of the ``n`` micro-batches of ``[lo, hi)`` (``micro_bounds``), their reads
         issued together before any of them trains (``MemoryStore.read_many``), so each reads the
         memory the whole batch would read; a store that fetches rows over the network leaves them
-        in flight (``Prepared.read`` a ``Handle``) until ``compute`` needs them."""
+        in flight (``Prepared.read`` a ``Handle``) until ``compute`` needs them. ``lookup`` as in
+        ``prepare`` (the micro-batches of one iteration see the same cache)."""
         bounds = micro_bounds(lo, hi, n)
         samples = sampled if sampled is not None else self.sample_micro(lo, hi, neg, n)
+        inners = [None] * len(samples)
+        if lookup and self.cache is not None:
+            samples, inners = map(list, zip(*[self._look_up(s) for s in samples]))
         t2 = time.perf_counter()
         reads = self.memory.read_many([s.ids for s in samples])
         self.timer.add("memory_read", time.perf_counter() - t2)
-        return [Prepared(a, b, neg.shape[1], s.ids, s.root_idx, s.hop_tables, s.hops, r, neg[a - lo:b - lo])
-                for (a, b), s, r in zip(bounds, samples, reads)]
+        return [Prepared(a, b, neg.shape[1], s.ids, s.root_idx, s.hop_tables, s.hops, r, neg[a - lo:b - lo], c)
+                for (a, b), s, r, c in zip(bounds, samples, reads, inners)]
 
     def sample(self, lo: int, hi: int, neg: np.ndarray, turn=None) -> Sampled:
         """Phases sample and features of events ``[lo, hi)`` with negatives ``neg``: the roots
@@ -329,8 +351,14 @@ class Trainer:
                     continue
                 h = model.node_repr(q.ids, upd, None if self.node_feat is None else self.node_feat[q.ids])
                 root_t_rel = torch.from_numpy(np.tile(self.t_rel[q.lo:q.hi], 2 + num_neg)).to(dev)
-                inner = self.cache.lookup(q.hops, q.lo) if self.cache is not None and train else None
+                inner = q.inner
+                if inner is None and self.cache is not None and train:
+                    inner = self.cache.lookup(q.hops, q.lo)
                 if inner is not None:
+                    if not train or inner.iteration != self.cache.iteration:
+                        raise RuntimeError(f"batch [{q.lo}, {q.hi}) was looked up in the embedding cache at its "
+                                           f"iteration {inner.iteration}, but is computed at {self.cache.iteration} "
+                                           f"(train={train}): look up only the next batch to train")
                     inners.append(inner)
                 emb = model.embedding(EmbedInput(h, upd.mem_ts, q.root_idx, root_t_rel, q.hop_tables, inner))
                 # split, not slices: the backward of slices zero-fills a full-size gradient per slice
