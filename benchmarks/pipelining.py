@@ -17,7 +17,11 @@ mini-batch parallelism M x 1 x 1, after a short warm-up run (imports, numba comp
   communication about as large as computation, the regime Sven's pipelining is for.
 - ``accuracy``: at equal traversed events (same epochs), test AP of no pipelining, each level alone
   (micro-batches at a fixed n = 4, since without a link ``auto`` measures no dispatch to hide and
-  keeps one) and all three together; no link (accuracy does not depend on it).
+  keeps one) and all three together; no link (accuracy does not depend on it). ``--configs`` picks
+  the levels (none, the reference, always runs), ``--seeds`` / ``--seed-start`` the seeds. Against
+  none, the differences are paired by seed: their mean, standard error, 95% t interval and a verdict
+  against the goal of +-0.5 point (within: the interval inside; outside: wholly beyond; else
+  undecided). Seeds run in batches are put together with ``--merge OUT1.json OUT2.json ...``.
 
 - ``single``: one process (``tgdist.train.train``, as ``tgdist train`` runs it), Wikipedia, TGN,
   ``pipeline.prefetch=0`` and ``2`` alternating (``--repeats`` pairs, one epoch each): training events/s
@@ -49,6 +53,13 @@ LADDER = {"none": [], "+prefetch": ["pipeline.prefetch=2"],
 ALONE = {"none": [], "prefetch": ["pipeline.prefetch=2"], "micro-batches (n=4)": ["pipeline.micro_batches=4"],
          "async all-reduce": ["pipeline.async_allreduce=true"],
          "all three": ["pipeline.prefetch=2", "pipeline.micro_batches=4", "pipeline.async_allreduce=true"]}
+# --configs names of the accuracy section's configurations (none, the reference, always runs)
+CONFIGS = {"none": "none", "prefetch": "prefetch", "micro_batches": "micro-batches (n=4)",
+           "async_allreduce": "async all-reduce", "all": "all three"}
+GOAL_POINTS = 0.5  # issue 25, point 4: test AP within 0.5 point of no pipelining
+# Student's t, 97.5% quantile, by degrees of freedom (beyond 30: the Cornish-Fisher expansion in t_975)
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
 TIMELINE_WINDOW = (8, 11)  # iterations drawn: after auto's 6 profiled ones (pipeline.profile_iterations)
 
 
@@ -217,36 +228,110 @@ def section_speed(args) -> tuple[list[dict], dict]:
 
 
 def section_accuracy(args) -> list[dict]:
-    """Each configuration with ``--seeds`` seeds (``train.seed``); the delta is of the means, and
-    the seeds' spread of no pipelining says how large a delta noise alone makes."""
-    import statistics
-
-    rows = []
+    """Each of ``--configs`` (and none) with seeds ``--seed-start`` .. ``--seed-start + --seeds - 1``
+    (``train.seed``), seed by seed in one launch per (data, M): one record per run."""
+    configs = ["none", *(c for c in args.configs if c != "none")]
+    seeds = list(range(args.seed_start, args.seed_start + args.seeds))
+    runs_out = []
     for data in args.data:
         for m in args.trainers:
             specs, names = [["train.stop_after_batches=3"]], [None]
-            for seed in range(args.seeds):
-                for name, over in ALONE.items():
-                    specs.append([*over, f"train.seed={seed}"])
-                    names.append(name)
-            note(f"accuracy: {data} M={m}: {len(specs) - 1} runs of {args.epochs} epochs")
-            runs = launch(m, specs, [False] * len(specs), base_overrides(args, data, m, args.epochs), args.timeout)
-            aps: dict = {}
-            secs: dict = {}
-            for name, ranks in zip(names[1:], runs[1:]):
-                aps.setdefault(name, []).append(ranks[0]["test_ap"])
-                secs.setdefault(name, []).append(max(r["train_seconds"] for r in ranks) / args.epochs)
-            ap0 = statistics.mean(aps["none"])
-            for name in ALONE:
-                ap = statistics.mean(aps[name])
-                rows.append({"data": data, "M": m, "config": name, "epochs": args.epochs, "seeds": args.seeds,
-                             "test_ap_mean": ap, "test_ap_per_seed": aps[name],
-                             "test_ap_std": statistics.stdev(aps[name]) if len(aps[name]) > 1 else None,
-                             "delta_points": round(100 * (ap - ap0), 3), "within_half_point": abs(ap - ap0) <= 0.005,
-                             "epoch_seconds": round(min(secs[name]), 3)})
-                note(f"  {data} M={m} {name:<20} test AP {ap:.4f} ({rows[-1]['delta_points']:+.2f} points; "
-                     f"seeds {', '.join(f'{x:.4f}' for x in aps[name])})")
+            for seed in seeds:
+                for name in configs:
+                    specs.append([*ALONE[CONFIGS[name]], f"train.seed={seed}"])
+                    names.append((CONFIGS[name], seed))
+            note(f"accuracy: {data} M={m}: {len(specs) - 1} runs of {args.epochs} epochs, seeds {seeds[0]}-{seeds[-1]}")
+            base = [*base_overrides(args, data, m, args.epochs), *args.overrides]
+            runs = launch(m, specs, [False] * len(specs), base, args.timeout)
+            for (name, seed), ranks in zip(names[1:], runs[1:]):
+                runs_out.append({"data": data, "M": m, "config": name, "seed": seed, "epochs": args.epochs,
+                                 "overrides": args.overrides, "test_ap": ranks[0]["test_ap"],
+                                 "epoch_seconds": round(max(r["train_seconds"] for r in ranks) / args.epochs, 3)})
+                note(f"  {data} M={m} seed {seed} {name:<20} test AP {ranks[0]['test_ap']:.4f}")
+    return runs_out
+
+
+def t_975(df: int) -> float:
+    """Student's t 97.5% quantile with ``df`` degrees of freedom (two-sided 95% interval)."""
+    if df < 1:
+        raise ValueError(f"df={df}: a t quantile needs at least one degree of freedom")
+    if df <= len(T_975):
+        return T_975[df - 1]
+    z = 1.959964
+    return (z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3))
+
+
+def paired(diffs: list[float], goal: float = GOAL_POINTS) -> dict:
+    """Mean of paired differences (points), its standard error, the 95% t interval and the verdict
+    against +-``goal``: within (the interval inside +-goal), outside (the interval wholly beyond
+    it) or undecided (it straddles +-goal, or fewer than two pairs)."""
+    import statistics
+
+    n = len(diffs)
+    mean = statistics.fmean(diffs) if n else None
+    if n < 2:
+        return {"n": n, "mean_points": mean, "sd_points": None, "se_points": None, "ci95_points": None,
+                "verdict": "undecided"}
+    sd = statistics.stdev(diffs)
+    se = sd / n**0.5
+    lo, hi = mean - t_975(n - 1) * se, mean + t_975(n - 1) * se
+    verdict = "within" if -goal <= lo and hi <= goal else "outside" if hi < -goal or lo > goal else "undecided"
+    return {"n": n, "mean_points": mean, "sd_points": sd, "se_points": se, "ci95_points": [lo, hi],
+            "verdict": verdict}
+
+
+def accuracy_rows(runs: list[dict]) -> list[dict]:
+    """Per (data, M, configuration): the seeds' test AP, and against none the paired differences
+    (the same seed with and without the level). ``seed_sd_points`` of none over its seeds is what
+    a change of seed alone moves AP; the differences of two unrelated runs would spread by about
+    sqrt(2) times it, so ``diff_sd_points`` near that says the level's change of the run (float
+    rounding, another dropout mask) decorrelates it as much as another seed does."""
+    import statistics
+
+    by: dict = {}
+    for r in runs:
+        key = (r["data"], r["M"], r["config"], r["epochs"], tuple(r.get("overrides", [])))
+        seen = by.setdefault(key, {})
+        if r["seed"] in seen and seen[r["seed"]]["test_ap"] != r["test_ap"]:
+            raise ValueError(f"{key[:3]} seed {r['seed']}: two runs with different test AP "
+                             f"({seen[r['seed']]['test_ap']} and {r['test_ap']}); merge runs of one code and setup only")
+        seen[r["seed"]] = r
+    rows = []
+    for key in sorted(by, key=lambda k: (k[0], k[1], k[3], k[4], list(CONFIGS.values()).index(k[2]))):
+        data, m, name, epochs, over = key
+        got = by[key]
+        seeds = sorted(got)
+        aps = [got[s]["test_ap"] for s in seeds]
+        row = {"data": data, "M": m, "config": name, "epochs": epochs, "overrides": list(over), "seeds": seeds,
+               "test_ap_per_seed": aps, "test_ap_mean": statistics.fmean(aps),
+               "test_ap_std": statistics.stdev(aps) if len(aps) > 1 else None,
+               "epoch_seconds": min(got[s]["epoch_seconds"] for s in seeds)}
+        none = by.get((data, m, "none", epochs, over), {})
+        if name == "none":
+            row["seed_sd_points"] = 100 * row["test_ap_std"] if row["test_ap_std"] is not None else None
+        elif none:
+            common = [s for s in seeds if s in none]
+            row["paired"] = paired([100 * (got[s]["test_ap"] - none[s]["test_ap"]) for s in common])
+            row["paired"]["seeds"] = common
+            if len(common) > 2:
+                row["paired"]["correlation_with_none"] = statistics.correlation(
+                    [none[s]["test_ap"] for s in common], [got[s]["test_ap"] for s in common])
+        rows.append(row)
     return rows
+
+
+def report_accuracy(rows: list[dict]) -> None:
+    for r in rows:
+        p = r.get("paired")
+        if r["config"] == "none":
+            sd = r["seed_sd_points"]
+            note(f"  {r['data']} M={r['M']} none  AP {r['test_ap_mean']:.4f} over {len(r['seeds'])} seeds"
+                 + (f", sd {sd:.2f} points" if sd is not None else ""))
+        elif p and p["se_points"] is not None:
+            lo, hi = p["ci95_points"]
+            note(f"  {r['data']} M={r['M']} {r['config']:<20} {p['mean_points']:+.2f} +- {p['se_points']:.2f} points "
+                 f"(95% [{lo:+.2f}, {hi:+.2f}], n={p['n']}, sd of differences {p['sd_points']:.2f}): {p['verdict']}")
 
 
 def section_single(args) -> list[dict]:
@@ -295,6 +380,27 @@ def draw_timeline(timelines: dict, path: str) -> None:
     note(f"timeline written to {path}")
 
 
+def merge(ap, paths: list[str]) -> int:
+    """The accuracy section of earlier outputs together (seeds run in batches), as one output."""
+    runs, sources = [], []
+    for path in paths:
+        try:
+            got = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            ap.error(f"--merge {path}: {e}")
+        if not isinstance(got, dict) or not isinstance(got.get("accuracy_runs"), list):
+            ap.error(f"--merge {path}: no accuracy_runs (an accuracy section of this script's output)")
+        runs += got["accuracy_runs"]
+        sources.append({"path": path, "machine": got.get("machine"), "seconds": got.get("seconds")})
+    try:
+        rows = accuracy_rows(runs)
+    except ValueError as e:
+        ap.error(f"--merge: {e}")
+    report_accuracy(rows)
+    emit({"benchmark": "pipelining", "merged": sources, "accuracy_runs": runs, "accuracy": rows})
+    return 0
+
+
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         plan = json.loads(Path(sys.argv[3]).read_text())
@@ -310,19 +416,31 @@ def main() -> int:
     ap.add_argument("--epochs", type=at_least(1), default=3, help="epochs of the accuracy section")
     ap.add_argument("--collegemsg-events", type=at_least(0), default=0, help="data.max_events (0: all)")
     ap.add_argument("--wikipedia-events", type=at_least(0), default=60_000, help="data.max_events (0: all)")
-    ap.add_argument("--seeds", type=at_least(1), default=3, help="seeds of the accuracy section")
+    ap.add_argument("--seeds", type=at_least(1), default=3, help="how many seeds the accuracy section runs")
+    ap.add_argument("--seed-start", type=at_least(0), default=0, help="the accuracy section's first seed")
+    ap.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS),
+                    help="configurations of the accuracy section (none, the reference, always runs)")
+    ap.add_argument("--overrides", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="config overrides for every run of the accuracy section (e.g. model.dropout=0)")
+    ap.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                    help="run nothing: the accuracy of these earlier outputs (runs of other seeds) together")
     ap.add_argument("--speed-repeats", type=at_least(1), default=2, help="runs of each speed configuration")
     ap.add_argument("--repeats", type=at_least(1), default=2, help="pairs of runs of the single section")
     ap.add_argument("--single-events", type=at_least(0), default=0, help="data.max_events of the single section")
     ap.add_argument("--timeline", default=None, help="PNG of a few iterations without and with pipelining")
     ap.add_argument("--timeout", type=at_least(1.0, float), default=1800.0, help="seconds per launch")
     args = ap.parse_args()
+    if args.merge:
+        return merge(ap, args.merge)
     args.max_events = {"collegemsg": args.collegemsg_events, "wikipedia": args.wikipedia_events}
     if args.global_batch % max(args.trainers):
         ap.error(f"--global-batch {args.global_batch} is not a multiple of every trainer count")
     from tgdist.distributed.link import parse_link
     for link in args.links:
         parse_link(link)  # a bad one is named before anything runs
+    if "accuracy" in args.sections and args.overrides:
+        from tgdist.runtime.build import compose
+        compose([*base_overrides(args, args.data[0], args.trainers[0], args.epochs), *args.overrides])
     started = time.perf_counter()
     result = {"benchmark": "pipelining", "machine": machine(),
               "setup": f"sven backend, {args.model}, mini-batch parallelism M x 1 x 1 under torchrun (gloo, CPU, 1 "
@@ -333,7 +451,9 @@ def main() -> int:
         if args.timeline and timelines:
             draw_timeline(timelines, args.timeline)
     if "accuracy" in args.sections:
-        result["accuracy"] = section_accuracy(args)
+        result["accuracy_runs"] = section_accuracy(args)
+        result["accuracy"] = accuracy_rows(result["accuracy_runs"])
+        report_accuracy(result["accuracy"])
     if "single" in args.sections:
         result["single"] = section_single(args)
     result["seconds"] = round(time.perf_counter() - started, 1)

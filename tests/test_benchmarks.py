@@ -27,6 +27,9 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
     ("memory_backends.py", ["--global-batch", "1001"], "--global-batch 1001 is not a multiple of every trainer count"),
     ("pipelining.py", ["--trainers", "2", "1"], "argument --trainers: 1: give at least 2"),
     ("pipelining.py", ["--links", "warp9"], "parallel.link='warp9': choose none, eth10"),
+    ("pipelining.py", ["--configs", "prefetch", "bogus"], "argument --configs: invalid choice: 'bogus'"),
+    ("pipelining.py", ["--seed-start", "-1"], "argument --seed-start: -1: give at least 0"),
+    ("pipelining.py", ["--merge", "no-such-output.json"], "--merge no-such-output.json: [Errno 2]"),
     ("embedding_cache.py", ["--settings", "off", "0.9"], "setting '0.9': give off or P_GRAD:T_STALE"),
     ("embedding_cache.py", ["--settings", "0.9:5"], "--settings: the first setting is the baseline and must be off"),
     ("mspipe.py", ["--epochs", "0"], "argument --epochs: 0: give at least 1"),
@@ -53,3 +56,31 @@ def test_emitted_json_is_strict(capsys, monkeypatch):
 
     emit({"ratio": float("nan"), "rows": [np.float32(1.5), np.float64("inf")], "n": 3})
     assert json.loads(capsys.readouterr().out) == {"ratio": None, "rows": [1.5, None], "n": 3}
+
+
+def test_pipelining_paired_differences(monkeypatch):
+    """The accuracy section's statistics: differences paired by seed, the t interval and its verdict
+    against +-0.5 point, and runs merged from batches of seeds."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    from pipelining import accuracy_rows, paired, t_975
+
+    assert t_975(1) == 12.706 and t_975(9) == 2.262 and abs(t_975(60) - 2.0003) < 1e-4
+    p = paired([0.1, -0.1, 0.2, 0.0])  # mean 0.05, sd 0.1291, se 0.0645, t(3) = 3.182
+    assert p["mean_points"] == pytest.approx(0.05) and p["se_points"] == pytest.approx(0.0645497, rel=1e-5)
+    assert p["ci95_points"] == pytest.approx([0.05 - 3.182 * 0.0645497, 0.05 + 3.182 * 0.0645497], rel=1e-5)
+    assert p["verdict"] == "within"
+    assert paired([-1.0, -1.2, -0.9])["verdict"] == "outside"
+    assert paired([-1.0, 0.8, 0.1])["verdict"] == "undecided"
+    assert paired([0.1])["verdict"] == "undecided"
+
+    def run(config, seed, ap):
+        return {"data": "d", "M": 2, "config": config, "seed": seed, "epochs": 3, "overrides": [], "test_ap": ap,
+                "epoch_seconds": 1.0}
+    # two batches of seeds; the seed of the second batch is paired with its own none only
+    rows = accuracy_rows([run("none", 0, 0.70), run("async all-reduce", 0, 0.71), run("none", 1, 0.80),
+                          run("async all-reduce", 1, 0.79), run("none", 2, 0.75), run("none", 0, 0.70)])
+    none, async_ = rows
+    assert none["seeds"] == [0, 1, 2] and none["seed_sd_points"] == pytest.approx(5.0)
+    assert async_["paired"]["seeds"] == [0, 1] and async_["paired"]["mean_points"] == pytest.approx(0.0)
+    with pytest.raises(ValueError, match="seed 0: two runs with different test AP"):
+        accuracy_rows([run("none", 0, 0.70), run("none", 0, 0.71)])
