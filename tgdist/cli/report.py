@@ -92,14 +92,20 @@ def _curves(plt, runs: list[tuple[str, Run]], path: Path) -> bool:
                        label=f"{label} {key[:-3]}" if label else key[:-3])
     ax_loss.set(xlabel="epoch", ylabel="training loss", title="loss")
     ax_ap.set(xlabel="epoch", ylabel="AP", title="validation and test AP")
-    for ax in (ax_loss, ax_ap):
+    _finish_pair(plt, fig, ax_loss, ax_ap, len(runs) > 1, path)
+    return True
+
+
+def _finish_pair(plt, fig, left, right, left_legend: bool, path: Path) -> None:
+    """Two panels over integer x: grids, the right one's legend (the left one's too when it has
+    several series), saved to ``path``."""
+    for ax in (left, right):
         ax.grid(alpha=0.3)
         ax.xaxis.get_major_locator().set_params(integer=True)
-    ax_ap.legend(fontsize="small")
-    if len(runs) > 1:
-        ax_loss.legend(fontsize="small")
+    right.legend(fontsize="small")
+    if left_legend:
+        left.legend(fontsize="small")
     _save(plt, fig, path)
-    return True
 
 
 def _stages(plt, run: Run, path: Path) -> bool:
@@ -143,13 +149,7 @@ def _scaling(plt, points: list[Point], path: Path) -> bool:
     ax_up.plot([1, most], [1, most], "k:", label="ideal")
     ax_rate.set(xlabel="processes (i x j x k)", ylabel="training events/s", title="throughput")
     ax_up.set(xlabel="processes (i x j x k)", ylabel="speed-up over 1 x 1 x 1", title="speed-up")
-    for ax in (ax_rate, ax_up):
-        ax.grid(alpha=0.3)
-        ax.xaxis.get_major_locator().set_params(integer=True)
-    ax_up.legend(fontsize="small")
-    if len(series) > 1:
-        ax_rate.legend(fontsize="small")
-    _save(plt, fig, path)
+    _finish_pair(plt, fig, ax_rate, ax_up, len(series) > 1, path)
     return True
 
 

@@ -357,9 +357,6 @@ class Run:
                     row["seconds"] = [tr.timer.seconds.get(k, 0.0) - stages.get(k, 0.0) for k in STAGES]
                 if t + 1 - self.start_iteration == cfg.pipeline.profile_iterations or t + 1 == self.iterations:
                     self._choose_staleness()
-            if self.mspipe and (t + 1 == self.iterations or (t + 1) % nb == 0 or (every and (t + 1) % every == 0)
-                                or (stop_after is not None and done + 1 >= stop_after)):
-                self._drain()  # evaluation, a checkpoint or the end next: every stage in flight finishes
             if on_iteration is not None:
                 on_iteration(t, loss)
             done += 1
@@ -367,17 +364,21 @@ class Run:
                 epoch.progress.update(now.num_events, loss=self._epoch_loss(epoch.index)[0])
                 epoch.ran += now.num_events
             if epoch is not None and (t + 1) % nb == 0:
+                self._drain()
                 self._stop_prefetch()  # (it had sampled to here) evaluation samples on this sampler too
                 self._end_epoch(epoch, t + 1)  # evaluates and saves
                 epoch = None
             elif every and (t + 1) % every == 0 and t + 1 < self.iterations:
+                self._drain()
                 self.save(t + 1)
             if not self.alone and self.rank == 0 and cfg.train.progress and (t % 50 == 0 or t == self.iterations - 1):
                 el = time.perf_counter() - start
                 log.info("iteration %d/%d, %d events on this rank, %.0f events/s", t + 1, self.iterations, trained,
                          trained / max(el, 1e-9))
             if stop_after is not None and done >= stop_after and t + 1 < self.iterations:
+                self._drain()
                 raise _Stop(done)
+        self._drain()
         return trained, time.perf_counter() - start
 
     def _step(self, t: int):
@@ -506,8 +507,8 @@ class Run:
         return hand
 
     def _drain(self) -> None:
-        """mspipe: wait for every update handed over and every read in flight (before evaluation,
-        a checkpoint, the end); an error in a stage is raised here."""
+        """Wait for every MSPipe update handed over and every read in flight (before evaluation, a
+        checkpoint, the end; nothing to wait for otherwise); an error in a stage is raised here."""
         writes, self._writes = self._writes, []
         for f in writes:
             f.result()
