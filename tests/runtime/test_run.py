@@ -13,6 +13,7 @@ from tgdist.errors import ConfigError, DataError
 from tgdist.runtime import checkpoint
 from tgdist.runtime.build import build_trainer, compose
 from tgdist.runtime.run import Run
+from tgdist.runtime.trainer import memory_for
 
 SMALL = ["data.max_events=1500", "model.mem_dim=16", "model.time_dim=8", "train.batch_size=100",
          "train.num_neg_eval=9", "train.progress=false", "train.num_threads=1", "sampler.num_threads=1"]
@@ -735,6 +736,25 @@ def test_daemon_memory_on_one_process_gives_the_metrics_of_local_memory(tmp_path
     lines = [[{k: v for k, v in json.loads(x).items() if k not in _TIMES} for x in (d / "metrics.jsonl").read_text()
               .splitlines()] for d in (d_local, d_daemon)]
     assert lines[0] == lines[1] and [x["epoch"] for x in lines[0]] == [0, 1]
+
+
+@pytest.mark.distributed
+def test_a_store_of_another_backend_is_built_without_a_whole_local_memory_first(tmp_path, monkeypatch):
+    """The trainer was built with the whole memory and mails, which the backend's store then
+    replaced: a partitioned store's peak carried the full memory it exists to spread (1.1 GiB per
+    rank at 1M nodes)."""
+    import tgdist.runtime.build as build
+
+    sizes = []
+    monkeypatch.setattr(build, "memory_for", lambda model, n: sizes.append(n) or memory_for(model, n))
+    for backend in ("local", "daemon"):
+        r = Run(compose(SMALL + [f"memory.backend={backend}"]), tmp_path / backend)
+        try:
+            assert r.trainer.memory.num_nodes == r.trainer.g.num_nodes
+        finally:
+            r.close()
+    n = r.trainer.g.num_nodes
+    assert sizes == [n, 0]
 
 
 def test_a_run_trains_once(tmp_path):

@@ -278,12 +278,15 @@ def check_labels(task: str, graph: TemporalGraph, split) -> None:
 
 
 def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: str | None = None,
-                  progress: bool | None = None, cpus: int | None = None) -> Trainer:
+                  progress: bool | None = None, cpus: int | None = None, local_memory: bool = True) -> Trainer:
     """Data, split, model, memory, sampler and optimizer as ``cfg`` says.
 
     ``train.num_threads`` (torch) and ``sampler.num_threads`` (numba: the sampler and the CPU
     kernels) left at 0 use ``cpus`` threads: by default every CPU this process may run on; a
     parallel run passes its share of the machine (``distributed.cpu_share``).
+    ``local_memory=False`` gives the trainer an empty memory of no rows, for a caller that puts
+    the store of another backend in its place: the whole memory and mails (1M nodes of TGN: 1.1
+    GiB) are then never allocated, which a partitioned backend's peak would otherwise carry.
     """
     validate(cfg)
     cpus = cpus or kernels.available_cpus()
@@ -345,7 +348,7 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
     use_cpu_kernels(model, m.cpu_kernels)
     dev = device or resolve_device(cfg.train.device)
     model.to(dev)
-    memory = memory_for(model, graph.num_nodes).to(dev)
+    memory = memory_for(model, graph.num_nodes if local_memory else 0).to(dev)
     sampler = cache = None
     if model.num_hops:
         fanouts = list(cfg.sampler.fanouts)

@@ -126,7 +126,8 @@ class Run:
         self.run_cfg = cfg if self.lr == cfg.train.lr else OmegaConf.merge(cfg, {"train": {"lr": self.lr}})
         if trainer is None:  # first: a config or data error leaves no directory
             trainer = build_trainer(self.run_cfg, progress=None if self.alone else False,
-                                    cpus=None if self.alone else cpu_share(world_group))
+                                    cpus=None if self.alone else cpu_share(world_group),
+                                    local_memory=self.backend == "local")  # another store replaces it below
         self.trainer = tr = trainer
         if not self.alone:
             g = tr.g  # the same settings, but each machine reads its own copy of the data
