@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -40,7 +41,26 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
     ("eval_cost.py", ["--epochs", "0"], "argument --epochs: 0: give at least 1"),
     ("select_study.py", ["--seeds", "-1"], "argument --seeds: -1: give at least 0"),
 ])
-def test_a_bad_argument_is_one_line_before_any_work(script, args, message):
+def test_a_bad_argument_is_one_line_before_any_work(script, args, message, monkeypatch, capsys):
+    """Run in this process as ``python SCRIPT ARGS`` would run it (``__main__``, its argv, from its
+    folder): a subprocess per case spent 27 torch imports. ``test_a_script_run_as_a_user_runs_it``
+    keeps the real command line covered."""
+    monkeypatch.chdir(BENCH)
+    monkeypatch.syspath_prepend(str(BENCH))
+    monkeypatch.setattr(sys, "argv", [script, *args])
+    with pytest.raises(SystemExit) as stop:
+        runpy.run_path(str(BENCH / script), run_name="__main__")
+    out, err = capsys.readouterr()
+    assert stop.value.code == 2, err
+    assert err.strip().splitlines()[-1].startswith(f"{script}: error: {message}"), err
+    assert "Traceback" not in err and out == ""
+
+
+@pytest.mark.parametrize("script, args, message", [
+    ("vs_pyg_tgn.py", ["--max-events", "-5"], "argument --max-events: -5: give at least 1"),
+    ("models.py", ["--data", "bogus", "--models", "jodie"], "In 'train': Could not find 'data/bogus'"),
+])
+def test_a_script_run_as_a_user_runs_it(script, args, message):
     r = subprocess.run([sys.executable, script, *args], cwd=BENCH, capture_output=True, text=True, timeout=120,
                        check=False)
     assert r.returncode == 2, r.stderr
