@@ -67,7 +67,8 @@ def one_run(spec: str, base: list[str], groups, rank: int) -> dict:
     backend, _, extra = spec.partition(":")
     cfg = compose([*base, f"memory.backend={backend}", *filter(None, extra.split(";"))])
     run_dir = tempfile.mkdtemp(prefix="tgdist-membench-") if rank == 0 else None
-    driver = Run(cfg, run_dir, trainer=build_trainer(cfg, progress=False), groups=groups)
+    # no local memory: the backend's store replaces it (as a Run that builds its own trainer does)
+    driver = Run(cfg, run_dir, trainer=build_trainer(cfg, progress=False, local_memory=False), groups=groups)
     tr, store = driver.trainer, driver.trainer.memory
     m = tr.model
     rec = {"spec": spec, "rss_after_build_mib": vm("VmRSS"), "peak_rss_after_build_mib": vm("VmHWM"), "n1": 0, "d1": 0, "events": 0, "d2": 0,
