@@ -285,8 +285,12 @@ def _main() -> None:
     global _sweep_dir, _sweep_size, _swept, _run_dir, _claimed, _elsewhere
     from tgdist.cli.overrides import override_value, quoted
     from tgdist.distributed.world import detect
-    from tgdist.runtime.build import precheck
     from tgdist.runtime.rundir import claim_directory
+
+    def precheck(cfg):  # torch and the models load only for settings that get this far (not --help, a typo)
+        from tgdist.runtime.build import precheck as check_settings
+
+        check_settings(cfg)
 
     if os.environ.get("TORCHELASTIC_RUN_ID") and sys.platform.startswith("linux"):
         _stop_with_the_agent()
