@@ -229,6 +229,7 @@ def test_relative_paths_with_hydra_job_chdir(tmp_path):
     assert f"  path: {tmp_path / 'ev.csv'}\n" in (tmp_path / "r" / "config.yaml").read_text()
 
 
+@pytest.mark.slow  # ~23 s
 def test_a_task_the_data_has_no_labels_for_is_the_only_line(tmp_path):
     """Found after the data is read: the data's description and the versions line were logged
     before it, so the error was the third line on stderr."""
@@ -465,6 +466,7 @@ def test_sweep_over_a_missing_data_file_fails_before_any_job(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ok.csv"]
 
 
+@pytest.mark.slow  # ~13 s
 def test_bad_sweep_value_fails_before_any_job(tmp_path):
     """Every job is composed and validated before Hydra makes the sweep directory: a bad value in
     the last job fails in one line naming that job, and nothing ran or was written."""
@@ -487,6 +489,7 @@ def test_bad_sweep_value_fails_before_any_job(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow  # ~20 s
 def test_sweep_whose_first_job_fails_leaves_nothing_behind(tmp_path):
     """A failure only reading the data finds (the file is there, so the checks before the sweep pass)."""
     (tmp_path / "bad.csv").write_text("1,2,3\n2,3\n")
@@ -616,6 +619,7 @@ def _user_configs(root: Path) -> Path:
     return conf
 
 
+@pytest.mark.slow  # ~38 s
 def test_a_users_config_directory_is_checked_like_the_default(tmp_path):
     """``--config-dir``/``--config-name`` used to skip every check before Hydra: a typo in the file
     was Hydra's multi-line report with exit 1, ``+train.epoch=1`` trained silently, a refused run
@@ -659,6 +663,7 @@ def test_help_lists_the_group_options_of_a_users_config_directory(tmp_path):
     assert "\ndata: bitcoin_otc, collegemsg, enron, file, sfhh, synthetic, wikipedia\n" in r.stdout
 
 
+@pytest.mark.slow  # ~15 s
 def test_a_config_files_run_directory_is_the_one_recorded(tmp_path):
     """A config setting ``hydra.run.dir`` runs there: no default directory is left claimed, and
     config.yaml (like a sweep job's) names the directory used, not the default name."""
@@ -707,6 +712,7 @@ def test_version_anywhere_is_tgdists(tmp_path):
         assert r.returncode == 0 and r.stdout.startswith("tgdist "), r.stdout
 
 
+@pytest.mark.slow  # ~22 s
 def test_a_run_directory_in_use_is_refused(tmp_path):
     """Two runs given one run_dir (or a resume of a run still going) wrote one metrics.jsonl and
     removed each other's checkpoint temp files; a run now holds a lock on its directory."""
@@ -740,6 +746,7 @@ def test_out_of_memory_is_one_line_and_leaves_nothing(tmp_path):
     assert "Traceback" not in r.stderr and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow  # ~14 s
 def test_names_too_long_for_the_file_system_are_one_line(tmp_path):
     """A run_dir or data file name over 255 bytes, or a default run name made too long by the
     data's name: OSError tracebacks from a bare exists() or mkdir()."""

@@ -123,6 +123,7 @@ def test_a_sweep_directory_of_other_files_is_refused(tmp_path):
     assert tree(tmp_path) == before
 
 
+@pytest.mark.slow  # ~17 s
 def test_the_resume_hint_can_be_pasted_with_spaces_in_the_path(tmp_path):
     run = tmp_path / "my runs" / "a, b"
     args = ["data.max_events=6000", "model.mem_dim=16", "model.time_dim=8", "train.batch_size=100",
@@ -207,6 +208,7 @@ def tree_misc(root: Path) -> dict[str, tuple[int, int]]:
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # ~14 s
 def test_a_dead_trainer_of_memory_group_1_is_named_by_its_global_rank(tmp_path, monkeypatch):
     """parallel.k=2 with daemon memory: rank 1 is the only trainer of memory group 1, and its
     daemon said "trainer rank 0 (pid N) died" when rank 1 was killed."""
@@ -412,6 +414,7 @@ def test_a_corrupt_partition_artifact_is_refused_in_one_line(tmp_path, partition
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # ~22 s
 def test_a_corrupt_file_of_a_parallel_checkpoint_is_refused_before_any_rank_starts(tmp_path):
     """A 2-process run leaves last.pt and, in its iteration directory, rank-0.pt, rank-1.pt and
     memory-0.pt; ``tgdist launch`` checks them all and refuses a corrupt or missing one in one line."""
@@ -504,6 +507,7 @@ def test_strict_columns_false_trains_with_a_warning(tmp_path):
     assert warning in r.stderr and warning in (tmp_path / "run" / "train.log").read_text()
 
 
+@pytest.mark.slow  # ~12 s
 def test_the_shared_bitcoin_otc_by_position_stops_and_as_configured_trains(tmp_path, cache_dir, datasets_dir):
     path = datasets_dir / "bitcoin-otc" / "soc-sign-bitcoinotc.csv.gz"
     before = tree_data(tmp_path, cache_dir)

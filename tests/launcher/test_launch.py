@@ -239,6 +239,7 @@ def test_sweep_checked_before_any_job(capsys):
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # ~33 s
 def test_real_sweep(tmp_path):
     res = run([sys.executable, "-m", "tgdist", "launch", "--", "-m", "parallel.i=1,2", "data.max_events=1200",
                "model.mem_dim=16", "model.time_dim=8", "train.epochs=1", "train.batch_size=100", "train.num_neg_eval=4",
@@ -255,6 +256,7 @@ def test_real_sweep(tmp_path):
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # ~17 s
 def test_a_failing_sweep_job_stops_the_sweep(tmp_path):
     """The file is there, so the checks before the sweep pass; reading it fails in job #0."""
     (tmp_path / "bad.csv").write_text("1,2,3\n2,3\n")
@@ -363,6 +365,7 @@ def test_a_signal_is_forwarded_and_nothing_is_left(tmp_path, sig):
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # ~19 s; the forwarded SIGINT and SIGTERM stay in the default run
 def test_sigterm_to_the_launcher_stops_the_ranks_as_ctrl_c_does(tmp_path):
     """``kill LAUNCHER``: the ranks got torchrun's SIGTERM and died without a word, leaving their
     run directory; as SIGINT they print their lines and remove a directory with no checkpoint."""

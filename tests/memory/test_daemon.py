@@ -527,6 +527,7 @@ def test_sweep_removes_only_dead_families():
         other.close()
 
 
+@pytest.mark.slow  # ~23 s
 def test_a_new_daemon_removes_the_segments_of_dead_runs(caplog):
     """A rank and its daemon SIGKILLed together leave their segments; the next daemon removes
     them (and ``tgdist launch`` does when its ranks end), keeping live runs' segments."""

@@ -341,7 +341,8 @@ def _check_runs(ranks: list[dict], groups: list[list[int]], formulas: bool, depc
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("model", ["tgn", "jodie", pytest.param("apan", marks=pytest.mark.slow)])  # ~20, 20, 30 s
+@pytest.mark.parametrize("model", ["tgn", pytest.param("jodie", marks=pytest.mark.slow),
+                                   pytest.param("apan", marks=pytest.mark.slow)])  # ~20, 20, 30 s
 def test_2x1x1_sven_is_depcache_bit_for_bit_and_depcomm_within_rounding(tmp_path, model):
     ranks = _probe(tmp_path, 2, f"model={model}", "parallel.i=2", "train.epochs=2", "train.lr=1e-3")
     _check_runs(ranks, [[0, 1]], formulas=model == "tgn")
@@ -414,6 +415,7 @@ def test_1x2x1_sven_with_epoch_parallelism_is_depcache_bit_for_bit(tmp_path):
 
 
 @pytest.mark.distributed
+@pytest.mark.slow  # ~33 s; 2 x 1 x 1 and 1 x 2 x 1 stay in the default run
 def test_2x2x1_sven_with_both_parallelisms_is_depcache_bit_for_bit(tmp_path):
     ranks = _probe(tmp_path, 4, "model=apan", "parallel.i=2", "parallel.j=2", "train.epochs=2", "train.lr=1e-3",
                    runs="runs=depcache,sven")

@@ -59,7 +59,8 @@ def test_2x1x1_with_batch_b_matches_1x1x1_with_batch_2b(tmp_path):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("layout,nproc,epochs", [("1,1,2", 2, 2), ("1,2,1", 2, 2), ("2,1,2", 4, 2)])
+@pytest.mark.parametrize("layout,nproc,epochs", [pytest.param("1,1,2", 2, 2, marks=pytest.mark.slow), ("1,2,1", 2, 2),
+                                                 pytest.param("2,1,2", 4, 2, marks=pytest.mark.slow)])  # ~17, 18, 30 s
 def test_torchrun_layouts_train_every_event_the_expected_number_of_times(tmp_path, layout, nproc, epochs):
     i, j, k = layout.split(",")
     r = torchrun(nproc, "-m", "tgdist.train", *SMALL, "train.batch_size=100", f"parallel.i={i}", f"parallel.j={j}",
@@ -94,6 +95,7 @@ def test_embedding_cache_in_a_parallel_run(tmp_path, layout, nproc):
     assert 0 < cache["hit_rows"] < cache["rows"]
 
 
+@pytest.mark.slow  # ~14 s
 def test_static_pretraining_and_node_task_in_a_parallel_run(tmp_path):
     """Rank 0 pre-trains the static memory and every replica starts from its result (else rank 1's
     model would differ from rank 0's at the end); rank 0 trains the node-task decoder."""
@@ -132,8 +134,9 @@ def _leftovers(tag: str) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("layout,nproc,backend", [("1,1,2", 2, "auto"), ("1,2,1", 2, "auto"), ("2,1,1", 2, "sven"),
-                                                  pytest.param("2,1,1", 2, "depcomm", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("layout,nproc,backend", [  # ~45 s each; sven's stays in the default run
+    pytest.param("1,1,2", 2, "auto", marks=pytest.mark.slow), pytest.param("1,2,1", 2, "auto", marks=pytest.mark.slow),
+    ("2,1,1", 2, "sven"), pytest.param("2,1,1", 2, "depcomm", marks=pytest.mark.slow)])
 def test_sigkill_of_a_trainer_then_resume_finishes_with_the_same_metrics(tmp_path, layout, nproc, backend):
     """A trainer SIGKILLed mid-run: every process exits within 30 s, the failure names the rank,
     nothing is left running; resuming from the last checkpoint (every memory copy or shard, every
@@ -164,6 +167,7 @@ def test_sigkill_of_a_trainer_then_resume_finishes_with_the_same_metrics(tmp_pat
         assert got[key] == expected[key], key
 
 
+@pytest.mark.slow  # ~40 s
 def test_a_finished_parallel_run_keeps_its_model_and_resumes_to_its_results(tmp_path):
     """Without train.checkpoint_every a parallel run still leaves checkpoints/last.pt (the trained
     model) at its end; resuming it reports the same results without training. Resuming with another
@@ -195,6 +199,7 @@ def test_a_finished_parallel_run_keeps_its_model_and_resumes_to_its_results(tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
 
 
+@pytest.mark.slow  # ~37 s each; test_daemon.py checks the daemon's trainer bit for bit in the default run
 @pytest.mark.parametrize("layout,nproc", [("2,1,1", 2), ("1,2,1", 2)])
 def test_daemon_and_depcache_backends_give_identical_runs(tmp_path, layout, nproc):
     """DistTGL's memory daemon (shared memory, one server process per group) and DepCache
@@ -236,6 +241,7 @@ def _descendants(root: int) -> list[tuple[int, str]]:
     return out
 
 
+@pytest.mark.slow  # ~55 s; test_daemon.py kills a trainer of the daemon's group in the default run
 def test_sigkill_of_the_memory_daemon_then_resume(tmp_path):
     """The daemon of a 2 x 1 x 1 group is SIGKILLed mid-run: both trainers stop within 30 s with a
     message naming the daemon, no segment or process is left; a resume from the last checkpoint

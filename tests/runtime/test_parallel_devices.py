@@ -138,8 +138,9 @@ def _run(layout_ijk: tuple, backend: str) -> dict:
     return spawn_ranks(_worker, layout_ijk, backend)
 
 
-@pytest.mark.parametrize("layout,backend", [((1, 2, 1), "depcache"), ((2, 1, 1), "daemon"), ((2, 1, 1), "sven"),
-                                            ((2, 1, 1), "depcomm")])
+@pytest.mark.parametrize("layout,backend", [  # ~14-19 s each; sven's stays in the default run
+    pytest.param((1, 2, 1), "depcache", marks=pytest.mark.slow), pytest.param((2, 1, 1), "daemon", marks=pytest.mark.slow),
+    ((2, 1, 1), "sven"), pytest.param((2, 1, 1), "depcomm", marks=pytest.mark.slow)])
 def test_compute_on_another_device_than_the_collectives_trains_the_same(layout, backend):
     """1 x 2 x 1 with depcache: one rank writes, the other flushes nothing, and each is idle once
     (its zeros averaged with ``active=False``); 2 x 1 x 1 with the daemon: both ranks read the

@@ -723,7 +723,7 @@ _TIMES = ("train_seconds", "compile_seconds", "events_per_s", "stage_seconds", "
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("model", ["tgn", "apan"])
+@pytest.mark.parametrize("model", ["tgn", pytest.param("apan", marks=pytest.mark.slow)])  # ~17, 19 s
 def test_daemon_memory_on_one_process_gives_the_metrics_of_local_memory(tmp_path, model):
     """The same loop drives every store: the daemon's memory on one process trains and evaluates
     (after every epoch, between which the stream restarts) exactly as local memory does."""
