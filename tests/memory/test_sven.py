@@ -415,7 +415,6 @@ def test_1x2x1_sven_with_epoch_parallelism_is_depcache_bit_for_bit(tmp_path):
 
 
 @pytest.mark.distributed
-@pytest.mark.slow  # ~33 s; 2 x 1 x 1 and 1 x 2 x 1 stay in the default run
 def test_2x2x1_sven_with_both_parallelisms_is_depcache_bit_for_bit(tmp_path):
     ranks = _probe(tmp_path, 4, "model=apan", "parallel.i=2", "parallel.j=2", "train.epochs=2", "train.lr=1e-3",
                    runs="runs=depcache,sven")

@@ -134,9 +134,8 @@ def _leftovers(tag: str) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("layout,nproc,backend", [  # ~45 s each; sven's stays in the default run
-    pytest.param("1,1,2", 2, "auto", marks=pytest.mark.slow), pytest.param("1,2,1", 2, "auto", marks=pytest.mark.slow),
-    ("2,1,1", 2, "sven"), pytest.param("2,1,1", 2, "depcomm", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("layout,nproc,backend", [("1,1,2", 2, "auto"), ("1,2,1", 2, "auto"), ("2,1,1", 2, "sven"),
+                                                  pytest.param("2,1,1", 2, "depcomm", marks=pytest.mark.slow)])
 def test_sigkill_of_a_trainer_then_resume_finishes_with_the_same_metrics(tmp_path, layout, nproc, backend):
     """A trainer SIGKILLed mid-run: every process exits within 30 s, the failure names the rank,
     nothing is left running; resuming from the last checkpoint (every memory copy or shard, every
@@ -167,7 +166,6 @@ def test_sigkill_of_a_trainer_then_resume_finishes_with_the_same_metrics(tmp_pat
         assert got[key] == expected[key], key
 
 
-@pytest.mark.slow  # ~40 s
 def test_a_finished_parallel_run_keeps_its_model_and_resumes_to_its_results(tmp_path):
     """Without train.checkpoint_every a parallel run still leaves checkpoints/last.pt (the trained
     model) at its end; resuming it reports the same results without training. Resuming with another
@@ -199,8 +197,7 @@ def test_a_finished_parallel_run_keeps_its_model_and_resumes_to_its_results(tmp_
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
 
 
-@pytest.mark.slow  # ~37 s each; test_daemon.py checks the daemon's trainer bit for bit in the default run
-@pytest.mark.parametrize("layout,nproc", [("2,1,1", 2), ("1,2,1", 2)])
+@pytest.mark.parametrize("layout,nproc", [("2,1,1", 2), pytest.param("1,2,1", 2, marks=pytest.mark.slow)])  # ~37 s each
 def test_daemon_and_depcache_backends_give_identical_runs(tmp_path, layout, nproc):
     """DistTGL's memory daemon (shared memory, one server process per group) and DepCache
     (replicas kept equal by all-gathered writes) are two implementations of one memory copy per
