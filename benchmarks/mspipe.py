@@ -16,8 +16,13 @@ rotated by the seed's position, so that a change in the machine's load falls on 
 Training events/s is the summary's (kernel compiling left out, evaluation apart); test AP and MRR
 (against ``--neg-eval`` negatives per event) are those of the last epoch's model (``train.select=
 last``), in the same run. Speed is compared inside one seed's round only: each run's events/s over
-the baseline's of the same round. ``auto`` reports the K it chose and its five measured stage times
-tau; sum(tau) / max(tau) is the most any overlap of the five stages could speed an iteration up.
+the baseline's of the same round. Each run also reports ``cores_busy``, its training's CPU time (all
+threads) over its wall time, and ``cpu_ms_per_kevent``, CPU time per 1,000 trained events: the
+machine's cores over the baseline's ``cores_busy`` bound what any overlap could gain here, since a
+pipeline does at least the baseline's CPU work (``cpu_work_ratio_to_baseline``). The point
+``K=1@nice0`` is K = 1 with the stage threads at training's priority (``pipeline.stage_nice=0``;
+the other MSPipe points use the default, 19). ``auto`` reports the K it chose and its five measured
+stage times tau; sum(tau) / max(tau) is the most any overlap of the five stages could speed an iteration up.
 Prints one JSON object on stdout, progress on stderr; ``--plot`` draws test AP against staleness.
 ``--timeline PATH`` also trains the first data set and model once more at staleness 1, recording
 when each stage of each iteration ran and in which thread, and draws a window of iterations (the
@@ -27,6 +32,7 @@ five stages overlapping, Algorithm 1); the JSON's ``timeline`` has the window's 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -37,7 +43,9 @@ POINTS = {"none": ["pipeline.mode=none"], "K=0": ["pipeline.mode=mspipe", "pipel
           "K=1": ["pipeline.mode=mspipe", "pipeline.staleness=1"],
           "K=2": ["pipeline.mode=mspipe", "pipeline.staleness=2"],
           "K=4": ["pipeline.mode=mspipe", "pipeline.staleness=4"],
-          "auto": ["pipeline.mode=mspipe", "pipeline.staleness=auto"]}
+          "auto": ["pipeline.mode=mspipe", "pipeline.staleness=auto"],
+          # the stage threads at training's own priority (before pipeline.stage_nice)
+          "K=1@nice0": ["pipeline.mode=mspipe", "pipeline.staleness=1", "pipeline.stage_nice=0"]}
 MITIGATIONS = ("none", "similarity")
 BASELINE = ("none", "none")  # (config, mitigation)
 
@@ -72,7 +80,7 @@ def aggregate(rows: list[dict]) -> list[dict]:
         bs = [base.get((data, model, r["seed"])) for r in rs]
         stat = {"data": data, "model": model, "config": config, "mitigation": mitigation,
                 "seeds": [r["seed"] for r in rs], "staleness_used": [r["staleness"] for r in rs]}
-        for key in ("train_events_per_s", "test_ap", "test_mrr"):
+        for key in ("train_events_per_s", "test_ap", "test_mrr", "cores_busy", "cpu_ms_per_kevent"):
             stat[key] = dict(zip(("mean", "sd"), mean_sd([r[key] for r in rs])))
         stat["delta_test_ap_points"] = dict(zip(("mean", "sd"), mean_sd(
             [100 * (r["test_ap"] - b["test_ap"]) if b else None for r, b in zip(rs, bs)])))
@@ -81,6 +89,9 @@ def aggregate(rows: list[dict]) -> list[dict]:
              for r, b in zip(rs, bs)])))
         stat["speed_ratio_to_baseline"] = dict(zip(("mean", "sd"), mean_sd(
             [r["train_events_per_s"] / b["train_events_per_s"] if b else None for r, b in zip(rs, bs)])))
+        stat["cpu_work_ratio_to_baseline"] = dict(zip(("mean", "sd"), mean_sd(
+            [r["cpu_ms_per_kevent"] / b["cpu_ms_per_kevent"] if b and r["cpu_ms_per_kevent"] else None
+             for r, b in zip(rs, bs)])))
         bounds = [bound((r["bounds"] or {}).get("tau")) for r in rs]
         if any(b is not None for b in bounds):
             stat["stage_bound_sum_over_max_tau"] = dict(zip(("mean", "sd"), mean_sd(bounds)))
@@ -207,6 +218,8 @@ def main() -> int:
     ap.add_argument("--points", nargs="+", choices=list(POINTS), default=list(POINTS))
     ap.add_argument("--mitigation", nargs="+", choices=MITIGATIONS, default=list(MITIGATIONS),
                     help="pipeline.mitigation at each MSPipe point (similarity: MSPipe-S)")
+    ap.add_argument("--overrides", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="config overrides for every run (e.g. train.num_threads=1)")
     ap.add_argument("--plot", metavar="PATH", help="write a PNG of test AP against staleness")
     ap.add_argument("--timeline", metavar="PATH", help="also draw when each stage of a window of iterations ran")
     args = ap.parse_args()
@@ -226,7 +239,7 @@ def main() -> int:
             for model in args.models:
                 base = [f"data={data}", f"model={model}", f"train.batch_size={args.batch_size}",
                         "train.progress=false", f"train.num_neg_eval={args.neg_eval}", "pipeline.prefetch=2",
-                        "train.test_every_epoch=false", "train.select=last"]
+                        "train.test_every_epoch=false", "train.select=last", *args.overrides]
                 if args.events:
                     base.append(f"data.max_events={args.events}")
                 if not args.seeds:
@@ -240,15 +253,19 @@ def main() -> int:
                                    *([f"pipeline.mitigation={mitigation}"] if config != "none" else [])],
                                   f"{d}/{data}-{model}-{seed}-{config}-{mitigation}")
                         p = s["pipeline"]
+                        cpu, wall = s.get("train_cpu_seconds"), s.get("train_seconds")
                         rows.append({"data": data, "model": model, "seed": seed, "config": config,
                                      "mitigation": mitigation, "staleness": p.get("staleness"),
                                      "train_events_per_s": s["train_events_per_s"], "test_ap": s["test_ap"],
                                      "test_mrr": s.get("test_mrr"), "val_ap": s["val_ap"],
+                                     "cores_busy": cpu / wall if cpu and wall else None,
+                                     "cpu_ms_per_kevent": 1e6 * cpu / s["traversed_events"] if cpu else None,
                                      "bounds": p.get("bounds"), "mitigation_counts": p.get("mitigation")})
                         tau = (p.get("bounds") or {}).get("tau")
                         note(f"  {data} {model} seed {seed} {config:<5} {mitigation:<10} K={p.get('staleness')}: "
                              f"{s['train_events_per_s']:,.0f} events/s, test AP {s['test_ap']:.4f}, "
-                             f"MRR {s.get('test_mrr', float('nan')):.4f}"
+                             f"MRR {s.get('test_mrr', float('nan')):.4f}, "
+                             f"{(cpu or 0) / max(wall or 0, 1e-9):.2f} cores busy"
                              + (f", sum/max tau {bound(tau):.2f}" if tau else "")
                              + (f", rows mitigated {p['mitigation']['rows_mitigated']}" if p.get("mitigation") else ""))
         tl = None
@@ -269,7 +286,8 @@ def main() -> int:
     emit({"benchmark": "mspipe", "machine": machine(),
           "setup": f"one process, models {args.models}, data {args.data}, seeds {args.seeds}, max_events "
                    f"{args.events or 'all'}, batch {args.batch_size}, {args.epochs} epochs, train.select=last, "
-                   f"{args.neg_eval} test negatives, prefetch=2 in every configuration",
+                   f"{args.neg_eval} test negatives, prefetch=2 in every configuration, overrides "
+                   f"{args.overrides}", "cores": len(os.sched_getaffinity(0)),
           "summary": stats, "runs": rows, "timeline": tl, "seconds": round(time.perf_counter() - started, 1)})
     return 0
 

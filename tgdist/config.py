@@ -356,6 +356,9 @@ class PipelineConfig:
     mitigation: str = "none"
     mitigation_lambda: float = 0.95  # similarity: lambda, the weight of the node's own stale memory
     mitigation_quantile: float = 0.99  # similarity: gamma is this quantile of the time between a node's events
+    # mspipe: how much lower (nice, 0-19) the priority of its stage and update threads is than the
+    # training thread's; 19: they take the cycles training leaves idle instead of slowing it down
+    stage_nice: int = 19
 
 
 @dataclass

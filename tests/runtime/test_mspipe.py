@@ -2,6 +2,8 @@
 function, and the loop with staleness K against a reference written by hand with the Trainer API."""
 
 import math
+import os
+import sys
 import threading
 import time
 
@@ -14,8 +16,9 @@ from tgdist.distributed.schedule import Layout, num_global_batches, step
 from tgdist.errors import ConfigError
 from tgdist.memory.store import LocalMemory
 from tgdist.runtime.build import build_trainer, compose, validate
-from tgdist.runtime.mspipe import (StageLocks, max_staleness, mitigate, quantile_gap, read_schedule, similar_nodes,
-                                   stale_fraction, staleness_bounds, update_gaps)
+from tgdist.runtime import run as run_module
+from tgdist.runtime.mspipe import (StageLocks, lower_priority, max_staleness, mitigate, quantile_gap, read_schedule,
+                                   similar_nodes, stale_fraction, staleness_bounds, update_gaps)
 from tgdist.runtime.run import Run
 from tests.memory.test_sven import SMALL as PROBE_SMALL
 from tests.memory.test_sven import _probe
@@ -212,6 +215,8 @@ SMALL = ["data.max_events=1500", "model.mem_dim=16", "model.time_dim=8", "train.
     (["pipeline.mitigation=similarity"], "needs pipeline.mode=mspipe"),
     (["pipeline.mode=mspipe", "pipeline.mitigation=cosine"], "give none or similarity"),
     (["pipeline.mode=mspipe", "pipeline.mitigation_lambda=2"], "mitigation_lambda=2"),
+    (["pipeline.mode=mspipe", "pipeline.stage_nice=20"], "pipeline.stage_nice=20: give a nice increment from 0"),
+    (["pipeline.mode=mspipe", "pipeline.stage_nice=-1"], "pipeline.stage_nice=-1"),
 ])
 def test_bad_mspipe_settings_are_refused_in_one_line(bad, message):
     with pytest.raises(ConfigError, match=message) as e:
@@ -437,6 +442,48 @@ def test_the_five_stages_of_consecutive_iterations_overlap_in_threads(tmp_path):
     update_during_training = sum(overlaps(u, c) for u, c in zip(updates, computing))
     assert read_during_training >= nb // 2 and update_during_training >= nb // 2, (read_during_training,
                                                                                     update_during_training, nb)
+
+
+def _nice(tid=None) -> int:
+    return os.getpriority(os.PRIO_PROCESS, tid or threading.get_native_id())
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own priority is Linux's")
+def test_lower_priority_lowers_the_calling_thread_only_and_stops_at_19():
+    main = _nice()
+    got = {}
+
+    def probe(key, nice):
+        got[key] = (lower_priority(nice), _nice())
+
+    for key, nice in (("by 3", 3), ("by 0", 0), ("by 40", 40)):
+        th = threading.Thread(target=probe, args=(key, nice))
+        th.start()
+        th.join()
+    assert got["by 3"] == (min(19, main + 3),) * 2
+    assert got["by 0"] == (main, main)
+    assert got["by 40"] == (19, 19)
+    assert _nice() == main  # the caller of the threads keeps its priority
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own priority is Linux's")
+@pytest.mark.parametrize("nice", [19, 0])
+def test_the_stage_threads_run_at_pipeline_stage_nice_below_training(tmp_path, monkeypatch, nice):
+    """Every MSPipe stage and update thread lowers its priority by pipeline.stage_nice when it
+    starts (19 by default: the stages take the cycles training leaves idle); training keeps its own."""
+    seen = []
+
+    def recording(n):
+        seen.append((threading.current_thread().name, n, lower_priority(n), _nice()))
+        return seen[-1][2]
+
+    monkeypatch.setattr(run_module, "lower_priority", recording)
+    main = _nice()
+    run(tmp_path, "r", ["train.epochs=1", "pipeline.mode=mspipe", "pipeline.staleness=1", f"pipeline.stage_nice={nice}"])
+    names = {name.rsplit("_", 1)[0] for name, *_ in seen}
+    assert names == {"tgdist-mspipe-stages", "tgdist-mspipe-update"}, names
+    assert all(n == nice and got == now == min(19, main + nice) for _, n, got, now in seen), seen
+    assert _nice() == main
 
 
 def test_an_error_in_a_stage_thread_ends_the_run_with_it_and_leaves_no_thread(tmp_path):

@@ -425,6 +425,9 @@ def test_run_directory_files(tmp_path):
     for key in ("loss", "val_ap", "val_auc", "test_ap", "test_mrr", "events_per_s", "eval_seconds"):
         assert np.isfinite(rec[key]), key
     assert set(rec["stage_seconds"]) == {"sample", "features", "memory_read", "compute", "memory_write"}
+    # the process's CPU time over the epoch's training: positive, and no more than every core's wall time
+    assert 0 < rec["train_cpu_seconds"] <= rec["train_seconds"] * (os.cpu_count() or 1) * 1.05
+    assert summary["train_cpu_seconds"] == rec["train_cpu_seconds"]
     assert json.loads((d / "summary.json").read_text())["test_ap"] == summary["test_ap"]
     assert "model:" in (d / "config.yaml").read_text()
 
@@ -719,7 +722,8 @@ def test_a_parallel_layout_in_one_process_is_refused_before_anything_is_written(
     assert not (tmp_path / "r").exists()
 
 
-_TIMES = ("train_seconds", "compile_seconds", "events_per_s", "stage_seconds", "eval_seconds", "final_test_seconds")
+_TIMES = ("train_seconds", "train_cpu_seconds", "compile_seconds", "events_per_s", "stage_seconds", "eval_seconds",
+          "final_test_seconds")
 
 
 @pytest.mark.distributed

@@ -70,9 +70,9 @@ def test_patience_stops_early_and_resumes_exactly(tmp_path):
     assert part["stopped"]
     resumed, dr = run(tmp_path, "resumed", ["train.epochs=5", "train.patience=2", f"train.resume={dp}"])
     assert {k: v for k, v in resumed.items() if k not in ("run_dir", "checkpoint", "train_events_per_s",
-                                                          "train_seconds", "eval_seconds")} == \
+                                                          "train_seconds", "train_cpu_seconds", "eval_seconds")} == \
         {k: v for k, v in stopped.items() if k not in ("run_dir", "checkpoint", "train_events_per_s",
-                                                       "train_seconds", "eval_seconds")}
+                                                       "train_seconds", "train_cpu_seconds", "eval_seconds")}
     assert resumed["checkpoint"] == str(dr / "checkpoints" / "best.pt")
     # the stopped run resumed: nothing to train, the same test; with more patience it trains on to
     # what the run without patience gives

@@ -111,6 +111,9 @@ def validate_pipeline(pipe, parallel=None, backend: str = "auto") -> None:
         raise ConfigError(f"pipeline.mitigation_lambda={pipe.mitigation_lambda}: give a weight in [0, 1]")
     if not 0 < pipe.mitigation_quantile <= 1:
         raise ConfigError(f"pipeline.mitigation_quantile={pipe.mitigation_quantile}: give a quantile in (0, 1]")
+    if not 0 <= pipe.stage_nice <= 19:
+        raise ConfigError(f"pipeline.stage_nice={pipe.stage_nice}: give a nice increment from 0 (the training "
+                          f"thread's priority) to 19 (the lowest)")
     if pipe.mode == "mspipe":
         if n != 1:
             raise ConfigError(f"pipeline.mode=mspipe takes whole batches: set pipeline.micro_batches=1, not "

@@ -27,6 +27,8 @@ within C3's cap, k_i is the cap and training waits (``Bounds.stall``).
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 import time
 from contextlib import contextmanager
@@ -38,8 +40,10 @@ import torch
 
 from tgdist.runtime.trainer import STAGES  # MSPipe's stages 1..5, in its order
 
-__all__ = ["STAGES", "StageLocks", "Bounds", "staleness_bounds", "read_schedule", "stale_fraction", "max_staleness",
-           "stale_rows", "mitigate", "quantile_gap", "similar_nodes", "update_gaps"]
+log = logging.getLogger(__name__)
+
+__all__ = ["STAGES", "StageLocks", "lower_priority", "Bounds", "staleness_bounds", "read_schedule", "stale_fraction",
+           "max_staleness", "stale_rows", "mitigate", "quantile_gap", "similar_nodes", "update_gaps"]
 
 
 @dataclass(frozen=True)
@@ -222,6 +226,32 @@ class StageLocks:
 
 # ----------------------------------------------------------------------------------------------
 # Similarity-based staleness mitigation (MSPipe-S, section 3.3)
+
+
+_PRIORITY_WARNED = False  # lower_priority: said once that this system cannot lower it
+
+
+def lower_priority(nice: int) -> int:
+    """Lower the calling thread's scheduling priority by ``nice`` (capped at 19, the lowest), and
+    return its nice value after. Linux schedules each thread on its own, so the training thread keeps
+    its priority. MSPipe's stage and update threads run so (``pipeline.stage_nice``): on a CPU the
+    training thread's torch kernels want every core at moments, and a stage thread at the same
+    priority then holds one of them, slowing training by about the stage's time; at a lower priority
+    the stages fill the cycles that training leaves idle. Where a thread's priority cannot be
+    changed (not Linux), it stays as it is, said once in the log."""
+    tid = threading.get_native_id()
+    try:
+        now = os.getpriority(os.PRIO_PROCESS, tid)
+        if nice > 0:
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, now + nice))
+        return os.getpriority(os.PRIO_PROCESS, tid)
+    except OSError as e:  # pragma: no cover - not Linux
+        global _PRIORITY_WARNED
+        if not _PRIORITY_WARNED:
+            _PRIORITY_WARNED = True
+            log.info("pipeline.stage_nice: this system does not let a thread's priority be lowered (%s); the stage "
+                     "threads keep the training thread's", e)
+        return 0
 
 
 def stale_rows(updated: torch.Tensor, now: float, gamma: float) -> list[int]:

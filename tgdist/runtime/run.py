@@ -58,8 +58,8 @@ from tgdist.runtime.build import build_trainer, micro_batches, staleness, valida
 from tgdist.runtime.cache import cache_totals
 from tgdist.runtime.distributed import (cpu_share, fault_injection, memory_backend, model_digest, rank_logging,
                                         shared_settings)
-from tgdist.runtime.mspipe import (STAGES, StageLocks, max_staleness, mitigate, quantile_gap, read_schedule,
-                                     similar_nodes, stale_rows, staleness_bounds, update_gaps)
+from tgdist.runtime.mspipe import (STAGES, StageLocks, lower_priority, max_staleness, mitigate, quantile_gap,
+                                     read_schedule, similar_nodes, stale_rows, staleness_bounds, update_gaps)
 from tgdist.runtime.pipeline import GradientSync, Prefetcher, fit_eta, fit_granularity
 from tgdist.runtime.tasks import downstream_alone, pretrain_static
 from tgdist.runtime.tensorboard import TensorBoardLog
@@ -161,6 +161,7 @@ class Run:
         self._read_pool: ThreadPoolExecutor | None = None  # mspipe: the stages before training, a thread per batch
         self._write_pool: ThreadPoolExecutor | None = None  # mspipe: the memory update stage
         self._writes: list[Future] = []  # mspipe: memory updates handed to the update stage, not yet waited for
+        self.stage_nice = pipe.stage_nice  # mspipe: how much lower its threads' priority is than training's
         self.stage_spans: list | None = None  # mspipe: a list to record each stage's turns in (timelines, tests)
         self._sampler_calls = None  # the sampler's call count after the last batch consumed (prefetch)
         self._resume = None  # (path, state) of train.resume, checked here and loaded by train()
@@ -502,7 +503,8 @@ class Run:
         def hand(write):
             wrote.append(t)
             if self._write_pool is None:
-                self._write_pool = ThreadPoolExecutor(1, thread_name_prefix="tgdist-mspipe-update")
+                self._write_pool = ThreadPoolExecutor(1, thread_name_prefix="tgdist-mspipe-update",
+                                                      initializer=lower_priority, initargs=(self.stage_nice,))
             self._writes.append(self._write_pool.submit(update, write))
 
         return hand
@@ -545,7 +547,8 @@ class Run:
 
     def _reader(self) -> ThreadPoolExecutor:
         if self._read_pool is None:  # Algorithm 1's thread per batch in flight (more queue, in order)
-            self._read_pool = ThreadPoolExecutor(MSPIPE_THREADS, thread_name_prefix="tgdist-mspipe-stages")
+            self._read_pool = ThreadPoolExecutor(MSPIPE_THREADS, thread_name_prefix="tgdist-mspipe-stages",
+                                             initializer=lower_priority, initargs=(self.stage_nice,))
         return self._read_pool
 
     def _take(self, key: int):
@@ -691,7 +694,7 @@ class Run:
         events = self._epoch_loss(index)[1]  # trained before a resume, mid-epoch
         prog = Progress(self.n_train - tr.split.range("train")[0], f"epoch {index} train", tr.progress)
         prog.done = events
-        return _Epoch(index, prog, time.perf_counter(), jit.compile_seconds())
+        return _Epoch(index, prog, time.perf_counter(), jit.compile_seconds(), time.process_time())
 
     def _add_loss(self, pass_index: int, loss_sum: float, events: int) -> None:
         self.losses.append((pass_index, loss_sum, events))
@@ -707,11 +710,13 @@ class Run:
     def _end_epoch(self, epoch: "_Epoch", next_iteration: int) -> None:
         cfg, tr = self.cfg, self.trainer
         el, compiled = time.perf_counter() - epoch.start, jit.compile_seconds() - epoch.compiled
+        cpu = time.process_time() - epoch.cpu  # every thread of this process: over train_seconds, the cores it kept busy
         loss, events = self._epoch_loss(epoch.index)
         if not np.isfinite(loss):
             log.warning("epoch %d: the training loss is %s: training diverged (lower train.lr?)", epoch.index, loss)
         res = {"epoch": epoch.index, "loss": loss, "train_events": events, "train_seconds": el,
-               "compile_seconds": compiled, "events_per_s": epoch.ran / max(el - compiled, 1e-9)}
+               "compile_seconds": compiled, "events_per_s": epoch.ran / max(el - compiled, 1e-9),
+               "train_cpu_seconds": cpu}
         train_stages = StageTimer(dict(tr.timer.seconds))  # before evaluation adds to it
         if tr.cache is not None:  # hits, expansions avoided, admissions and evictions of the epoch
             res["cache"] = tr.cache.take_stats()
@@ -909,6 +914,8 @@ class Run:
         out["checkpoint"] = str(self.best_path if self.alone and chosen is best else self.ckpt_path)
         out["train_events_per_s"] = float(np.mean(rates)) if rates else None
         out["train_seconds"] = float(sum(h.get("train_seconds", 0.0) or 0.0 for h in trained))
+        if self.alone:  # the CPU time of this process's training loops (a parallel run's ranks are apart)
+            out["train_cpu_seconds"] = float(sum(h.get("train_cpu_seconds", 0.0) or 0.0 for h in trained))
         out["eval_seconds"] = float(sum((h.get("eval_seconds") or 0.0) + (h.get("final_test_seconds") or 0.0)
                                         for h in trained))
         out["traversed_events"] = int(sum(h["train_events"] for h in trained))
@@ -1035,8 +1042,8 @@ def _runs(k: np.ndarray) -> list[list[int]]:
 class _Epoch:
     """The epoch under way in a run of one process: its index, progress line and clocks."""
 
-    def __init__(self, index: int, progress: Progress, start: float, compiled: float):
-        self.index, self.progress, self.start, self.compiled = index, progress, start, compiled
+    def __init__(self, index: int, progress: Progress, start: float, compiled: float, cpu: float):
+        self.index, self.progress, self.start, self.compiled, self.cpu = index, progress, start, compiled, cpu
         self.ran = 0  # events trained in this process (a resumed epoch's earlier ones are not timed)
 
 
