@@ -479,7 +479,9 @@ def test_the_stage_threads_run_at_pipeline_stage_nice_below_training(tmp_path, m
 
     monkeypatch.setattr(run_module, "lower_priority", recording)
     main = _nice()
-    run(tmp_path, "r", ["train.epochs=1", "pipeline.mode=mspipe", "pipeline.staleness=1", f"pipeline.stage_nice={nice}"])
+    s, _ = run(tmp_path, "r", ["train.epochs=1", "pipeline.mode=mspipe", "pipeline.staleness=1",
+                               f"pipeline.stage_nice={nice}"])
+    assert s["pipeline"]["stage_nice"] == nice
     names = {name.rsplit("_", 1)[0] for name, *_ in seen}
     assert names == {"tgdist-mspipe-stages", "tgdist-mspipe-update"}, names
     assert all(n == nice and got == now == min(19, main + nice) for _, n, got, now in seen), seen

@@ -422,7 +422,7 @@ class Run:
         out = {"prefetch": pipe.prefetch, "micro_batches": self.micro, "async_allreduce": pipe.async_allreduce,
                "fit": fit, "mode": pipe.mode}
         if self.mspipe:
-            out.update({"staleness": self.staleness, "bounds": self.bounds})
+            out.update({"staleness": self.staleness, "bounds": self.bounds, "stage_nice": self.stage_nice})
         if self.gamma is not None:
             out["mitigation"] = {"gamma_s": self.gamma, "lambda": pipe.mitigation_lambda,
                                  "stale_rows_read": self._stale_read, "rows_mitigated": self._mitigated}
@@ -504,7 +504,8 @@ class Run:
             wrote.append(t)
             if self._write_pool is None:
                 self._write_pool = ThreadPoolExecutor(1, thread_name_prefix="tgdist-mspipe-update",
-                                                      initializer=lower_priority, initargs=(self.stage_nice,))
+                                                      initializer=lower_priority,  # pipeline.stage_nice
+                                                      initargs=(self.stage_nice,))
             self._writes.append(self._write_pool.submit(update, write))
 
         return hand
@@ -548,7 +549,8 @@ class Run:
     def _reader(self) -> ThreadPoolExecutor:
         if self._read_pool is None:  # Algorithm 1's thread per batch in flight (more queue, in order)
             self._read_pool = ThreadPoolExecutor(MSPIPE_THREADS, thread_name_prefix="tgdist-mspipe-stages",
-                                             initializer=lower_priority, initargs=(self.stage_nice,))
+                                                 initializer=lower_priority,  # pipeline.stage_nice
+                                                 initargs=(self.stage_nice,))
         return self._read_pool
 
     def _take(self, key: int):
