@@ -22,7 +22,8 @@ machine's cores over the baseline's ``cores_busy`` bound what any overlap could 
 pipeline does at least the baseline's CPU work (``cpu_work_ratio_to_baseline``). The point
 ``K=1@nice0`` is K = 1 with the stage threads at training's priority (``pipeline.stage_nice=0``;
 the other MSPipe points use the default, 19). ``auto`` reports the K it chose and its five measured
-stage times tau; sum(tau) / max(tau) is the most any overlap of the five stages could speed an iteration up.
+stage times tau; sum(tau) / max(tau) is the most any overlap of the five stages could speed an
+iteration up.
 Prints one JSON object on stdout, progress on stderr; ``--plot`` draws test AP against staleness.
 ``--timeline PATH`` also trains the first data set and model once more at staleness 1, recording
 when each stage of each iteration ran and in which thread, and draws a window of iterations (the

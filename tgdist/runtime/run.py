@@ -712,7 +712,7 @@ class Run:
     def _end_epoch(self, epoch: "_Epoch", next_iteration: int) -> None:
         cfg, tr = self.cfg, self.trainer
         el, compiled = time.perf_counter() - epoch.start, jit.compile_seconds() - epoch.compiled
-        cpu = time.process_time() - epoch.cpu  # every thread of this process: over train_seconds, the cores it kept busy
+        cpu = time.process_time() - epoch.cpu  # all this process's threads; over train_seconds: cores kept busy
         loss, events = self._epoch_loss(epoch.index)
         if not np.isfinite(loss):
             log.warning("epoch %d: the training loss is %s: training diverged (lower train.lr?)", epoch.index, loss)
