@@ -342,3 +342,30 @@ def test_names_a_stream_cannot_spell_are_escaped(tmp_path):
                        cwd=tmp_path, capture_output=True, text=True, timeout=120, check=False,
                        env={**os.environ, "PYTHONIOENCODING": "ascii"})
     assert r.returncode == 0 and r.stdout.startswith("\\xe9v\\xe9nements: 3 events"), (r.stdout, r.stderr)
+
+
+def test_stderr_lines_of_processes_sharing_a_pipe_stay_whole_under_pythonunbuffered():
+    """torchrun's ranks share one stderr pipe, and PYTHONUNBUFFERED (set by many launch scripts)
+    makes ``print`` write a line's text and its newline apart: without ``standard_streams`` two
+    processes printing at once gave 826-3,150 broken lines of 6,000 here (one rank's error ran
+    into another's, a flaky failure of test_user_files). With it, every line arrives whole. The two
+    start printing together (each says it is ready on stdout, then waits for a go on stdin)."""
+    code = ("import sys\nfrom tgdist.cli import standard_streams\nstandard_streams()\n"
+            "print('ready', flush=True)\nsys.stdin.readline()\n"
+            "for i in range(5000):\n    print(sys.argv[1] + ' ' + 'x' * 150 + f' {i}', file=sys.stderr)\n")
+    read, write = os.pipe()
+    procs = [subprocess.Popen([sys.executable, "-c", code, tag], stderr=write, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"}) for tag in "AB"]
+    os.close(write)
+    assert [p.stdout.readline() for p in procs] == [b"ready\n"] * 2
+    for p in procs:
+        p.stdin.write(b"go\n")
+        p.stdin.close()
+    with os.fdopen(read, "rb") as f:
+        lines = f.read().decode().splitlines()
+    assert [p.wait(timeout=60) for p in procs] == [0, 0]
+    for p in procs:
+        p.stdout.close()
+    assert len(lines) == 10000
+    broken = [ln for ln in lines if not re.fullmatch(r"[AB] x{150} \d+", ln)]
+    assert not broken, broken[:3]

@@ -35,7 +35,10 @@ def standard_streams() -> None:
     """Make a closed stdout or stderr (``2>&-``) write to /dev/null: Python leaves it None, where
     every message and progress line would fail, and the next file opened would take its number.
     On a stream whose encoding cannot spell every name (``PYTHONIOENCODING=ascii``, a C locale),
-    what it cannot spell is written as escapes instead of failing the command."""
+    what it cannot spell is written as escapes instead of failing the command. Under
+    ``PYTHONUNBUFFERED`` (``python -u``) stderr is line-buffered again: there every ``print``
+    writes its text and its newline apart, and the ranks of one torchrun, which share a pipe, then
+    interleave their lines (one rank's error ending in the middle of another's)."""
     for fd, name in ((1, "stdout"), (2, "stderr")):
         if getattr(sys, name) is None:
             null = os.open(os.devnull, os.O_WRONLY)
@@ -46,6 +49,8 @@ def standard_streams() -> None:
         stream = getattr(sys, name)
         if hasattr(stream, "reconfigure") and (stream.encoding or "").lower().replace("-", "") != "utf8":
             stream.reconfigure(errors="backslashreplace")
+        if name == "stderr" and getattr(stream, "write_through", False):  # a line in one write
+            stream.reconfigure(write_through=False, line_buffering=True)
 
 
 def numba_threads_error() -> str | None:
