@@ -224,10 +224,6 @@ class StageLocks:
             raise self._error
 
 
-# ----------------------------------------------------------------------------------------------
-# Similarity-based staleness mitigation (MSPipe-S, section 3.3)
-
-
 _PRIORITY_WARNED = False  # lower_priority: said once that this system cannot lower it
 
 
@@ -252,6 +248,10 @@ def lower_priority(nice: int) -> int:
             log.info("pipeline.stage_nice: this system does not let a thread's priority be lowered (%s); the stage "
                      "threads keep the training thread's", e)
         return 0
+
+
+# ----------------------------------------------------------------------------------------------
+# Similarity-based staleness mitigation (MSPipe-S, section 3.3)
 
 
 def stale_rows(updated: torch.Tensor, now: float, gamma: float) -> list[int]:

@@ -161,7 +161,6 @@ class Run:
         self._read_pool: ThreadPoolExecutor | None = None  # mspipe: the stages before training, a thread per batch
         self._write_pool: ThreadPoolExecutor | None = None  # mspipe: the memory update stage
         self._writes: list[Future] = []  # mspipe: memory updates handed to the update stage, not yet waited for
-        self.stage_nice = pipe.stage_nice  # mspipe: how much lower its threads' priority is than training's
         self.stage_spans: list | None = None  # mspipe: a list to record each stage's turns in (timelines, tests)
         self._sampler_calls = None  # the sampler's call count after the last batch consumed (prefetch)
         self._resume = None  # (path, state) of train.resume, checked here and loaded by train()
@@ -422,7 +421,7 @@ class Run:
         out = {"prefetch": pipe.prefetch, "micro_batches": self.micro, "async_allreduce": pipe.async_allreduce,
                "fit": fit, "mode": pipe.mode}
         if self.mspipe:
-            out.update({"staleness": self.staleness, "bounds": self.bounds, "stage_nice": self.stage_nice})
+            out.update({"staleness": self.staleness, "bounds": self.bounds, "stage_nice": pipe.stage_nice})
         if self.gamma is not None:
             out["mitigation"] = {"gamma_s": self.gamma, "lambda": pipe.mitigation_lambda,
                                  "stale_rows_read": self._stale_read, "rows_mitigated": self._mitigated}
@@ -505,7 +504,7 @@ class Run:
             if self._write_pool is None:
                 self._write_pool = ThreadPoolExecutor(1, thread_name_prefix="tgdist-mspipe-update",
                                                       initializer=lower_priority,  # pipeline.stage_nice
-                                                      initargs=(self.stage_nice,))
+                                                      initargs=(self.cfg.pipeline.stage_nice,))
             self._writes.append(self._write_pool.submit(update, write))
 
         return hand
@@ -550,7 +549,7 @@ class Run:
         if self._read_pool is None:  # Algorithm 1's thread per batch in flight (more queue, in order)
             self._read_pool = ThreadPoolExecutor(MSPIPE_THREADS, thread_name_prefix="tgdist-mspipe-stages",
                                                  initializer=lower_priority,  # pipeline.stage_nice
-                                                 initargs=(self.stage_nice,))
+                                                 initargs=(self.cfg.pipeline.stage_nice,))
         return self._read_pool
 
     def _take(self, key: int):
