@@ -11,7 +11,8 @@ peak resident memory and its clock; the parent sums the ranks. Sections:
 
 - ``bytes``: bytes per epoch per phase, payload apart from indices, summed over every rank's sent
   and received bytes (Sven counts each byte twice too), beside Sven's formulas (7)-(9)
-  (``tgdist.memory.volumes``) for the epoch's N1, eta1, N2, eta2 and M.
+  (``tgdist.memory.volumes``) for the epoch's N1, eta1, N2, eta2 and M; DepComm both ways
+  (``memory.remote_dispatch``: a row per sampled occurrence, its default, and per distinct node).
 - ``links``: the largest per-link dispatch volume of the sven backend under range, interval and
   Re-FlexBiCut placement (the balance Sven eq. (5) targets).
 - ``memory``: rows and bytes of node memory held per trainer, and each rank's peak RSS, depcache
@@ -40,6 +41,9 @@ from common import at_least, emit, free_port, machine, note, run_main
 
 SECTIONS = ("bytes", "links", "memory", "time")
 BACKENDS = ("depcache", "depcomm", "sven")
+# the bytes section also runs DepComm with one row per distinct node (its default sends one per
+# sampled occurrence, as the paper's DepComm and eq. (8))
+DISTINCT = "depcomm:memory.remote_dispatch=distinct"
 # the phases a backend's exchanges count under (gradients: the all-reduce every backend shares)
 PHASES = ("dispatch", "remote_dispatch", "backward", "aggregation")
 
@@ -204,7 +208,7 @@ def formulas(ranks: list[dict]) -> dict:
             "mailbox_size": r0["mailbox_size"],
             "depcache_7": depcache, "depcomm_8": depcomm1 + depcomm2, "depcomm_8_dispatch": depcomm1,
             "depcomm_8_aggregation": depcomm2,
-            # our DepComm trainer asks for its distinct nodes (N1 (1 - eta1)), not every occurrence
+            # DepComm with memory.remote_dispatch=distinct: a row per distinct node, N1 (1 - eta1)
             "depcomm_8_with_distinct_reads": volumes.depcomm_volume(d1, n2, eta2, m, mem_b + 1, mail_b)[0] + depcomm2,
             "sven_9": sven1 + sven2, "sven_9_dispatch": sven1, "sven_9_aggregation": sven2}
 
@@ -227,19 +231,23 @@ def section_bytes(args) -> list[dict]:
             for m in args.trainers:
                 note(f"bytes: {data} {model} M={m}")
                 t0 = time.perf_counter()
-                runs = launch(m, list(BACKENDS), common_overrides(args, data, model, m, args.max_events[data]),
-                              args.timeout)
+                specs = [*BACKENDS, DISTINCT]
+                runs = launch(m, specs, common_overrides(args, data, model, m, args.max_events[data]), args.timeout)
                 row = {"data": data, "model": model, "M": m, "max_events": args.max_events[data],
                        "global_batch": args.global_batch, "seconds": round(time.perf_counter() - t0, 1),
-                       "formulas": formulas(runs[BACKENDS.index("sven")])}
-                for backend, ranks in zip(BACKENDS, runs):
-                    row[backend] = summarize(ranks)
-                    if backend != "depcache":
-                        row[backend]["link_rows"] = [r["link_rows"] for r in ranks]
-                sven, comm, cache = (row[b]["memory_payload"] for b in ("sven", "depcomm", "depcache"))
+                       "formulas": formulas(runs[specs.index("sven")])}
+                for spec, ranks in zip(specs, runs):
+                    name = "depcomm_distinct" if spec == DISTINCT else spec
+                    row[name] = summarize(ranks)
+                    if spec != "depcache":
+                        row[name]["link_rows"] = [r["link_rows"] for r in ranks]
+                sven, comm, cache, distinct = (row[b]["memory_payload"]
+                                               for b in ("sven", "depcomm", "depcache", "depcomm_distinct"))
                 row["sven_vs_depcomm"] = comm / sven if sven else None
+                row["sven_vs_depcomm_distinct"] = distinct / sven if sven else None
                 row["sven_vs_depcache"] = cache / sven if sven else None
-                note(f"  payload depcache {cache:,} depcomm {comm:,} sven {sven:,} ({row['seconds']} s)")
+                note(f"  payload depcache {cache:,} depcomm {comm:,} (distinct {distinct:,}) sven {sven:,} "
+                     f"({row['seconds']} s)")
                 rows.append(row)
     return rows
 
@@ -351,9 +359,9 @@ def main() -> int:
     ap.add_argument("--link-trainers", nargs="+", type=at_least(2), default=[4, 8], help="M of the links section")
     ap.add_argument("--global-batch", type=at_least(8), default=1600,
                     help="events per iteration over all M trainers (each trains global-batch / M)")
-    ap.add_argument("--wikipedia-events", type=at_least(1), default=30_000,
-                    help="data.max_events of Wikipedia in the bytes and links sections (0 would be all)")
-    ap.add_argument("--sfhh-events", type=at_least(1), default=30_000, help="data.max_events of SFHH")
+    ap.add_argument("--wikipedia-events", type=at_least(0), default=30_000,
+                    help="data.max_events of Wikipedia in the bytes and links sections (0: all)")
+    ap.add_argument("--sfhh-events", type=at_least(0), default=30_000, help="data.max_events of SFHH (0: all)")
     ap.add_argument("--time-events", type=at_least(1), default=60_000, help="data.max_events of the time section")
     ap.add_argument("--synthetic-events", type=at_least(1), default=2_000_000)
     ap.add_argument("--synthetic-nodes", type=at_least(1), default=1_000_000)
@@ -368,7 +376,7 @@ def main() -> int:
     result = {"benchmark": "memory_backends", "machine": machine(),
               "setup": f"mini-batch parallelism M x 1 x 1 under torchrun (gloo, CPU, 1 thread per rank); global batch "
                        f"{args.global_batch} events split over the M trainers; 1 training epoch of the first "
-                       f"max_events events (70% train); bytes summed over ranks, sent + received"}
+                       f"max_events events (0: all; 70% train); bytes summed over ranks, sent + received"}
     for name in SECTIONS:
         if name in args.sections:
             result[name] = globals()[f"section_{name}"](args)

@@ -20,6 +20,7 @@ from tgdist.config import (
     PartitionJob,
     PartitionMethod,
     PartitionWeights,
+    RemoteDispatch,
     SamplingStrategy,
     Select,
     Task,
@@ -81,6 +82,7 @@ OPTIONS = {
     "train.lr_scaling": "linear, sqrt, none",
     "train.select": "best_val, last",
     "memory.backend": "auto, local, depcache, daemon, depcomm, sven",
+    "memory.remote_dispatch": "occurrences, distinct",
     "partition.method": "range, interval, reflexbicut, greedy",
     "partition.weights": "dedup, raw",
 }
@@ -153,7 +155,7 @@ def test_an_interpolated_value_is_checked_as_it_resolves(monkeypatch):
 def test_option_names_are_their_values():
     """OmegaConf looks a value up by member name: the two must be the same."""
     kinds = [MemoryBackend, ModelName, DataFormat, TimeUnit, SamplingStrategy, Task, LrScaling, PartitionMethod,
-             PartitionWeights, Select]
+             PartitionWeights, Select, RemoteDispatch]
     assert sorted(k.__name__ for k in kinds) == sorted(k.__name__ for k in Choice.__subclasses__())
     for kind in kinds:
         assert [m.name for m in kind] == [m.value for m in kind]
@@ -165,6 +167,7 @@ def test_the_options_are_what_the_layers_below_implement():
     from tgdist.data.synthetic import generate
     from tgdist.distributed.schedule import LR_SCALING_MODES
     from tgdist.distributed.world import MEMORY_BACKENDS
+    from tgdist.memory.depcomm import REMOTE_DISPATCH
     from tgdist.models.modules import build_model
     from tgdist.partition.access import WEIGHTS
     from tgdist.partition.methods import METHODS
@@ -179,6 +182,7 @@ def test_the_options_are_what_the_layers_below_implement():
     assert names(PartitionWeights) == list(WEIGHTS)
     assert set(names(MemoryBackend)) == {"auto", *MEMORY_BACKENDS}
     assert set(memory.names()) <= set(names(MemoryBackend))
+    assert names(RemoteDispatch) == list(REMOTE_DISPATCH)
     models = [build_model(m, num_nodes=4, mem_dim=4, time_dim=2) for m in ModelName]
     assert [type(model).__name__ for model in models] == ["TemporalModel"] * 3
     with pytest.raises(ValueError):

@@ -139,9 +139,11 @@ ModelName = _choice("ModelName", "tgn jodie apan")  # model.name: what tgdist.mo
 Task = _choice("Task", "link node edge")  # train.task
 LrScaling = _choice("LrScaling", "linear sqrt none")  # train.lr_scaling: tgdist.distributed.schedule.LR_SCALING_MODES
 Select = _choice("Select", "best_val last")  # train.select: which epoch a run reports and hands on
-# memory.backend: auto, or a store of the registry (tgdist.memory). depcomm and sven are planned
-# (docs/architecture.md): they compose, and a run refuses them until their stores are registered.
+# memory.backend: auto, or a store of the registry (tgdist.memory); a value listed here whose store
+# is not registered composes, and a run refuses it (docs/architecture.md, "Memory stores")
 MemoryBackend = _choice("MemoryBackend", "auto local depcache daemon depcomm sven")
+# memory.remote_dispatch: what depcomm's owners send each requester (tgdist.memory.depcomm)
+RemoteDispatch = _choice("RemoteDispatch", "occurrences distinct")
 PartitionMethod = _choice("PartitionMethod", "range interval reflexbicut greedy")  # tgdist.partition.methods.METHODS
 PartitionWeights = _choice("PartitionWeights", "dedup raw")  # partition.weights: tgdist.partition.access.WEIGHTS
 
@@ -315,6 +317,9 @@ class MemoryConfig:
     max_ids: Optional[int] = None  # daemon: rows per read slot (null: bounded from batch and fanouts)
     timeout: float = 120.0  # daemon: seconds a trainer waits for it before failing
     num_threads: int = 1  # daemon: torch threads of the daemon process
+    # depcomm: the rows of its remote dispatch: occurrences (one per sampled occurrence of a node, the
+    # paper's DepComm and eq. (8)) | distinct (one per distinct node a trainer needs; same training)
+    remote_dispatch: RemoteDispatch = RemoteDispatch.occurrences
 
 
 @dataclass

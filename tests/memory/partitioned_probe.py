@@ -15,6 +15,7 @@ from tgdist.distributed.world import ProcessGroups, detect
 from tgdist.memory.store import MemoryRead
 from tgdist.runtime.build import build_trainer, compose
 from tgdist.runtime.run import Run
+from tgdist.runtime.trainer import occurrences as occurrences_of
 
 STATE = ("mem", "mem_ts", "mail", "mail_ts", "head")
 
@@ -37,8 +38,8 @@ def run(backend: str, cfg, layout: Layout, world, groups) -> dict:
     tr, store = driver.trainer, driver.trainer.memory
     m = tr.model
     rec = {"losses": [], "grads": [], "states": [], "counters": [], "links": [], "reads": [], "occurrences": [],
-           "events": [], "mem_writes": [], "mail_writes": [], "read_values": {}}
-    reads, occurrences, events, mem_writes, mail_writes = [], [], [], [], []
+           "uses": [], "events": [], "mem_writes": [], "mail_writes": [], "read_values": {}}
+    reads, occurrences, uses, events, mem_writes, mail_writes = [], [], [], [], [], []
     prepare, write_memory, write_mail = tr.prepare, store.write_memory, store.write_mail
     end_training = store.end_training
 
@@ -49,6 +50,7 @@ def run(backend: str, cfg, layout: Layout, world, groups) -> dict:
                                                                            for k in STATE[:4])))
         reads.append(p.ids.clone())
         occurrences.append(p.root_idx.numel() + sum(int(h.mask.sum()) for h in p.hop_tables))
+        uses.append(occurrences_of(p))  # per id of the read: how often the batch samples it
         events.append(hi - lo)
         return p
 
@@ -80,7 +82,7 @@ def run(backend: str, cfg, layout: Layout, world, groups) -> dict:
         rec["states"].append(state_of(store))
         rec["counters"].append(driver.counter.as_dict())
         rec["links"].append({k: torch.from_numpy(v.copy()) for k, v in getattr(store, "link_rows", {}).items()})
-        for key, got in (("reads", reads), ("occurrences", occurrences), ("events", events),
+        for key, got in (("reads", reads), ("occurrences", occurrences), ("uses", uses), ("events", events),
                          ("mem_writes", mem_writes), ("mail_writes", mail_writes)):
             rec[key].append(list(got))
             got.clear()

@@ -223,8 +223,10 @@ def _check_bytes(ranks: list[dict], run: str, group: list[int], formulas: bool) 
     d, (s, dm) = state["mem"].shape[1], state["mail"].shape[1:]
     mem_bytes, mail_bytes = 4 * d + 8, 4 * dm + 8  # a row with its float64 time
     backend = run.split(":")[0]
+    per_occurrence = backend == "depcomm" and "memory.remote_dispatch=distinct" not in run
     for t in range(len(recs[0]["losses"])):
         reads = [torch.cat(r["reads"][t]) if r["reads"][t] else torch.zeros(0, dtype=torch.long) for r in recs]
+        uses = [torch.cat(r["uses"][t]) if r["uses"][t] else torch.zeros(0, dtype=torch.long) for r in recs]
         writes = [torch.cat(r["mem_writes"][t]) if r["mem_writes"][t] else torch.zeros(0, dtype=torch.long)
                   for r in recs]
         mails = [torch.cat(r["mail_writes"][t]) if r["mail_writes"][t] else torch.zeros(0, dtype=torch.long)
@@ -253,6 +255,10 @@ def _check_bytes(ranks: list[dict], run: str, group: list[int], formulas: bool) 
                     row = mem_bytes + s * mail_bytes
                     expected["dispatch.payload"] = (served * row, need * row)
                 else:  # updated memory, its time and whether it was updated; gradients back
+                    if per_occurrence:  # a row per sampled occurrence; each slot's count travels (int32)
+                        expected["dispatch.index"] = (need * 12, served * 12)
+                        need = int(uses[g][owner[reads[g]] != g].sum())
+                        served = sum(int(uses[x][owner[reads[x]] == g].sum()) for x in range(m) if x != g)
                     expected["remote_dispatch.payload"] = (served * (mem_bytes + 1), need * (mem_bytes + 1))
                     expected["backward.payload"] = (need * 4 * d, served * 4 * d)
                     expected["dispatch.payload"] = (0, 0)
@@ -262,6 +268,7 @@ def _check_bytes(ranks: list[dict], run: str, group: list[int], formulas: bool) 
         if not formulas:
             continue
         n1 = sum(sum(r["occurrences"][t]) for r in recs)
+        assert n1 == sum(int(u.sum()) for u in uses)  # the store was told every sampled occurrence
         distinct1 = sum(len(x) for x in reads)
         n2 = sum(2 * sum(r["events"][t]) for r in recs)
         distinct2 = sum(len(x) for x in writes)
@@ -277,10 +284,14 @@ def _check_bytes(ranks: list[dict], run: str, group: list[int], formulas: bool) 
         if backend == "sven":
             c1, c2 = volumes.sven_volume(n1, eta1, n2, eta2, m, mem_bytes, mail_bytes, remote=(r1, r2))
             assert totals["dispatch.payload"] == pytest.approx(c1, rel=1e-12)
-        else:  # our trainer sends its distinct nodes, so (8)'s N1 is N1 (1 - eta1) here, and an
-            # updated row carries a flag (whether it was updated) besides its time: d_mem C0 + 1
-            c1 = volumes.depcomm_volume(distinct1, n2, eta2, m, mem_bytes + 1, mail_bytes, remote=(r1, r2))[0]
-            c2 = volumes.depcomm_volume(distinct1, n2, eta2, m, mem_bytes, mail_bytes, remote=(r1, r2))[1]
+        else:  # an updated row carries a flag (whether it was updated) besides its time: d_mem C0 + 1
+            if per_occurrence:  # (8) as it stands: N1 rows, the remote share counted over occurrences
+                rows = n1
+                r1 = sum(int(uses[g][owner[reads[g]] != g].sum()) for g in range(m)) / n1
+            else:  # the trainer's distinct nodes: (8)'s N1 becomes N1 (1 - eta1)
+                rows = distinct1
+            c1 = volumes.depcomm_volume(rows, n2, eta2, m, mem_bytes + 1, mail_bytes, remote=(r1, r2))[0]
+            c2 = volumes.depcomm_volume(rows, n2, eta2, m, mem_bytes, mail_bytes, remote=(r1, r2))[1]
             assert totals["remote_dispatch.payload"] == pytest.approx(c1, rel=1e-12)
         assert totals["aggregation.payload"] == pytest.approx(c2, rel=1e-12)
 
@@ -344,9 +355,24 @@ def _check_runs(ranks: list[dict], groups: list[list[int]], formulas: bool, depc
 @pytest.mark.parametrize("model", ["tgn", pytest.param("jodie", marks=pytest.mark.slow),
                                    pytest.param("apan", marks=pytest.mark.slow)])  # ~20, 20, 30 s
 def test_2x1x1_sven_is_depcache_bit_for_bit_and_depcomm_within_rounding(tmp_path, model):
-    ranks = _probe(tmp_path, 2, f"model={model}", "parallel.i=2", "train.epochs=2", "train.lr=1e-3")
+    """Also DepComm's two remote dispatches: a row per sampled occurrence (the default, eq. (8))
+    trains bit for bit as a row per distinct node, and each counts its own bytes."""
+    distinct = f"depcomm:{DEPCOMM_LR};memory.remote_dispatch=distinct"
+    ranks = _probe(tmp_path, 2, f"model={model}", "parallel.i=2", "train.epochs=2", "train.lr=1e-3",
+                   runs=f"{RUNS},{distinct}")
     _check_runs(ranks, [[0, 1]], formulas=model == "tgn")
     _check_links_against_partitioner(ranks, (f"model={model}",), 2)
+    for r in range(2):
+        a, b = ranks[r][f"depcomm:{DEPCOMM_LR}"], ranks[r][distinct]
+        assert a["losses"] == b["losses"] and len(a["losses"]) > 2
+        assert all(torch.equal(x[k], y[k]) for x, y in zip(a["states"], b["states"]) for k in x)
+        assert all(torch.equal(x, y) for x, y in zip(a["grads"], b["grads"]))
+        assert all(torch.equal(x, y) for x, y in zip(a["params"], b["params"]))
+    assert _same_metrics(ranks[0][f"depcomm:{DEPCOMM_LR}"]["metrics"], ranks[0][distinct]["metrics"])
+    _check_bytes(ranks, distinct, [0, 1], formulas=model == "tgn")
+    sent = {run: sum(ranks[r][run]["counters"][-1]["remote_dispatch.payload"]["bytes_sent"] for r in range(2))
+            for run in (f"depcomm:{DEPCOMM_LR}", distinct)}
+    assert sent[f"depcomm:{DEPCOMM_LR}"] > 1.5 * sent[distinct] > 0  # the occurrences are the many
 
 
 @pytest.mark.distributed

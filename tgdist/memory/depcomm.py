@@ -8,6 +8,17 @@ memory back (remote dispatch) through an all-to-all whose backward is the revers
 the gradients of that memory return to the owners and the updater trains as under DepCache (the
 group's gradient all-reduce sums the owners' parts). Writes are aggregated as sven's are.
 
+What the remote dispatch sends (``memory.remote_dispatch``):
+
+- ``occurrences`` (the default): one row per sampled occurrence of a node, without
+  deduplication, as DESIGN.md and the paper's DepComm have it (eq. (8) counts N1 rows). The
+  requester sends each distinct node's occurrence count with its slot; the owner repeats the
+  updated row that many times. The requester's model works on distinct nodes, so it keeps the
+  first copy of each (the copies are equal) and the others carry zero gradients back, which the
+  owner's sum adds exactly: training is bit-identical to ``distinct``, only the bytes differ.
+- ``distinct``: one row per distinct node a trainer needs, N1 (1 - eta1) rows: DepComm with
+  Sven's redundancy-free reads, the smaller exchange.
+
 Not bit-identical to DepCache: an owner's updater sees a batch of rows from several trainers, and
 the gradient of one parameter is summed in another order, so results agree to float rounding
 (amplified by Adam where a gradient entry is near zero); the tests state the tolerance.
@@ -23,7 +34,7 @@ import torch
 from tgdist.distributed import collectives
 from tgdist.errors import ConfigError
 from tgdist.memory import StoreContext, register
-from tgdist.memory.store import MemoryRead, MemoryStore
+from tgdist.memory.store import MemoryRead
 from tgdist.memory.sven import PartitionedMemory, build
 
 
@@ -31,12 +42,15 @@ from tgdist.memory.sven import PartitionedMemory, build
 class DepCommRead:
     """What a DepComm read leaves for the update: ``requests[s]`` the slots group rank s asked
     this trainer (their owner) for, ``order`` / ``counts`` how this trainer's distinct nodes are
-    grouped by owner, ``psi`` the repeats to restore (None: none)."""
+    grouped by owner, ``psi`` the repeats of the read's ids to restore (None: none); with
+    ``memory.remote_dispatch=occurrences`` the occurrence counts that size the remote dispatch."""
 
     requests: list
     order: torch.Tensor
     counts: list
     psi: torch.Tensor | None
+    repeats: list | None = None  # [s]: the occurrences of each slot group rank s asked for (None: distinct)
+    mine: torch.Tensor | None = None  # this trainer's occurrences of its distinct nodes, in ``order``
 
 
 class _RemoteDispatch(torch.autograd.Function):
@@ -61,23 +75,37 @@ class _RemoteDispatch(torch.autograd.Function):
         return torch.cat(got["grad"]), None, None, None, None, None
 
 
+# memory.remote_dispatch: a row per sampled occurrence (eq. (8)) | per distinct node
+REMOTE_DISPATCH = ("occurrences", "distinct")
+
+
 class DepCommMemory(PartitionedMemory):
     """``memory.backend=depcomm``: the partitioned store whose owners update the rows they serve."""
 
     name = "depcomm"
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, remote_dispatch: str = "occurrences", **kwargs):
         super().__init__(*args, **kwargs)
+        if remote_dispatch not in REMOTE_DISPATCH:
+            raise ConfigError(f"memory.remote_dispatch={remote_dispatch}: choose one of {', '.join(REMOTE_DISPATCH)}")
+        self.remote_dispatch = remote_dispatch
+        self.wants_occurrences = remote_dispatch == "occurrences"
         self.link_rows["remote_dispatch"] = self.link_rows.pop("dispatch")
 
-    # micro-batches: each read in turn (a read sends slots only; the rows travel in ``update``)
-    read_many = MemoryStore.read_many
-
-    def read(self, ids: torch.Tensor):
+    def read(self, ids: torch.Tensor, occurrences: torch.Tensor | None = None):
+        """The dispatch of the slots (and, per occurrence, their counts; ``None``: once each)."""
         if self.alone:
             return self.shard.read(ids)
-        psi, order, counts, requests = self._request(ids)
-        return DepCommRead(requests, order, counts, psi)
+        if self.wants_occurrences:  # every id read is sent at least once
+            occurrences = (torch.ones(ids.shape[0], dtype=torch.int64, device=ids.device) if occurrences is None
+                           else occurrences.clamp(min=1))
+        psi, order, counts, got = self._request(ids, occurrences if self.wants_occurrences else None)
+        return DepCommRead(got["slot"], order, counts, psi, got.get("repeats"), got.get("mine"))
+
+    def read_many(self, ids: list[torch.Tensor], occurrences: list | None = None) -> list:
+        """Micro-batches: each read in turn (a read sends slots only; the rows travel in ``update``)."""
+        per_read = occurrences if occurrences is not None else [None] * len(ids)
+        return [self.read(x, o) for x, o in zip(ids, per_read)]
 
     def update(self, read, updater):
         """Local dispatch and update at the owners, remote dispatch of the updated memory."""
@@ -86,11 +114,21 @@ class DepCommMemory(PartitionedMemory):
         sizes = [r.numel() for r in read.requests]
         served: MemoryRead = self.shard.read(torch.cat(read.requests))
         upd = updater(served)
+        mem, mem_ts, updated = upd.mem, upd.mem_ts, upd.updated
+        if read.repeats is not None:  # a row per occurrence (index_select: its backward sums the copies)
+            rep = torch.cat(read.repeats).to(device=mem.device, dtype=torch.int64)
+            copies = torch.repeat_interleave(torch.arange(rep.shape[0], device=mem.device), rep)
+            mem, mem_ts, updated = (x.index_select(0, copies) for x in (mem, mem_ts, updated))
+            sizes = [int(r.sum()) for r in read.repeats]
         self._count_links("remote_dispatch", sizes)
         # anchor: the dispatch is recorded (and its backward collective made) on every trainer
         # while training, even one whose served rows need no gradient
         anchor = torch.zeros((), requires_grad=torch.is_grad_enabled())
-        mem, mem_ts, updated = _RemoteDispatch.apply(upd.mem, upd.mem_ts, upd.updated, anchor, sizes, self)
+        mem, mem_ts, updated = _RemoteDispatch.apply(mem, mem_ts, updated, anchor, sizes, self)
+        if read.mine is not None:  # the first copy of each node: the copies are equal
+            mine = read.mine.to(device=mem.device, dtype=torch.int64)
+            first = torch.cumsum(mine, 0) - mine
+            mem, mem_ts, updated = (x.index_select(0, first) for x in (mem, mem_ts, updated))
         inverse = torch.empty_like(read.order)
         inverse[read.order] = torch.arange(read.order.numel(), device=read.order.device)
         if read.psi is not None:
@@ -107,4 +145,4 @@ def _depcomm(ctx: StoreContext) -> DepCommMemory:
             raise ConfigError(f"memory.backend=depcomm: the last global batch has {rest} event{'s' * (rest != 1)} for "
                               f"parallel.i={i} trainers, so a trainer would have none and could not update the memory "
                               f"it owns for the others; change train.batch_size")
-    return build(DepCommMemory, ctx)
+    return build(DepCommMemory, ctx, remote_dispatch=str(ctx.cfg.memory.remote_dispatch))

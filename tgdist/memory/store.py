@@ -46,6 +46,10 @@ class MemoryStore(nn.Module):
     # Whether the memory group's copy is held once for all its trainers (a daemon's): only the
     # group's writer then loads it from a checkpoint, the others wait for it.
     one_copy_per_group = False
+    # Whether ``read`` and ``read_many`` take ``occurrences``: how often the batch uses each id (its
+    # sampled occurrences, ``Trainer.occurrences``), which the trainer then computes and passes. A
+    # store that sends a row per occurrence (DepComm as the paper counts it, eq. (8)) asks for it.
+    wants_occurrences = False
 
     def checkpoint_part(self, ii: int, jj: int, kk: int) -> tuple[str, bool]:
         """The checkpoint file (in the iteration's directory) that holds this trainer's memory, and

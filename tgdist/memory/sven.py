@@ -206,16 +206,27 @@ class PartitionedMemory(MemoryStore):
 
     # -- reads ----------------------------------------------------------------------------------
 
-    def _request(self, ids: torch.Tensor):
+    def _request(self, ids: torch.Tensor, occurrences: torch.Tensor | None = None):
         """Dispatch, first half: the distinct ids grouped by owner, and their slots at the owners.
-        Returns ``(psi, order, counts, requests)``: ``requests[s]`` the slots group rank s asks
-        this trainer for (``requests[me]``: its own)."""
+        Returns ``(psi, order, counts, got)``: ``got["slot"][s]`` the slots group rank s asks this
+        trainer for (``[me]``: its own). ``occurrences`` (int, aligned with ``ids``): how often the
+        batch uses each id; summed per distinct node, it travels with the slots as
+        ``got["repeats"][s]`` (int32, index bytes), and ``got["mine"]`` is this trainer's own, in
+        ``order``."""
         uniq, psi = redundancy_free(ids)
         owner, slot = self.maps.lookup(uniq)
         order, counts = by_owner(owner, self.maps.num_parts)
-        got = collectives.all_to_all_rows({"slot": list(slot.index_select(0, order).split(counts))}, self.group,
-                                          name="dispatch", counter=self.counter, index=("slot",))
-        return psi, order, counts, got["slot"]
+        parts = {"slot": list(slot.index_select(0, order).split(counts))}
+        if occurrences is not None:
+            if psi is not None:
+                occurrences = torch.zeros(uniq.shape[0], dtype=occurrences.dtype,
+                                          device=occurrences.device).index_add_(0, psi, occurrences)
+            mine = occurrences.index_select(0, order).to(torch.int32)
+            parts["repeats"] = list(mine.split(counts))
+        got = collectives.all_to_all_rows(parts, self.group, name="dispatch", counter=self.counter, index=tuple(parts))
+        if occurrences is not None:
+            got["mine"] = mine
+        return psi, order, counts, got
 
     def read(self, ids: torch.Tensor) -> MemoryRead:
         """Algorithm 2's dispatch: each distinct node once, raw rows from its owner."""
@@ -233,7 +244,8 @@ class PartitionedMemory(MemoryStore):
         return [self._dispatch(i) for i in ids]
 
     def _dispatch(self, ids: torch.Tensor) -> collectives.Handle:
-        psi, order, counts, requests = self._request(ids)
+        psi, order, counts, got = self._request(ids)
+        requests = got["slot"]
         served = [self.shard.read(r) for r in requests]
         self._count_links("dispatch", [r.numel() for r in requests])
         rows = {k: [getattr(r, k) for r in served] for k in ("mem", "mem_ts", "mail", "mail_ts")}
@@ -328,13 +340,15 @@ class SvenMemory(PartitionedMemory):
     raw rows (the requester updates them)."""
 
 
-def build(cls, ctx: StoreContext):
-    """A partitioned store of class ``cls`` for this trainer, its placement loaded or computed."""
+def build(cls, ctx: StoreContext, **options):
+    """A partitioned store of class ``cls`` for this trainer, its placement loaded or computed;
+    ``options``: the class's own keyword arguments."""
     layout = ctx.layout
     check_settings(cls.name, layout.j if layout is not None else 1, ctx.cfg.partition)
     place = placement(ctx)
     group = ctx.groups.get("memory") if ctx.groups is not None else None
-    store = cls(place, ctx.mem_dim, ctx.mail_dim, ctx.mailbox_size, group=group, counter=ctx.counter).to(ctx.device)
+    store = cls(place, ctx.mem_dim, ctx.mail_dim, ctx.mailbox_size, group=group, counter=ctx.counter,
+                **options).to(ctx.device)
     log.info("%s", store.describe())
     return store
 

@@ -83,6 +83,17 @@ class Sampled:
     hops: list
 
 
+def occurrences(s: "Sampled | Prepared") -> torch.Tensor:
+    """How often the batch ``s`` uses each of ``s.ids`` (int64, aligned with it): as a root, and in
+    each hop's neighbour slots that are not masked. Their sum is the batch's sampled vertices,
+    Sven's N1."""
+    n = s.ids.shape[0]
+    out = torch.bincount(s.root_idx, minlength=n)
+    for h in s.hop_tables:
+        out += torch.bincount(h.nbr[h.mask], minlength=n)
+    return out
+
+
 def micro_bounds(lo: int, hi: int, n: int) -> list[tuple[int, int]]:
     """Events ``[lo, hi)`` cut into ``n`` consecutive micro-batches of sizes differing by at most
     one, the larger first (empty ones at the end when there are fewer events than ``n``)."""
@@ -203,9 +214,13 @@ class Trainer:
             self.timer.add("features", time.perf_counter() - t1)
         t2 = time.perf_counter()
         if read is None:  # a read restored from a checkpoint is used as it was
-            read = self.memory.read(s.ids)
+            read = self.memory.read(s.ids, **self._uses(s))
         self.timer.add("memory_read", time.perf_counter() - t2)
         return Prepared(lo, hi, neg.shape[1], s.ids, s.root_idx, s.hop_tables, s.hops, read, neg, inner)
+
+    def _uses(self, s: Sampled) -> dict:
+        """What a read of ``s`` passes the store besides the ids: the occurrences, where it wants them."""
+        return {"occurrences": occurrences(s)} if self.memory.wants_occurrences else {}
 
     def _look_up(self, s: Sampled) -> tuple[Sampled, object]:
         """The cache's lookup of a batch about to train, and the batch without the nodes that only
@@ -227,7 +242,10 @@ class Trainer:
         if lookup and self.cache is not None:
             samples, inners = map(list, zip(*[self._look_up(s) for s in samples]))
         t2 = time.perf_counter()
-        reads = self.memory.read_many([s.ids for s in samples])
+        if self.memory.wants_occurrences:
+            reads = self.memory.read_many([s.ids for s in samples], occurrences=[occurrences(s) for s in samples])
+        else:
+            reads = self.memory.read_many([s.ids for s in samples])
         self.timer.add("memory_read", time.perf_counter() - t2)
         return [Prepared(a, b, neg.shape[1], s.ids, s.root_idx, s.hop_tables, s.hops, r, neg[a - lo:b - lo], c)
                 for (a, b), s, r, c in zip(bounds, samples, reads, inners)]
