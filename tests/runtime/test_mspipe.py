@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tgdist.distributed import collectives
-from tgdist.distributed.schedule import Layout, num_global_batches, step
+from tgdist.distributed.schedule import Layout, num_global_batches, num_iterations, step
 from tgdist.errors import ConfigError
 from tgdist.memory.store import LocalMemory
 from tgdist.runtime.build import build_trainer, compose, validate
@@ -210,7 +210,8 @@ SMALL = ["data.max_events=1500", "model.mem_dim=16", "model.time_dim=8", "train.
     (["pipeline.mode=mspipe", "pipeline.micro_batches=2"], "pipeline.micro_batches=1"),
     (["pipeline.mode=mspipe", "parallel.i=2", "memory.backend=sven"], "2 \\(2x1x1\\) with memory.backend=sven"),
     (["pipeline.mode=mspipe", "parallel.j=2"], "parallel.i\\*j\\*k=2 \\(1x2x1\\)"),
-    (["pipeline.mode=mspipe", "parallel.i=2", "parallel.k=2"], "parallel.i\\*j\\*k=4 \\(2x1x2\\)"),
+    (["pipeline.mode=mspipe", "parallel.i=2", "parallel.k=2", "memory.backend=daemon"],
+     "parallel.i\\*j\\*k=4 \\(2x1x2\\) with memory.backend=daemon"),
     (["pipeline.mode=mspipe", "pipeline.max_stale_fraction=0"], "max_stale_fraction=0"),
     (["pipeline.mitigation=similarity"], "needs pipeline.mode=mspipe"),
     (["pipeline.mode=mspipe", "pipeline.mitigation=cosine"], "give none or similarity"),
@@ -553,6 +554,52 @@ def test_mini_batch_parallelism_on_depcache_reads_what_the_staleness_says(tmp_pa
                 checked += 1
     assert checked >= 2 * 2 * (nb - K - 1) > 0
     assert ranks[0][auto]["staleness"] == ranks[1][auto]["staleness"] and ranks[0][auto]["staleness"][1]
+
+
+@pytest.mark.parametrize("i, backend", [(1, "local"), pytest.param(2, "depcache", marks=pytest.mark.slow)])
+def test_memory_parallelism_reads_what_the_staleness_says_across_the_reset_inside_a_pass(tmp_path, i, backend):
+    """mspipe at i x 1 x 2 (two memory groups of i trainers; one pass each): group 1 walks the
+    stream from its second segment and resets its memory where the stream wraps to the first
+    batch, inside its pass. Staleness 0 is the plain run bit for bit; with K = 2 every training
+    read of a rank equals its memory after iteration u - K - 1, or reset memory where a reset came
+    after that iteration (no read crosses a reset)."""
+    K, nproc = 2, 2 * i
+    runs = [backend, f"{backend}:pipeline.mode=mspipe;pipeline.staleness=0",
+            f"{backend}:pipeline.mode=mspipe;pipeline.staleness={K}"]
+    layout = ["model=tgn", f"parallel.i={i}", "parallel.k=2", "train.epochs=2"]
+    ranks = _probe(tmp_path, nproc, *layout, runs="runs=" + ",".join(runs))
+    plain, k0, k2 = runs
+    for r in range(nproc):
+        assert ranks[r][k0]["losses"] == ranks[r][plain]["losses"]
+        for a, b in zip(ranks[r][k0]["states"], ranks[r][plain]["states"]):
+            assert all(torch.equal(a[k], b[k]) for k in a)
+        assert ranks[r][k2]["losses"] != ranks[r][plain]["losses"]
+    assert ranks[0][k0]["metrics"] == ranks[0][plain]["metrics"] and ranks[0][k0]["metrics"]
+
+    cfg = compose(PROBE_SMALL + layout)  # the probe's batches
+    tr = build_trainer(cfg, progress=False)
+    n_train, bs, lay = tr.split.range("train")[1], tr.batch_size, Layout(i, 1, 2)
+    nb, T = num_global_batches(n_train, i, bs), num_iterations(lay, n_train, bs, 2)  # (one pass each)
+    checked, resets_inside = [0] * nproc, 0
+    for r in range(nproc):
+        rec, last_reset = ranks[r][k2], None
+        for t in range(T):
+            s = step(lay, r, t, n_train, bs, 2)
+            if s.reset_memory:
+                last_reset = t
+                resets_inside += t % nb != 0
+            if s.hi == s.lo:
+                continue
+            ids, *got = rec["read_values"][s.lo][s.pass_index]
+            seen = t - K - 1  # the newest iteration whose writes it sees
+            if seen < last_reset:  # reset since: reset memory
+                assert not any(x[torch.isfinite(x)].any() for x in got), (r, t)
+            else:
+                state = rec["states"][seen]
+                assert all(torch.equal(x, state[k][ids]) for x, k in zip(got, ("mem", "mem_ts", "mail", "mail_ts")))
+                checked[r] += 1
+    assert T == nb and resets_inside == i  # group 1's wrap to the first batch, on each of its trainers
+    assert checked[0] == T - K - 1 and checked[-1] == T - 2 * (K + 1) > 0
 
 
 def test_no_read_sees_a_write_of_the_last_k_iterations_or_later(tmp_path):

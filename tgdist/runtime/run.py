@@ -446,13 +446,18 @@ class Run:
         reads (``_front``); its read waits for the update of iteration u - K_u - 1 and the update
         of u - K_u waits for the read (``_before_write``), so batch u misses exactly the writes of
         u - K_u .. u - 1. Reads never cross an epoch: the next epoch starts from reset memory,
-        after evaluation, so its first batches read it alike (the warm-up, MSPipe Appendix D.3)."""
+        after evaluation, so its first batches read it alike (the warm-up, MSPipe Appendix D.3).
+        Nor a reset inside one (memory parallelism, k > 1: a group's stream wraps to its first
+        batch mid-pass): the batch that resets is read once it trains, after every write before it,
+        so the batches after a reset miss only writes made since."""
         mem, nb, locks = self.trainer.memory, self.batches_per_epoch, self._locks
         end = min((t // nb + 1) * nb, self.iterations)
         self._next_read = max(self._next_read, t)
         while self._next_read < end and self._next_read - self._staleness_of(self._next_read) - 1 <= t:
             u = self._next_read
             s = self._step(u)
+            if u > t and s.active and s.reset_memory:
+                break
             if s.active:
                 mem.open_position(s.position, s.read_slot, s.reset_memory)
                 sampled, self._sampler_calls = self._sampled(u)  # (the prefetch thread's, when on)
