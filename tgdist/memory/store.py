@@ -47,7 +47,7 @@ class MemoryStore(nn.Module):
     # group's writer then loads it from a checkpoint, the others wait for it.
     one_copy_per_group = False
     # Whether ``read`` and ``read_many`` take ``occurrences``: how often the batch uses each id (its
-    # sampled occurrences, ``Trainer.occurrences``), which the trainer then computes and passes. A
+    # sampled occurrences, ``tgdist.runtime.trainer.occurrences``), which the trainer then passes. A
     # store that sends a row per occurrence (DepComm as the paper counts it, eq. (8)) asks for it.
     wants_occurrences = False
 
