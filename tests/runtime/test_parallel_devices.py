@@ -60,8 +60,8 @@ def _train(cfg, layout, rank: int, groups, backend: str, device: str) -> dict:
     read_devices = set()
     store_read = trainer.memory.read
 
-    def read(ids):
-        got = store_read(ids)
+    def read(ids, **kw):  # (depcomm's reads take the occurrences too)
+        got = store_read(ids, **kw)
         values = tree_flatten(list(vars(got).values()))[0]  # (depcomm's read holds lists of slots)
         read_devices.update(t.device.type for t in values if isinstance(t, torch.Tensor))
         return got
