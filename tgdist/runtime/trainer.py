@@ -242,10 +242,8 @@ class Trainer:
         if lookup and self.cache is not None:
             samples, inners = map(list, zip(*[self._look_up(s) for s in samples]))
         t2 = time.perf_counter()
-        if self.memory.wants_occurrences:
-            reads = self.memory.read_many([s.ids for s in samples], occurrences=[occurrences(s) for s in samples])
-        else:
-            reads = self.memory.read_many([s.ids for s in samples])
+        uses = {"occurrences": [occurrences(s) for s in samples]} if self.memory.wants_occurrences else {}
+        reads = self.memory.read_many([s.ids for s in samples], **uses)
         self.timer.add("memory_read", time.perf_counter() - t2)
         return [Prepared(a, b, neg.shape[1], s.ids, s.root_idx, s.hop_tables, s.hops, r, neg[a - lo:b - lo], c)
                 for (a, b), s, r, c in zip(bounds, samples, reads, inners)]
