@@ -9,7 +9,8 @@
 #
 # There it runs tests/gpu (a step on the GPU against the CPU's torch formulation, every model
 # trained and evaluated there, deterministic runs and a resume), then benchmarks/vs_pyg_tgn.py
-# --device cuda (both systems' training-epoch seconds on that GPU, and the accuracy comparison).
+# --device cuda (both systems' training-epoch seconds on that GPU, and the accuracy comparison), and
+# benchmarks/mspipe.py on all of Wikipedia (MSPipe's speed and AP against the plain loop, issue 26).
 # Logs and JSON go to $OUT (the device tool's folder that comes back), else ./gpu-results.
 # GPU_CHECKS_DEVICE=cpu runs the same flow on the CPU (a dry run of this script, with a 1-epoch
 # benchmark).
@@ -58,5 +59,12 @@ python3 -m pytest -p no:cacheprovider tests/gpu -m "slow or not slow" -v -rs 2>&
 python3 benchmarks/vs_pyg_tgn.py --device "$device" --epochs "$epochs" >"$out/vs_pyg_$device.json" \
     2>"$out/vs_pyg_$device.log" || status=1
 tail -n 3 "$out/vs_pyg_$device.log" >&2
+# issue 26: MSPipe (its stages on their own CUDA streams) against the plain loop, all of Wikipedia
+mseeds="0 1 2"
+[ "$device" = cuda ] || mseeds="0"
+python3 benchmarks/mspipe.py --data wikipedia --models tgn apan --events 0 --epochs "$((epochs < 2 ? 1 : 2))" \
+    --seeds $mseeds --points none K=1 auto --mitigation none --overrides "train.device=$device" \
+    >"$out/mspipe_$device.json" 2>"$out/mspipe_$device.log" || status=1
+tail -n 8 "$out/mspipe_$device.log" >&2
 echo "gpu_checks: exit $status; results in $out" >&2
 exit "$status"

@@ -132,3 +132,26 @@ def test_deterministic_runs_on_the_device_repeat_and_resume_exactly(tmp_path, de
     assert stopped["stopped"] and checkpoint.find(d)
     resumed, _ = run("resumed", [f"train.resume={d}"])
     assert scores(resumed) == scores(a)
+
+
+def test_mspipe_on_the_device_runs_its_stages_on_their_own_streams(tmp_path, device):
+    """MSPipe on the device, its fetch and update stages on their own CUDA streams (a no-op on a
+    CPU): staleness 0 gives the plain loop's metrics bit for bit and staleness 2 repeats itself
+    bit for bit (deterministic kernels), which a read racing a write across streams would break;
+    the streams were used wherever the device is CUDA."""
+    det = ["train.deterministic=true", "train.epochs=2"]
+
+    def run(name, extra=()):
+        cfg = compose(on(device, det + list(extra) + [f"run_dir={tmp_path / name}"]))
+        r = Run(cfg, tmp_path / name)
+        return r.train(), r
+
+    plain, _ = run("plain")
+    k0, r0 = run("k0", ["pipeline.mode=mspipe", "pipeline.staleness=0", "pipeline.prefetch=2"])
+    assert scores(k0) == scores(plain) and len(scores(plain)) >= 6
+    a, ra = run("k2a", ["pipeline.mode=mspipe", "pipeline.staleness=2"])
+    b, _ = run("k2b", ["pipeline.mode=mspipe", "pipeline.staleness=2"])
+    assert scores(a) == scores(b) != scores(plain)
+    cuda = torch.device(device).type == "cuda"
+    for r in (r0, ra):
+        assert r._streams.on == cuda and sorted(r._streams.streams) == (["fetch", "update"] if cuda else [])

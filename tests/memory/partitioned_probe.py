@@ -3,9 +3,13 @@ in the same processes, each a ``Run`` on the probe's process groups (its store f
 every iteration it records this rank's loss, its memory group's whole memory (sharded stores
 gather their shards), the byte counter, the rows each read and write touched, and at the end
 rank 0's metrics after evaluating alone. Each rank saves ``OUT.<rank>``; used by test_sven.py under
-torchrun (``python partitioned_probe.py OUT [runs=a,b:k=v;k=v] OVERRIDES...``)."""
+torchrun (``python partitioned_probe.py OUT [runs=a,b:k=v;k=v] OVERRIDES...``); ``PROBE_READ_DELAY=S[:R,R...]``
+holds every batch's read back S seconds (on ranks R only), so a read that the loop does not wait for
+comes late."""
 
+import os
 import sys
+import time
 
 import torch
 
@@ -43,7 +47,12 @@ def run(backend: str, cfg, layout: Layout, world, groups) -> dict:
     prepare, write_memory, write_mail = tr.prepare, store.write_memory, store.write_mail
     end_training = store.end_training
 
+    seconds, _, on = os.environ.get("PROBE_READ_DELAY", "0").partition(":")  # S[:RANK,RANK...] (races)
+    delay = float(seconds) if not on or str(world.rank) in on.split(",") else 0.0
+
     def recording_prepare(lo, hi, neg, read=None, sampled=None, **kw):
+        if delay:
+            time.sleep(delay)
         p = prepare(lo, hi, neg, read, sampled, **kw)
         if isinstance(p.read, MemoryRead):  # what training reads returned, by batch, in order (not DepComm's)
             rec["read_values"].setdefault(lo, []).append((p.ids.clone(), *(getattr(p.read, k).clone()

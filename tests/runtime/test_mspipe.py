@@ -17,8 +17,9 @@ from tgdist.errors import ConfigError
 from tgdist.memory.store import LocalMemory
 from tgdist.runtime.build import build_trainer, compose, validate
 from tgdist.runtime import run as run_module
-from tgdist.runtime.mspipe import (StageLocks, lower_priority, max_staleness, mitigate, quantile_gap, read_schedule,
-                                   similar_nodes, stale_fraction, staleness_bounds, update_gaps)
+from tgdist.runtime.mspipe import (StageLocks, StageStreams, lower_priority, max_staleness, mitigate, quantile_gap,
+                                   read_schedule, similar_nodes, stale_fraction, staleness_bounds, tensors_in,
+                                   update_gaps)
 from tgdist.runtime.run import Run
 from tests.memory.test_sven import SMALL as PROBE_SMALL
 from tests.memory.test_sven import _probe
@@ -152,6 +153,27 @@ def test_stage_locks_run_a_stage_for_one_iteration_at_a_time_in_ticket_order():
     locks.wait("memory_write", 3)  # returns: marked through
 
 
+def test_stage_streams_do_nothing_on_a_cpu_and_find_every_tensor_of_a_batch():
+    """``StageStreams`` off a GPU: no event, no stream, the block runs as it is. ``tensors_in``
+    (what ``hand_over`` records on a GPU) finds a batch's tensors through its dataclasses, lists,
+    tuples and dicts, each once, and nothing else."""
+    from tgdist.memory.store import MemoryRead
+
+    st = StageStreams("cpu")
+    assert not st.on and st.streams == {} and st.mark() is None
+    ran = []
+    with st.on_stream("fetch", None):
+        ran.append(1)
+    st.finish("fetch"), st.settle()
+    assert ran == [1]
+    a, b, c, d, e = (torch.zeros(i + 1) for i in range(5))
+    read = MemoryRead(a, b, c, d)
+    batch = {"read": read, "hops": [(e, None, "x"), [a]], "n": 3}
+    found = tensors_in(batch)
+    assert [id(t) for t in found] == [id(a), id(b), id(c), id(d), id(e)]
+    assert st.hand_over(batch) is batch
+
+
 def test_a_failed_stage_wakes_every_waiter_with_its_error():
     locks = StageLocks(("memory_read", "memory_write"))
     first, second = locks.ticket("memory_read"), locks.ticket("memory_read")
@@ -209,7 +231,8 @@ SMALL = ["data.max_events=1500", "model.mem_dim=16", "model.time_dim=8", "train.
     (["pipeline.staleness=2"], "read by pipeline.mode=mspipe only"),
     (["pipeline.mode=mspipe", "pipeline.micro_batches=2"], "pipeline.micro_batches=1"),
     (["pipeline.mode=mspipe", "parallel.i=2", "memory.backend=sven"], "2 \\(2x1x1\\) with memory.backend=sven"),
-    (["pipeline.mode=mspipe", "parallel.j=2"], "parallel.i\\*j\\*k=2 \\(1x2x1\\)"),
+    (["pipeline.mode=mspipe", "parallel.j=2", "memory.backend=daemon"],
+     "parallel.i\\*j\\*k=2 \\(1x2x1\\) with memory.backend=daemon"),
     (["pipeline.mode=mspipe", "parallel.i=2", "parallel.k=2", "memory.backend=daemon"],
      "parallel.i\\*j\\*k=4 \\(2x1x2\\) with memory.backend=daemon"),
     (["pipeline.mode=mspipe", "pipeline.max_stale_fraction=0"], "max_stale_fraction=0"),
@@ -600,6 +623,53 @@ def test_memory_parallelism_reads_what_the_staleness_says_across_the_reset_insid
                 checked[r] += 1
     assert T == nb and resets_inside == i  # group 1's wrap to the first batch, on each of its trainers
     assert checked[0] == T - K - 1 and checked[-1] == T - 2 * (K + 1) > 0
+
+
+@pytest.mark.parametrize("i", [1, pytest.param(2, marks=pytest.mark.slow)])
+def test_epoch_parallelism_reads_each_position_on_subgroup_0s_schedule(tmp_path, monkeypatch, i):
+    """mspipe at i x 2 x 1 on depcache (two epoch-parallel subgroups on one memory copy; only
+    subgroup 0 writes): staleness 0 is the plain run bit for bit; with K = 2 subgroup jj trains
+    position p at iteration p + jj on the read subgroup 0 makes of p, the replica after position
+    p - K - 1's write (reset memory before the pass's (K + 1)-th position), on every rank. The
+    reads of subgroup 1 are held back 100 ms, so one of its ranks that applied a write before the
+    reads that must miss it were done would show it."""
+    K, nproc = 2, 2 * i
+    monkeypatch.setenv("PROBE_READ_DELAY", "0.1:" + ",".join(str(r) for r in range(i, nproc)))  # (ranks of jj = 1)
+    runs = ["depcache", "depcache:pipeline.mode=mspipe;pipeline.staleness=0",
+            f"depcache:pipeline.mode=mspipe;pipeline.staleness={K}"]
+    layout = ["model=tgn", f"parallel.i={i}", "parallel.j=2", "train.epochs=2"]
+    ranks = _probe(tmp_path, nproc, *layout, runs="runs=" + ",".join(runs))
+    plain, k0, k2 = runs
+    for r in range(nproc):
+        assert ranks[r][k0]["losses"] == ranks[r][plain]["losses"]
+        for a, b in zip(ranks[r][k0]["states"], ranks[r][plain]["states"]):
+            assert all(torch.equal(a[k], b[k]) for k in a)
+        assert ranks[r][k2]["losses"] != ranks[r][plain]["losses"]
+    assert ranks[0][k0]["metrics"] == ranks[0][plain]["metrics"] and ranks[0][k0]["metrics"]
+
+    cfg = compose(PROBE_SMALL + layout)  # the probe's batches
+    tr = build_trainer(cfg, progress=False)
+    n_train, bs, lay = tr.split.range("train")[1], tr.batch_size, Layout(i, 2, 1)
+    nb, T = num_global_batches(n_train, i, bs), num_iterations(lay, n_train, bs, 2)  # (one pass)
+    checked = [0] * nproc
+    for r in range(nproc):
+        rec, jj = ranks[r][k2], lay.coords(r)[1]
+        for t in range(T):
+            s = step(lay, r, t, n_train, bs, 2)
+            if not s.active or s.hi == s.lo:
+                continue
+            assert s.position == t - jj
+            (ids, *got), = rec["read_values"][s.lo]  # the one read of that batch on this rank
+            seen = s.position - K - 1  # the newest position whose write it sees
+            if seen < 0:
+                assert not any(x[torch.isfinite(x)].any() for x in got), (r, t)
+            else:  # the replica after iteration `seen`, whose exchange applied subgroup 0's write of it
+                state = rec["states"][seen]
+                assert all(torch.equal(x, state[k][ids]) for x, k in zip(got, ("mem", "mem_ts", "mail", "mail_ts")))
+                checked[r] += 1
+    assert T == nb + 1 and all(c == nb - K - 1 > 0 for c in checked), (T, nb, checked)
+    for a, b in zip(ranks[0][k2]["states"], ranks[-1][k2]["states"]):  # the replicas stay one copy
+        assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_no_read_sees_a_write_of_the_last_k_iterations_or_later(tmp_path):

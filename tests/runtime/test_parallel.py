@@ -135,16 +135,19 @@ def _leftovers(tag: str) -> list[str]:
 
 
 @pytest.mark.parametrize("layout,nproc,backend", [("1,1,2", 2, "auto"), ("1,2,1", 2, "auto"), ("2,1,1", 2, "sven"),
-                                                  pytest.param("2,1,1", 2, "depcomm", marks=pytest.mark.slow)])
+                                                  pytest.param("2,1,1", 2, "depcomm", marks=pytest.mark.slow),
+                                                  ("1,2,1", 2, "auto:pipeline.mode=mspipe,pipeline.staleness=2")])
 def test_sigkill_of_a_trainer_then_resume_finishes_with_the_same_metrics(tmp_path, layout, nproc, backend):
     """A trainer SIGKILLed mid-run: every process exits within 30 s, the failure names the rank,
     nothing is left running; resuming from the last checkpoint (every memory copy or shard, every
-    rank's pending reads) finishes with the metrics of an uninterrupted run."""
+    rank's pending reads: epoch parallelism's read slots, MSPipe's reads ahead) finishes with the
+    metrics of an uninterrupted run. ``backend``: BACKEND[:OVERRIDE,OVERRIDE...]."""
     import time
 
     i, j, k = layout.split(",")
+    backend, _, extra = backend.partition(":")
     common = [*SMALL, "train.batch_size=100", f"parallel.i={i}", f"parallel.j={j}", f"parallel.k={k}",
-              f"memory.backend={backend}",
+              f"memory.backend={backend}", *filter(None, extra.split(",")),
               "train.epochs=2", "train.num_neg_eval=4", "train.checkpoint_every=4", "train.lr=1e-3"]
     full = torchrun(nproc, "-m", "tgdist.train", *common, f"run_dir={tmp_path / 'full'}", cwd=tmp_path)
     expected = json.loads(full.stdout.strip().splitlines()[-1])

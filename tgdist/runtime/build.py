@@ -119,14 +119,14 @@ def validate_pipeline(pipe, parallel=None, backend: str = "auto") -> None:
             raise ConfigError(f"pipeline.mode=mspipe takes whole batches: set pipeline.micro_batches=1, not "
                               f"{pipe.micro_batches}")
         world = None if parallel is None else parallel.i * parallel.j * parallel.k
-        if world is not None and world > 1 and (parallel.j > 1 or backend not in ("auto", "depcache", "local")):
+        if world is not None and world > 1 and backend not in ("auto", "depcache", "local"):
             # its stage threads read memory while the main thread runs the run's collectives: a
-            # store whose reads are collectives (sven, depcomm) or go through read slots (a daemon,
-            # epoch parallelism's j) would need them in one order on every rank
-            raise ConfigError(f"pipeline.mode=mspipe runs in one process or with mini-batch and memory parallelism "
-                              f"on memory in the trainers (parallel.j=1, memory.backend=auto, depcache or local): "
-                              f"parallel.i*j*k={world} ({parallel.i}x{parallel.j}x{parallel.k}) with "
-                              f"memory.backend={backend} is not supported with it")
+            # store whose reads are collectives (sven, depcomm) would need them in one order on
+            # every rank, and a daemon serves its group's reads and writes strictly in stream order
+            raise ConfigError(f"pipeline.mode=mspipe runs in one process or on memory in the trainers "
+                              f"(memory.backend=auto, depcache or local): parallel.i*j*k={world} "
+                              f"({parallel.i}x{parallel.j}x{parallel.k}) with memory.backend={backend} is not "
+                              f"supported with it")
     if pipe.prefetch < 0:
         raise ConfigError(f"pipeline.prefetch={pipe.prefetch}: give the batches to sample ahead (0: none)")
     if pipe.profile_iterations < 2:

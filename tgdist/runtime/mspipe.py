@@ -1,4 +1,5 @@
-"""MSPipe's staleness bound (MSPipe 3.2, Appendix D.3) and similarity mitigation (3.3): pure functions.
+"""MSPipe's staleness bound (MSPipe 3.2, Appendix D.3) and similarity mitigation (3.3), pure functions,
+and what its stage threads run under: per-stage locks (Algorithm 1), priorities, CUDA streams.
 
 Notation. The paper's k_i counts iterations back to the last memory update that iteration i's
 fetch must see: iteration i reads memory updated through iteration i - k_i, so its k = 1 is the
@@ -42,8 +43,9 @@ from tgdist.runtime.trainer import STAGES  # MSPipe's stages 1..5, in its order
 
 log = logging.getLogger(__name__)
 
-__all__ = ["STAGES", "StageLocks", "lower_priority", "Bounds", "staleness_bounds", "read_schedule", "stale_fraction",
-           "max_staleness", "stale_rows", "mitigate", "quantile_gap", "similar_nodes", "update_gaps"]
+__all__ = ["STAGES", "StageLocks", "StageStreams", "tensors_in", "lower_priority", "Bounds", "staleness_bounds",
+           "read_schedule", "stale_fraction", "max_staleness", "stale_rows", "mitigate", "quantile_gap", "similar_nodes",
+           "update_gaps"]
 
 
 @dataclass(frozen=True)
@@ -248,6 +250,86 @@ def lower_priority(nice: int) -> int:
             log.info("pipeline.stage_nice: this system does not let a thread's priority be lowered (%s); the stage "
                      "threads keep the training thread's", e)
         return 0
+
+
+class StageStreams:
+    """MSPipe on a GPU (Appendix D): the stages before training (sample, features, memory fetch)
+    enqueue their copies and kernels on a ``fetch`` CUDA stream and the memory update on an
+    ``update`` stream, so they overlap training's kernels on the thread's current stream. On a CPU
+    (or any non-CUDA device) every method does nothing and ``on_stream`` runs its block as it is.
+
+    Ordering across streams is kept in host order, which the stage locks already enforce: a stage
+    block first waits for an event the main thread recorded when it handed the work over (the
+    memory it reads: resets, evaluation, a parallel run's exchange), and a stage's turn ends only
+    once its stream has finished (``finish``), so whatever waits for that turn sees the work done.
+    Tensors a stage made are used on the consumer's stream (``hand_over`` records that use, so the
+    caching allocator does not give their blocks to the stage's stream while training reads them)."""
+
+    def __init__(self, device):
+        self.on = torch.device(device).type == "cuda"
+        self.streams = {}
+        if self.on:
+            self.streams = {"fetch": torch.cuda.Stream(device), "update": torch.cuda.Stream(device)}
+
+    def mark(self):
+        """(the handing thread) An event after everything it has enqueued so far; None on a CPU."""
+        if not self.on:
+            return None
+        event = torch.cuda.Event()
+        event.record()
+        return event
+
+    @contextmanager
+    def on_stream(self, name: str, after=None):
+        """Run the block with stream ``name`` current (in this thread), after event ``after``."""
+        if not self.on:
+            yield
+            return
+        stream = self.streams[name]
+        with torch.cuda.stream(stream):
+            if after is not None:
+                stream.wait_event(after)
+            yield
+
+    def finish(self, name: str) -> None:
+        """Wait until stream ``name`` has done what was enqueued on it (before a stage's turn ends)."""
+        if self.on:
+            self.streams[name].synchronize()
+
+    def settle(self) -> None:
+        """Wait until the calling thread's current stream is done (a parallel run's exchange, made
+        by the main thread, before the reads that wait for it may start)."""
+        if self.on:
+            torch.cuda.current_stream().synchronize()
+
+    def hand_over(self, obj):
+        """Record every CUDA tensor in ``obj`` (dataclasses, lists, tuples, dicts) as used by the
+        calling thread's current stream; returns ``obj``."""
+        if self.on:
+            stream = torch.cuda.current_stream()
+            for t in tensors_in(obj):
+                if t.is_cuda:
+                    t.record_stream(stream)
+        return obj
+
+
+def tensors_in(obj, seen=None) -> list:
+    """The tensors in ``obj``, found through dataclass fields, lists, tuples and dict values."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        items = obj.values()
+    elif isinstance(obj, (list, tuple)):
+        items = obj
+    elif hasattr(obj, "__dataclass_fields__"):
+        items = [getattr(obj, f) for f in obj.__dataclass_fields__]
+    else:
+        return []
+    return [t for x in items for t in tensors_in(x, seen)]
 
 
 # ----------------------------------------------------------------------------------------------

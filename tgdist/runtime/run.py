@@ -58,8 +58,9 @@ from tgdist.runtime.build import build_trainer, micro_batches, staleness, valida
 from tgdist.runtime.cache import cache_totals
 from tgdist.runtime.distributed import (cpu_share, fault_injection, memory_backend, model_digest, rank_logging,
                                         shared_settings)
-from tgdist.runtime.mspipe import (STAGES, StageLocks, lower_priority, max_staleness, mitigate, quantile_gap,
-                                     read_schedule, similar_nodes, stale_rows, staleness_bounds, update_gaps)
+from tgdist.runtime.mspipe import (STAGES, StageLocks, StageStreams, lower_priority, max_staleness, mitigate,
+                                     quantile_gap, read_schedule, similar_nodes, stale_rows, staleness_bounds,
+                                     update_gaps)
 from tgdist.runtime.pipeline import GradientSync, Prefetcher, fit_eta, fit_granularity
 from tgdist.runtime.tasks import downstream_alone, pretrain_static
 from tgdist.runtime.tensorboard import TensorBoardLog
@@ -162,6 +163,7 @@ class Run:
         self._write_pool: ThreadPoolExecutor | None = None  # mspipe: the memory update stage
         self._writes: list[Future] = []  # mspipe: memory updates handed to the update stage, not yet waited for
         self.stage_spans: list | None = None  # mspipe: a list to record each stage's turns in (timelines, tests)
+        self._streams = StageStreams(tr.device if self.mspipe else "cpu")  # mspipe on a GPU: its CUDA streams
         self._sampler_calls = None  # the sampler's call count after the last batch consumed (prefetch)
         self._resume = None  # (path, state) of train.resume, checked here and loaded by train()
         if cfg.train.resume:  # a refused resume leaves the run directory (maybe the checkpoint's own) as it was
@@ -309,7 +311,7 @@ class Run:
                     if self.jj:  # this position's read is done; subgroup 0 writes it below
                         mem.close_position()
             now = self._step(t)
-            key = t if self.mspipe else now.read_slot
+            key = now.position if self.mspipe else now.read_slot  # (mspipe reads by position, ``_read_ahead``)
             loss = row = None
             self.grads.issue()  # asynchronous all-reduce: the last iteration's, now that the reads are out
             if now.active and now.hi > now.lo:
@@ -344,8 +346,11 @@ class Run:
                 tr.optimizer.step()  # asynchronous all-reduce: the last gradient, still in flight, is applied too
             if self.jj == 0 and ahead is not None and ahead.active:
                 mem.close_position()  # subgroup 0 has written the position it read
+            if self.mspipe and not self.alone:  # (a rank that does not write waits here for reads that must miss t)
+                self._before_write(t)
             mem.exchange()  # the group's writes of this iteration, everywhere (depcache's all-gather)
             if self.mspipe and not self.alone:  # the update stage is here: the writes are in every replica now
+                self._streams.settle()  # (on a GPU: done there too, before the reads that wait for them start)
                 with self._locks.turn("memory_write", self._locks.ticket("memory_write"), t):
                     pass
             if self.micro is None:
@@ -441,21 +446,24 @@ class Run:
 
     def _read_ahead(self, t: int) -> None:
         """mspipe, at the start of iteration t: hand to the stage threads (Algorithm 1: a thread
-        per batch, ``StageLocks``) the batches u not handed yet whose read may happen during
+        per batch, ``StageLocks``) the positions u not handed yet whose read may happen during
         iteration t, those with u - K_u - 1 <= t, in order. Each thread samples, organizes and
-        reads (``_front``); its read waits for the update of iteration u - K_u - 1 and the update
-        of u - K_u waits for the read (``_before_write``), so batch u misses exactly the writes of
-        u - K_u .. u - 1. Reads never cross an epoch: the next epoch starts from reset memory,
-        after evaluation, so its first batches read it alike (the warm-up, MSPipe Appendix D.3).
-        Nor a reset inside one (memory parallelism, k > 1: a group's stream wraps to its first
-        batch mid-pass): the batch that resets is read once it trains, after every write before it,
-        so the batches after a reset miss only writes made since."""
-        mem, nb, locks = self.trainer.memory, self.batches_per_epoch, self._locks
-        end = min((t // nb + 1) * nb, self.iterations)
+        reads (``_front``); its read waits for the update of position u - K_u - 1 and the update
+        of u - K_u waits for the read (``_before_write``), so position u misses exactly the writes
+        of u - K_u .. u - 1. Subgroup 0 writes position p at iteration p, so a position is read
+        on the same schedule by every subgroup; subgroup jj trains it jj iterations later (epoch
+        parallelism: DistTGL's read slots, here a read per position in flight or done).
+        Reads never cross an epoch: the next epoch starts from reset memory, after evaluation, so
+        its first batches read it alike (the warm-up, MSPipe Appendix D.3). Nor a reset inside one
+        (memory parallelism, k > 1: a group's stream wraps to its first batch mid-pass): the
+        position that resets is read at its own iteration, after every write before it, so the
+        positions after a reset miss only writes made since."""
+        mem, nb, locks, jj = self.trainer.memory, self.batches_per_epoch, self._locks, self.jj
+        end = min((t // nb + 1) * nb, self.iterations - (self.layout.j - 1))  # (positions of the group)
         self._next_read = max(self._next_read, t)
         while self._next_read < end and self._next_read - self._staleness_of(self._next_read) - 1 <= t:
             u = self._next_read
-            s = self._step(u)
+            s = self._step(u + jj)  # the step at which this rank trains position u
             if u > t and s.active and s.reset_memory:
                 break
             if s.active:
@@ -464,30 +472,37 @@ class Run:
                 stages = ("memory_read",) if sampled is not None else ("sample", "features", "memory_read")
                 tickets = {st: locks.ticket(st) for st in stages}
                 k = self._read_k[u] = self._staleness_of(u)
-                self.slots[u] = self._reader().submit(self._front, u, k, s, self._negatives(s), sampled, tickets)
+                self.slots[u] = self._reader().submit(self._front, u, k, s, self._negatives(s), sampled, tickets,
+                                                      self._streams.mark())  # (after the reset above, on a GPU)
                 mem.close_position()
             self._next_read += 1
 
-    def _front(self, u: int, k: int, s, neg, sampled, tickets: dict):
+    def _front(self, u: int, k: int, s, neg, sampled, tickets: dict, after=None):
         """(a stage thread) MSPipe's stages 1-3 of iteration ``u``, each in its turn: sample,
         features (skipped when the prefetch thread made them), then the memory read once the update
         of u - k - 1 is done (Algorithm 1, line 9; at once in the epoch's first k + 1 iterations),
-        mitigated with MSPipe-S when on."""
-        tr, locks = self.trainer, self._locks
+        mitigated with MSPipe-S when on. On a GPU they run on the fetch stream, after event
+        ``after`` (what the main thread had enqueued when it handed the batch over), and the read's
+        turn ends once that stream is done (``StageStreams``)."""
+        tr, locks, streams = self.trainer, self._locks, self._streams
         try:
-            if sampled is None:
-                sampled = tr.sample(s.lo, s.hi, neg, turn=lambda stage: locks.turn(stage, tickets[stage], u))
-            locks.wait("memory_write", u - k - 1)  # (before its turn: its span is the read alone)
-            with locks.turn("memory_read", tickets["memory_read"], u):
-                return self._mitigate(tr.prepare(s.lo, s.hi, neg, sampled=sampled))
+            with streams.on_stream("fetch", after):
+                if sampled is None:
+                    sampled = tr.sample(s.lo, s.hi, neg, turn=lambda stage: locks.turn(stage, tickets[stage], u))
+                locks.wait("memory_write", u - k - 1)  # (before its turn: its span is the read alone)
+                with locks.turn("memory_read", tickets["memory_read"], u):
+                    p = self._mitigate(tr.prepare(s.lo, s.hi, neg, sampled=sampled))
+                    streams.finish("fetch")
+                    return p
         except BaseException as e:  # the later stages' threads are not left waiting for this one
             locks.fail(e)
             raise
 
     def _before_write(self, t: int) -> None:
-        """mspipe, before iteration t's update: wait until the reads that must miss it (u > t with
-        u - K_u <= t) are done. (Reads that must see it wait for it in their thread.)"""
-        last = max((u for u, k in self._read_k.items() if u > t and u - k <= t), default=None)
+        """mspipe, before the update of position t: wait until the reads that must miss it (u - K_u
+        <= t; with epoch parallelism u = t too, trained later) are done. (Reads that must see it
+        wait for it in their thread; those of positions trained already are out of ``_read_k``.)"""
+        last = max((u for u, k in self._read_k.items() if u - k <= t), default=None)
         if last is not None:
             self._locks.wait("memory_read", last)
 
@@ -495,13 +510,15 @@ class Run:
         """mspipe: MSPipe's stage 5 for iteration t, as ``Trainer.compute``'s ``defer_write``: the
         write runs in the update thread in its turn (after t - 1's), overlapping t's backward pass
         and the next iteration; ``wrote`` records that it was handed over."""
-        locks, tr = self._locks, self.trainer
+        locks, tr, streams = self._locks, self.trainer, self._streams
         ticket = locks.ticket("memory_write")
 
-        def update(write):
+        def update(write, after):  # (on a GPU: on the update stream, after the forward pass that made the rows)
             with locks.turn("memory_write", ticket, t):
                 began = time.perf_counter()
-                write()
+                with streams.on_stream("update", after):
+                    write()  # (it holds the rows until the stream is done with them: no hand-over needed)
+                streams.finish("update")
                 tr.timer.add("memory_write", time.perf_counter() - began)
 
         def hand(write):
@@ -510,7 +527,7 @@ class Run:
                 self._write_pool = ThreadPoolExecutor(1, thread_name_prefix="tgdist-mspipe-update",
                                                       initializer=lower_priority,  # pipeline.stage_nice
                                                       initargs=(self.cfg.pipeline.stage_nice,))
-            self._writes.append(self._write_pool.submit(update, write))
+            self._writes.append(self._write_pool.submit(update, write, streams.mark()))
 
         return hand
 
@@ -563,7 +580,7 @@ class Run:
         if isinstance(p, Future):
             p = p.result()
         self._read_k.pop(key, None)
-        return p
+        return p if p is None or not self.mspipe else self._streams.hand_over(p)  # (made on the fetch stream)
 
     def _settle_reads(self) -> None:
         """Wait for the reads in flight (mspipe): before an iteration writes, and before a batch is used."""
