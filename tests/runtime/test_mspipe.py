@@ -635,8 +635,8 @@ def test_epoch_parallelism_reads_each_position_on_subgroup_0s_schedule(tmp_path,
     reads that must miss it were done would show it."""
     K, nproc = 2, 2 * i
     monkeypatch.setenv("PROBE_READ_DELAY", "0.1:" + ",".join(str(r) for r in range(i, nproc)))  # (ranks of jj = 1)
-    runs = ["depcache", "depcache:pipeline.mode=mspipe;pipeline.staleness=0",
-            f"depcache:pipeline.mode=mspipe;pipeline.staleness={K}"]
+    runs = ["depcache", "depcache:pipeline.mode=mspipe;pipeline.staleness=0;pipeline.prefetch=2",
+            f"depcache:pipeline.mode=mspipe;pipeline.staleness={K}"]  # (K = 0 with the sampling thread)
     layout = ["model=tgn", f"parallel.i={i}", "parallel.j=2", "train.epochs=2"]
     ranks = _probe(tmp_path, nproc, *layout, runs="runs=" + ",".join(runs))
     plain, k0, k2 = runs
