@@ -256,3 +256,23 @@ def test_more_numba_threads_than_numba_has_is_warned(caplog):
         assert f"sampler.num_threads={limit + 1}: numba can run only {limit} in this process" in caplog.text
     finally:
         numba.set_num_threads(before)
+
+
+# ---------------------------------------------------------------------------------------------
+# MSPipe-S: similar nodes by common neighbours
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("recent, top", [(0, 3), (1, 3), (3, 1), (10, 10), (40, 5)])
+@pytest.mark.parametrize("float_times", [False, True])
+def test_common_neighbour_rows_matches_reference(seed, recent, top, float_times):
+    src, dst, t = random_graph(seed, float_times=float_times)
+    indptr, nbr, _, etime = build(src, dst, t, 30)
+    rng = np.random.default_rng(seed + 7)
+    ids = rng.permutation(30)[:18].astype(np.int64)  # a batch's distinct nodes, in no order
+    rows = np.sort(rng.choice(18, 8, replace=False)).astype(np.int64)
+    for before in (t[0], t[len(t) // 2], t[-1] + 1):
+        got = kernels.common_neighbour_rows(indptr, nbr, etime, ids, rows, before, recent, top)
+        want = reference.common_neighbour_rows(src, dst, t, ids, rows, before, recent, top)
+        np.testing.assert_array_equal(got, want)
+    assert (kernels.common_neighbour_rows(indptr, nbr, etime, ids, rows, t[-1] + 1, 10, 10) >= 0).any()

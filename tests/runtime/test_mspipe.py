@@ -118,6 +118,30 @@ def test_mitigation_formula_on_a_hand_made_case():
     assert quantile_gap(np.array([1.0, 2.0, 3.0, 4.0, np.inf]), 0.5) == 2.5
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_mitigation_of_every_stale_row_at_once_equals_the_formula_row_by_row(seed):
+    """``mitigate`` takes all stale rows in one masked sum; here, on random memory, ages and
+    candidate lists, against the formula applied row by row (float rounding apart)."""
+    rng = np.random.default_rng(seed)
+    n, gamma, now, lam = 60, 5.0, 20.0, 0.8
+    mem = torch.from_numpy(rng.normal(size=(n, 4)).astype(np.float32))
+    updated = torch.from_numpy(rng.uniform(0, 20, n))
+    updated[rng.choice(n, 5, replace=False)] = -math.inf  # never written
+    similar = {v: rng.choice(n, rng.integers(0, 8), replace=False) for v in range(n) if rng.random() < 0.8}
+    want = mem.clone()
+    changed = 0
+    for v in range(n):
+        if not (math.isfinite(updated[v]) and now - updated[v] > gamma) or v not in similar:
+            continue
+        omega = [u for u in similar[v] if now - updated[u] <= gamma and updated[u] > updated[v]]
+        if omega:
+            want[v] = lam * mem[v] + (1 - lam) * mem[omega].mean(0)
+            changed += 1
+    got = mitigate(mem, updated, now, similar, gamma, lam)
+    assert changed >= 5
+    assert torch.allclose(got, want, rtol=0, atol=1e-6) and (got != mem).any(1).sum() == changed
+
+
 # ----------------------------------------------------------------------------------------------
 # The online schedule's parts (Appendix D.3, Algorithm 1)
 

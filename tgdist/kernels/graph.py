@@ -202,6 +202,56 @@ def organize(ids):
 
 
 # ------------------------------------------------------------------------------------------
+# MSPipe-S: similar nodes by common neighbours (tgdist.runtime.mspipe)
+
+
+@njit(cache=True)
+def _recent_unique(indptr, nbr, etime, node, before, recent):
+    """The distinct nodes among ``node``'s ``recent`` latest neighbours strictly before ``before``."""
+    lo, hi = indptr[node], indptr[node + 1]
+    end = _lower_bound(etime, lo, hi, before)
+    return np.unique(nbr[max(lo, end - recent):end])
+
+
+@njit(cache=True)
+def common_neighbour_rows(indptr, nbr, etime, ids, rows, before, recent, top):
+    """For each row v of ``rows``: the rows of ``ids`` (distinct nodes) whose nodes share a
+    neighbour with node ``ids[v]``, most shared neighbours first (ties: lower row), at most ``top``
+    of them; ``[len(rows), top]``, -1 where fewer. A node's neighbours are its ``recent`` latest
+    ones strictly before ``before``, counted once each."""
+    n = ids.shape[0]
+    order = np.argsort(ids)
+    sorted_ids = ids[order]
+    counts = np.zeros(n, dtype=np.int64)
+    touched = np.empty(n, dtype=np.int64)
+    out = np.full((rows.shape[0], top), -1, dtype=np.int64)
+    for i in range(rows.shape[0]):
+        node = ids[rows[i]]
+        m = 0
+        for w in _recent_unique(indptr, nbr, etime, node, before, recent):
+            for u in _recent_unique(indptr, nbr, etime, w, before, recent):
+                if u == node:
+                    continue
+                k = np.searchsorted(sorted_ids, u)
+                if k < n and sorted_ids[k] == u:
+                    r = order[k]
+                    if counts[r] == 0:
+                        touched[m] = r
+                        m += 1
+                    counts[r] += 1
+        cand = touched[:m]
+        key = np.empty(m, dtype=np.int64)
+        for j in range(m):
+            key[j] = -counts[cand[j]] * (n + 1) + cand[j]  # most shared first, then the lower row
+        best = cand[np.argsort(key)]
+        for j in range(min(top, m)):
+            out[i, j] = best[j]
+        for j in range(m):
+            counts[cand[j]] = 0
+    return out
+
+
+# ------------------------------------------------------------------------------------------
 # Synthetic event streams (tgdist.data.synthetic)
 
 

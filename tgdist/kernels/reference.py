@@ -58,6 +58,26 @@ def candidate_sets(src, dst, t, roots, root_t, both_directions=True):
             for u, rt in zip(roots, root_t)]
 
 
+def common_neighbour_rows(src, dst, t, ids, rows, before, recent, top):
+    """For each row v: rows of ``ids`` sharing neighbours with ``ids[v]`` (each node's ``recent``
+    latest before ``before``, distinct), most shared first, ties by lower row, -1 padded to ``top``."""
+    def neighbours(node):
+        return {int(v) for v, _, _ in _history(src, dst, t, node, before, True)[-recent:]} if recent else set()
+
+    out = np.full((len(rows), top), -1, dtype=np.int64)
+    for i, v in enumerate(rows):
+        node, shared = int(ids[v]), {}
+        mine = neighbours(node)
+        for r, u in enumerate(ids.tolist()):
+            if u != node:
+                c = sum(1 for w in mine if u in neighbours(w))
+                if c:
+                    shared[r] = c
+        best = sorted(shared, key=lambda r: (-shared[r], r))[:top]
+        out[i, :len(best)] = best
+    return out
+
+
 def organize(ids):
     """Sven Algorithm 2 read literally (O(n n')): unique in first-appearance order, Psi, Phi."""
     unique, psi, phi = [], [], []

@@ -39,6 +39,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from tgdist.kernels import graph as kernels
 from tgdist.runtime.trainer import STAGES  # MSPipe's stages 1..5, in its order
 
 log = logging.getLogger(__name__)
@@ -347,17 +348,31 @@ def mitigate(mem: torch.Tensor, updated: torch.Tensor, now: float, similar, gamm
     was last updated more than ``gamma`` before ``now`` (``stale_rows``); Omega(v): the rows of
     ``similar[v]`` (most similar first) that are active (updated at most ``gamma`` before ``now``)
     and fresher than v. Nodes with no such u, and fresh nodes, keep their memory. ``updated
-    [n]``: the time of each row's latest write. Returns a new tensor ``[n, mem_dim]``."""
+    [n]``: the time of each row's latest write. Returns a new tensor ``[n, mem_dim]``. Every
+    stale row at once: the candidates padded to one matrix, Omega a mask over it."""
     out = mem.clone()
-    age = now - updated
-    for v in stale_rows(updated, now, gamma):
-        cand = torch.as_tensor(np.asarray(similar[v], dtype=np.int64))
-        if cand.numel() == 0:
-            continue
-        ok = (age.index_select(0, cand) <= gamma) & (updated.index_select(0, cand) > updated[v])
-        omega = cand[ok]
-        if omega.numel():
-            out[v] = lam * mem[v] + (1 - lam) * mem.index_select(0, omega).mean(0)
+    stale = stale_rows(updated, now, gamma)
+    found = [np.asarray(similar.get(v, ()) if isinstance(similar, dict) else similar[v], dtype=np.int64)
+             for v in stale]  # (``similar``: a dict by row, or a sequence over every row)
+    rows = [v for v, f in zip(stale, found) if f.size]
+    found = [f for f in found if f.size]
+    if not rows:
+        return out
+    cand = np.full((len(rows), max(f.size for f in found)), -1, dtype=np.int64)
+    for i, f in enumerate(found):
+        cand[i, :f.size] = f
+    cand = torch.from_numpy(cand).to(mem.device)
+    rows_t = torch.tensor(rows, dtype=torch.long, device=mem.device)
+    c = cand.clamp(min=0)
+    omega = (cand >= 0) & ((now - updated[c]) <= gamma) & (updated[c] > updated[rows_t].unsqueeze(1))
+    size = omega.sum(1)
+    i, j = omega.nonzero(as_tuple=True)  # the (stale row, member of its Omega) pairs
+    if i.numel():
+        total = torch.zeros(len(rows), mem.shape[1], dtype=mem.dtype, device=mem.device)
+        total.index_add_(0, i, mem.index_select(0, c[i, j]))
+        has = size > 0
+        r = rows_t[has]
+        out[r] = lam * mem[r] + (1 - lam) * total[has] / size[has].unsqueeze(1).to(mem.dtype)
     return out
 
 
@@ -373,24 +388,14 @@ def similar_nodes(tcsr, ids: np.ndarray, rows: Sequence[int], before, recent: in
     ``rows``, the rows of ``ids`` whose nodes share a neighbour with node ``ids[v]``, most shared
     neighbours first (ties: lower row), at most ``top``. Neighbours are a node's ``recent`` latest
     ones before time ``before`` (the graph's time unit) in the temporal CSR ``tcsr``: the batch's
-    own and later events are never looked at."""
-    pos = {int(n): i for i, n in enumerate(np.asarray(ids).tolist())}
-
-    def neighbours(node: int) -> np.ndarray:
-        lo, hi = tcsr.indptr[node], tcsr.indptr[node + 1]
-        end = lo + int(np.searchsorted(tcsr.t[lo:hi], before, side="left"))
-        return np.unique(tcsr.nbr[max(lo, end - recent):end])
-
-    out = {}
-    for v in rows:
-        node, counts = int(ids[v]), {}
-        for w in neighbours(node).tolist():
-            for u in neighbours(w).tolist():
-                r = pos.get(u)
-                if r is not None and u != node:
-                    counts[r] = counts.get(r, 0) + 1
-        out[v] = np.array(sorted(counts, key=lambda r: (-counts[r], r))[:top], dtype=np.int64)
-    return out
+    own and later events are never looked at. (``kernels.graph.common_neighbour_rows``; ``ids``
+    are distinct, a batch's unique nodes.)"""
+    rows = np.asarray(rows, dtype=np.int64)
+    if rows.size == 0:
+        return {}
+    got = kernels.common_neighbour_rows(tcsr.indptr, tcsr.nbr, tcsr.t, np.asarray(ids, dtype=np.int64), rows,
+                                        np.asarray(before, dtype=tcsr.t.dtype)[()], recent, top)
+    return {int(v): g[g >= 0] for v, g in zip(rows.tolist(), got)}
 
 
 def update_gaps(src: np.ndarray, dst: np.ndarray, t: np.ndarray) -> np.ndarray:
