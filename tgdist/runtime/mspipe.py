@@ -45,8 +45,8 @@ from tgdist.runtime.trainer import STAGES  # MSPipe's stages 1..5, in its order
 log = logging.getLogger(__name__)
 
 __all__ = ["STAGES", "StageLocks", "StageStreams", "tensors_in", "lower_priority", "Bounds", "staleness_bounds",
-           "read_schedule", "stale_fraction", "max_staleness", "stale_rows", "mitigate", "quantile_gap", "similar_nodes",
-           "update_gaps"]
+           "read_schedule", "stale_fraction", "max_staleness", "stale_rows", "mitigate", "quantile_gap",
+           "similar_nodes", "update_gaps"]
 
 
 @dataclass(frozen=True)
