@@ -52,7 +52,14 @@ else
     export TGDIST_TEST_DEVICE="$device"
     epochs=1
 fi
-python3 -c "import torch, numba, numpy, hydra, torch_geometric as pyg; print('torch', torch.__version__, 'numba', numba.__version__, 'numpy', numpy.__version__, 'hydra', hydra.__version__, 'pyg', pyg.__version__)" | tee -a "$out/device.txt"
+# (a missing PyG fails the PyG comparison below, not the checks before and after it)
+python3 -c "
+import torch, numba, numpy, hydra
+try:
+    import torch_geometric as pyg; v = pyg.__version__
+except ImportError:
+    v = 'missing (benchmarks/vs_pyg_tgn.py will fail)'
+print('torch', torch.__version__, 'numba', numba.__version__, 'numpy', numpy.__version__, 'hydra', hydra.__version__, 'pyg', v)" | tee -a "$out/device.txt"
 
 status=0
 python3 -m pytest -p no:cacheprovider tests/gpu -m "slow or not slow" -v -rs 2>&1 | tee "$out/gpu_tests.log" || status=1
