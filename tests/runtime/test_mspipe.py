@@ -558,6 +558,17 @@ def test_an_error_in_a_stage_thread_ends_the_run_with_it_and_leaves_no_thread(tm
     assert not left, left
 
 
+def _k0_is_the_plain_run_and_k_is_not(ranks: list, plain: str, k0: str, k2: str) -> None:
+    """Probe records of every rank: staleness 0 gives the plain run's losses and memory after
+    every iteration bit for bit, and rank 0's metrics; staleness K > 0 gives other losses."""
+    for rec in ranks:
+        assert rec[k0]["losses"] == rec[plain]["losses"]
+        for a, b in zip(rec[k0]["states"], rec[plain]["states"]):
+            assert all(torch.equal(a[k], b[k]) for k in a)
+        assert rec[k2]["losses"] != rec[plain]["losses"]
+    assert ranks[0][k0]["metrics"] == ranks[0][plain]["metrics"] and ranks[0][k0]["metrics"]
+
+
 def test_mini_batch_parallelism_on_depcache_reads_what_the_staleness_says(tmp_path):
     """mspipe at 2 x 1 x 1 on depcache memory (its stage threads read the replica while the main
     thread runs the collectives): staleness 0 is the plain parallel run bit for bit (losses, memory
@@ -571,12 +582,7 @@ def test_mini_batch_parallelism_on_depcache_reads_what_the_staleness_says(tmp_pa
             "depcache:pipeline.mode=mspipe;pipeline.staleness=auto;pipeline.profile_iterations=3"]
     ranks = _probe(tmp_path, 2, "model=tgn", "parallel.i=2", "train.epochs=2", runs="runs=" + ",".join(runs))
     plain, k0, k2, auto = runs
-    for r in range(2):
-        assert ranks[r][k0]["losses"] == ranks[r][plain]["losses"]
-        for a, b in zip(ranks[r][k0]["states"], ranks[r][plain]["states"]):
-            assert all(torch.equal(a[k], b[k]) for k in a)
-        assert ranks[r][k2]["losses"] != ranks[r][plain]["losses"]
-    assert ranks[0][k0]["metrics"] == ranks[0][plain]["metrics"] and ranks[0][k0]["metrics"]
+    _k0_is_the_plain_run_and_k_is_not(ranks, plain, k0, k2)
     for a, b in zip(ranks[0][k2]["states"], ranks[1][k2]["states"]):
         assert all(torch.equal(a[k], b[k]) for k in a)
 
@@ -616,12 +622,7 @@ def test_memory_parallelism_reads_what_the_staleness_says_across_the_reset_insid
     layout = ["model=tgn", f"parallel.i={i}", "parallel.k=2", "train.epochs=2"]
     ranks = _probe(tmp_path, nproc, *layout, runs="runs=" + ",".join(runs))
     plain, k0, k2 = runs
-    for r in range(nproc):
-        assert ranks[r][k0]["losses"] == ranks[r][plain]["losses"]
-        for a, b in zip(ranks[r][k0]["states"], ranks[r][plain]["states"]):
-            assert all(torch.equal(a[k], b[k]) for k in a)
-        assert ranks[r][k2]["losses"] != ranks[r][plain]["losses"]
-    assert ranks[0][k0]["metrics"] == ranks[0][plain]["metrics"] and ranks[0][k0]["metrics"]
+    _k0_is_the_plain_run_and_k_is_not(ranks, plain, k0, k2)
 
     cfg = compose(PROBE_SMALL + layout)  # the probe's batches
     tr = build_trainer(cfg, progress=False)
@@ -664,12 +665,7 @@ def test_epoch_parallelism_reads_each_position_on_subgroup_0s_schedule(tmp_path,
     layout = ["model=tgn", f"parallel.i={i}", "parallel.j=2", "train.epochs=2"]
     ranks = _probe(tmp_path, nproc, *layout, runs="runs=" + ",".join(runs))
     plain, k0, k2 = runs
-    for r in range(nproc):
-        assert ranks[r][k0]["losses"] == ranks[r][plain]["losses"]
-        for a, b in zip(ranks[r][k0]["states"], ranks[r][plain]["states"]):
-            assert all(torch.equal(a[k], b[k]) for k in a)
-        assert ranks[r][k2]["losses"] != ranks[r][plain]["losses"]
-    assert ranks[0][k0]["metrics"] == ranks[0][plain]["metrics"] and ranks[0][k0]["metrics"]
+    _k0_is_the_plain_run_and_k_is_not(ranks, plain, k0, k2)
 
     cfg = compose(PROBE_SMALL + layout)  # the probe's batches
     tr = build_trainer(cfg, progress=False)
