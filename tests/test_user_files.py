@@ -110,6 +110,32 @@ def test_a_run_directory_is_marked_and_reused_with_the_users_notes_kept(tmp_path
     assert r.returncode == 2 and (run / "summary.json").exists() and (run / "notes.txt").exists()
 
 
+def test_another_rank_never_sees_foreign_files_while_rank_0_claims_and_releases(tmp_path, monkeypatch):
+    """Every rank of a parallel run checks the run directory while rank 0 claims it (and, after bad
+    input, removes its files again): at no step of either may the folder look like a user's. CI
+    once caught rank 1 listing rank 0's marker while it was being written."""
+    from tgdist.runtime import rundir
+
+    run = tmp_path / "run"
+    seen = []
+
+    def other_rank_checks():
+        seen.append(rundir.foreign_entries(run))
+
+    replace, unlink, rmtree = os.replace, Path.unlink, shutil.rmtree
+    monkeypatch.setattr(rundir.os, "replace", lambda a, b: (other_rank_checks(), replace(a, b))[1])
+    rundir.claim(run)
+    assert seen == [[]] and (run / rundir.MARKER).is_file()
+    for name in ("config.yaml", "train.log", "metrics.jsonl"):
+        (run / name).write_text("x")
+    (run / ".hydra").mkdir()
+    monkeypatch.setattr(Path, "unlink", lambda self, *a, **k: (unlink(self, *a, **k), other_rank_checks())[0])
+    monkeypatch.setattr(rundir.shutil, "rmtree", lambda *a, **k: (rmtree(*a, **k), other_rank_checks())[0])
+    seen.clear()
+    assert rundir.release(run) and not run.exists()
+    assert seen == [[]] * 5  # after each of the five removals, the marker's last
+
+
 def test_a_sweep_directory_of_other_files_is_refused(tmp_path):
     sweep = tmp_path / "sweep"
     sweep.mkdir()

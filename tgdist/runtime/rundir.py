@@ -51,12 +51,26 @@ def is_run_dir(path: Path) -> bool:
     return (path / MARKER).is_file() or ((path / ".hydra" / "config.yaml").is_file() and (path / "train.log").is_file())
 
 
+def _is_marker(name: str) -> bool:
+    """The marker, or one being written (``_write_marker``'s temporary name)."""
+    return name == MARKER or (name.startswith(MARKER + ".") and name.endswith(".tmp"))
+
+
 def foreign_entries(path: Path) -> list[str]:
     """The entries of an existing ``path`` that are not a tgdist run's (all of them, in a folder
-    without a marker); empty for a missing or empty folder and for a run directory."""
-    if not path.is_dir() or is_run_dir(path):
+    without a marker); empty for a missing or empty folder and for a run directory.
+
+    The ranks of a parallel run all check the directory rank 0 is claiming, so this must hold
+    while that claim (or its clean-up) is under way: a marker being written counts as the marker,
+    a run writes its other files only after its marker, and ``release`` removes the marker last.
+    The marker is looked for before the folder is listed, so a marker that appears between the
+    two is not taken for a foreign file."""
+    if is_run_dir(path):
         return []
-    return sorted(p.name for p in path.iterdir())
+    try:
+        return sorted(name for p in path.iterdir() if not _is_marker(name := p.name))
+    except (FileNotFoundError, NotADirectoryError):  # missing, or removed by a run's clean-up meanwhile
+        return []
 
 
 def check_foreign(path: Path, overwrite: bool, key: str = "run_dir") -> None:
@@ -119,7 +133,8 @@ def release(path: Path) -> bool:
         return False
     if "summary.json" in created or _has_checkpoint(created.get("checkpoints")):
         return False
-    for p in created.values():
+    # the marker last: until the others are gone, another rank's check must still see a run here
+    for p in sorted(created.values(), key=lambda p: p.name == MARKER):
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)
         else:
