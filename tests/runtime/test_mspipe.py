@@ -569,6 +569,22 @@ def _k0_is_the_plain_run_and_k_is_not(ranks: list, plain: str, k0: str, k2: str)
     assert ranks[0][k0]["metrics"] == ranks[0][plain]["metrics"] and ranks[0][k0]["metrics"]
 
 
+def _probe_batches(layout: list[str]) -> tuple[int, int]:
+    """The number of training events and the batch size of the probe's runs at ``layout``."""
+    tr = build_trainer(compose(PROBE_SMALL + layout), progress=False)
+    return tr.split.range("train")[1], tr.batch_size
+
+
+def _read_is(got: list, ids, state: dict | None, where) -> bool:
+    """A recorded training read (memory, memory times, mail, mail times of ``ids``) is reset memory
+    where ``state`` is None, else ``state``'s rows; True when it was compared with a state."""
+    if state is None:
+        assert not any(x[torch.isfinite(x)].any() for x in got), where
+        return False
+    assert all(torch.equal(x, state[k][ids]) for x, k in zip(got, ("mem", "mem_ts", "mail", "mail_ts"))), where
+    return True
+
+
 def test_mini_batch_parallelism_on_depcache_reads_what_the_staleness_says(tmp_path):
     """mspipe at 2 x 1 x 1 on depcache memory (its stage threads read the replica while the main
     thread runs the collectives): staleness 0 is the plain parallel run bit for bit (losses, memory
@@ -586,9 +602,7 @@ def test_mini_batch_parallelism_on_depcache_reads_what_the_staleness_says(tmp_pa
     for a, b in zip(ranks[0][k2]["states"], ranks[1][k2]["states"]):
         assert all(torch.equal(a[k], b[k]) for k in a)
 
-    cfg = compose(PROBE_SMALL + ["model=tgn", "parallel.i=2", "train.epochs=2"])  # the probe's batches
-    tr = build_trainer(cfg, progress=False)
-    n_train, bs, lay = tr.split.range("train")[1], tr.batch_size, Layout(2, 1, 1)
+    (n_train, bs), lay = _probe_batches(["model=tgn", "parallel.i=2", "train.epochs=2"]), Layout(2, 1, 1)
     nb = num_global_batches(n_train, 2, bs)
     checked = 0
     for r in range(2):
@@ -599,12 +613,8 @@ def test_mini_batch_parallelism_on_depcache_reads_what_the_staleness_says(tmp_pa
                 continue
             ids, *got = rec["read_values"][s.lo][t // nb]  # (its epoch's read of that batch)
             seen = t - t % nb + (t % nb - K - 1)  # the newest iteration of this epoch whose writes it sees
-            if seen < t - t % nb:  # the warm-up: reset memory
-                assert not any(x[torch.isfinite(x)].any() for x in got), (r, t)
-            else:
-                state = rec["states"][seen]
-                assert all(torch.equal(x, state[k][ids]) for x, k in zip(got, ("mem", "mem_ts", "mail", "mail_ts")))
-                checked += 1
+            warm_up = seen < t - t % nb  # reset memory
+            checked += _read_is(got, ids, None if warm_up else rec["states"][seen], (r, t))
     assert checked >= 2 * 2 * (nb - K - 1) > 0
     assert ranks[0][auto]["staleness"] == ranks[1][auto]["staleness"] and ranks[0][auto]["staleness"][1]
 
@@ -624,9 +634,7 @@ def test_memory_parallelism_reads_what_the_staleness_says_across_the_reset_insid
     plain, k0, k2 = runs
     _k0_is_the_plain_run_and_k_is_not(ranks, plain, k0, k2)
 
-    cfg = compose(PROBE_SMALL + layout)  # the probe's batches
-    tr = build_trainer(cfg, progress=False)
-    n_train, bs, lay = tr.split.range("train")[1], tr.batch_size, Layout(i, 1, 2)
+    (n_train, bs), lay = _probe_batches(layout), Layout(i, 1, 2)
     nb, T = num_global_batches(n_train, i, bs), num_iterations(lay, n_train, bs, 2)  # (one pass each)
     checked, resets_inside = [0] * nproc, 0
     for r in range(nproc):
@@ -640,12 +648,8 @@ def test_memory_parallelism_reads_what_the_staleness_says_across_the_reset_insid
                 continue
             ids, *got = rec["read_values"][s.lo][s.pass_index]
             seen = t - K - 1  # the newest iteration whose writes it sees
-            if seen < last_reset:  # reset since: reset memory
-                assert not any(x[torch.isfinite(x)].any() for x in got), (r, t)
-            else:
-                state = rec["states"][seen]
-                assert all(torch.equal(x, state[k][ids]) for x, k in zip(got, ("mem", "mem_ts", "mail", "mail_ts")))
-                checked[r] += 1
+            reset_since = seen < last_reset  # reset memory
+            checked[r] += _read_is(got, ids, None if reset_since else rec["states"][seen], (r, t))
     assert T == nb and resets_inside == i  # group 1's wrap to the first batch, on each of its trainers
     assert checked[0] == T - K - 1 and checked[-1] == T - 2 * (K + 1) > 0
 
@@ -667,9 +671,7 @@ def test_epoch_parallelism_reads_each_position_on_subgroup_0s_schedule(tmp_path,
     plain, k0, k2 = runs
     _k0_is_the_plain_run_and_k_is_not(ranks, plain, k0, k2)
 
-    cfg = compose(PROBE_SMALL + layout)  # the probe's batches
-    tr = build_trainer(cfg, progress=False)
-    n_train, bs, lay = tr.split.range("train")[1], tr.batch_size, Layout(i, 2, 1)
+    (n_train, bs), lay = _probe_batches(layout), Layout(i, 2, 1)
     nb, T = num_global_batches(n_train, i, bs), num_iterations(lay, n_train, bs, 2)  # (one pass)
     checked = [0] * nproc
     for r in range(nproc):
@@ -681,12 +683,8 @@ def test_epoch_parallelism_reads_each_position_on_subgroup_0s_schedule(tmp_path,
             assert s.position == t - jj
             (ids, *got), = rec["read_values"][s.lo]  # the one read of that batch on this rank
             seen = s.position - K - 1  # the newest position whose write it sees
-            if seen < 0:
-                assert not any(x[torch.isfinite(x)].any() for x in got), (r, t)
-            else:  # the replica after iteration `seen`, whose exchange applied subgroup 0's write of it
-                state = rec["states"][seen]
-                assert all(torch.equal(x, state[k][ids]) for x, k in zip(got, ("mem", "mem_ts", "mail", "mail_ts")))
-                checked[r] += 1
+            # reset memory, or the replica after iteration `seen`, whose exchange applied subgroup 0's write of it
+            checked[r] += _read_is(got, ids, None if seen < 0 else rec["states"][seen], (r, t))
     assert T == nb + 1 and all(c == nb - K - 1 > 0 for c in checked), (T, nb, checked)
     for a, b in zip(ranks[0][k2]["states"], ranks[-1][k2]["states"]):  # the replicas stay one copy
         assert all(torch.equal(a[k], b[k]) for k in a)
