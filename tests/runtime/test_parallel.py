@@ -178,6 +178,16 @@ def test_a_finished_parallel_run_keeps_its_model_and_resumes_to_its_results(tmp_
                                cwd=tmp_path).stdout.strip().splitlines()[-1])
     state = torch.load(tmp_path / "a" / "checkpoints" / "last.pt", weights_only=True)
     assert state["iteration"] == done["iterations"] and state["epochs"] == 2 and state["model"]
+    # its reported metrics are what one process evaluating its checkpoint gets: rank 0 evaluated
+    # group 0's memory with every write applied (validation, then test, as a run does)
+    from tgdist.runtime import checkpoint
+    from tgdist.runtime.build import build_trainer, compose
+    tr = build_trainer(compose([*SMALL, "train.batch_size=100", "train.num_neg_eval=4", "train.lr=1e-3"]))
+    checkpoint.load(tmp_path / "a" / "checkpoints" / "last.pt", tr, compose([*common, "train.epochs=2"]))
+    alone = {**tr.evaluate("val"), **tr.evaluate("test")}
+    assert done["memory_backend"] == "depcache" and done["parallel"] == "2 x 1 x 1"
+    for key in ("val_ap", "val_auc", "val_mrr", "test_ap", "test_auc", "test_mrr"):
+        assert done[key] == pytest.approx(alone[key], rel=1e-12, abs=0), key
     again = json.loads(torchrun(2, "-m", "tgdist.train", *common, "train.epochs=2", f"run_dir={tmp_path / 'b'}",
                                 f"train.resume={tmp_path / 'a'}", cwd=tmp_path).stdout.strip().splitlines()[-1])
     for key in ("loss", "traversed_events", "val_ap", "test_ap", "test_mrr"):

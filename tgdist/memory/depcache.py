@@ -35,10 +35,14 @@ class DepCacheMemory(LocalMemory):
     deliver_mails = MemoryStore.deliver_mails  # in rounds of write_mail, which buffers them
 
     def exchange(self) -> None:
-        self.flush()
+        if self.sync:  # (after end_training every write has applied already, and the group may be gone)
+            self.flush()
 
     def end_training(self, evaluates: bool) -> None:
         self.sync = False  # from here on writes apply to this replica alone (evaluation on one rank)
+
+    def pending_writes(self) -> int:
+        return len(self._mem_writes) + len(self._mail_writes)
 
     def close(self) -> None:
         """Let go of the process group (the run destroys it; the replica's tensors stay readable)."""

@@ -82,6 +82,12 @@ class MemoryStore(nn.Module):
     def close(self) -> None:
         """Release what the store holds outside this process (idempotent)."""
 
+    def pending_writes(self) -> int:
+        """Writes made and not yet applied to the memory that reads see (a store that holds them
+        until ``exchange``); 0 here. Reads made meanwhile would miss them, so the loop checks that
+        none is left where a reader follows: at every evaluation and at the end of a run."""
+        return 0
+
     def read(self, ids: torch.Tensor) -> MemoryRead:
         raise NotImplementedError
 

@@ -176,12 +176,15 @@ class PartitionedMemory(MemoryStore):
         self.shard.reset_state()
         self._mem_writes, self._mail_writes = [], []
 
+    def pending_writes(self) -> int:
+        return len(self._mem_writes) + len(self._mail_writes) + (self._aggregation is not None)
+
     def end_training(self, evaluates: bool) -> None:
         """The trainer that evaluates (at most one per group) gathers the whole memory and goes on
         alone, as on DepCache's replica; the others drop their shards."""
         if self.alone:
             return
-        if self._mem_writes or self._mail_writes or self._aggregation is not None:
+        if self.pending_writes():
             raise RuntimeError("end_training with writes not exchanged")
         flags = collectives.all_gather_object(bool(evaluates), self.group, name="end_training",
                                               counter=collectives.ByteCounter())

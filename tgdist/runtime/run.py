@@ -748,12 +748,14 @@ class Run:
         validates = last or (epoch.index + 1) % t.eval_every == 0
         after_val = None  # the memory after validation, when testing moves it on
         if validates:
+            self._check_settled(f"epoch {epoch.index}'s validation")
             start, num_neg = time.perf_counter(), None if t.val_mrr else 1
             res.update(tr.evaluate("val", num_neg))
             if t.test_every_epoch:  # the checkpoints keep the memory after validation, where the final test starts
                 after_val = {k: v.clone() for k, v in tr.memory.state_dict().items()}
                 res.update(tr.evaluate("test", num_neg))
             res["eval_seconds"] = time.perf_counter() - start
+            self._check_settled(f"the end of epoch {epoch.index}'s evaluation")
         res["stage_seconds"] = {k: round(v, 4) for k, v in train_stages.seconds.items()}
         self._record(res)
         compiled = (f" (leaving out {res['compile_seconds']:.1f} s of one-time kernel compiling)"
@@ -772,6 +774,13 @@ class Run:
 
     # Model selection (one process): the metrics lines say which epochs were validated, which was
     # best and how long ago, so a resumed run continues them exactly.
+
+    def _check_settled(self, where: str) -> None:
+        """Evaluation reads memory as training does, each batch after every earlier write: a
+        store holding writes not yet exchanged here would give metrics from lagging memory."""
+        if n := self.trainer.memory.pending_writes():
+            raise RuntimeError(f"{n} memory write batches not yet exchanged at {where}: the memory store "
+                               f"({type(self.trainer.memory).__name__}) would be read without them")
 
     def _validated(self) -> list[dict]:
         return [h for h in self.history if h["epoch"] >= 0 and "val_ap" in h]
@@ -804,6 +813,7 @@ class Run:
         if not self.ckpt_path.exists():  # nothing trained here (epochs=0): still the model
             self.save(self.iterations)
         self._select_and_test()
+        self._check_settled("the end of the run")
         summary = self.summary()
         if cfg.train.task in ("node", "edge"):
             summary.update(downstream_alone(tr, cfg.train.task, cfg.train.node_class_epochs))
@@ -883,7 +893,9 @@ class Run:
 
         def evaluate() -> dict:  # rank 0: memory group 0 ends its last pass at the end of the stream
             start = time.perf_counter()
+            self._check_settled("the evaluation after training")
             metrics = {**tr.evaluate("val"), **tr.evaluate("test")}
+            self._check_settled("the end of the run")
             # its one evaluation is complete; train.select has the last epoch to choose from
             metrics.update(eval_seconds=time.perf_counter() - start, selected=True)
             loss_sum = sum(l for s in stats for _, l, _ in s["losses"])

@@ -196,7 +196,9 @@ class Trainer:
              sync_gradients=None) -> BatchOutput:
         """One iteration over events ``[lo, hi)`` with negatives ``neg [hi - lo, num_neg]``."""
         p = self.prepare(lo, hi, neg, lookup=train)
-        return self.compute(p, train, keep_emb=keep_emb, sync_gradients=sync_gradients)
+        out = self.compute(p, train, keep_emb=keep_emb, sync_gradients=sync_gradients)
+        self.memory.exchange()  # the iteration's end, as in ``Run``: its writes visible before the next read
+        return out
 
     def prepare(self, lo: int, hi: int, neg: np.ndarray, read=None, sampled: Sampled | None = None,
                 lookup: bool = False) -> "Prepared":
@@ -596,6 +598,10 @@ class Trainer:
             last = c + chunk >= num_neg
             out = self.compute(self.prepare(lo, hi, neg[:, c:c + chunk]), train=False, write=None if last else False)
             scores.append(out.neg.cpu().numpy())
+        # the batch ends as a training iteration does, with the store's exchange: a store that
+        # holds writes until then (DepCache's, Sven's in a group) would otherwise leave the next
+        # batch reading memory without them, and apply them later, after a reset
+        self.memory.exchange()
         return out.pos.cpu().numpy(), np.concatenate(scores, axis=1) if len(scores) > 1 else scores[0]
 
 
