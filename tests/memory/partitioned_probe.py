@@ -44,7 +44,7 @@ def run(backend: str, cfg, layout: Layout, world, groups) -> dict:
     rec = {"losses": [], "grads": [], "states": [], "counters": [], "links": [], "reads": [], "occurrences": [],
            "uses": [], "events": [], "mem_writes": [], "mail_writes": [], "read_values": {}}
     reads, occurrences, uses, events, mem_writes, mail_writes = [], [], [], [], [], []
-    prepare, write_memory, write_mail = tr.prepare, store.write_memory, store.write_mail
+    prepare, prepare_micro, write_memory, write_mail = tr.prepare, tr.prepare_micro, store.write_memory, store.write_mail
     end_training = store.end_training
 
     seconds, _, on = os.environ.get("PROBE_READ_DELAY", "0").partition(":")  # S[:RANK,RANK...] (races)
@@ -63,6 +63,15 @@ def run(backend: str, cfg, layout: Layout, world, groups) -> dict:
         events.append(hi - lo)
         return p
 
+    def recording_prepare_micro(lo, hi, neg, n, **kw):  # each micro-batch's read, as ``prepare``'s
+        parts = prepare_micro(lo, hi, neg, n, **kw)
+        for p in parts:
+            reads.append(p.ids.clone())
+            occurrences.append(p.root_idx.numel() + sum(int(h.mask.sum()) for h in p.hop_tables))
+            uses.append(occurrences_of(p))
+            events.append(p.hi - p.lo)
+        return parts
+
     def recording_write_memory(ids, mem, mem_ts):
         mem_writes.append(ids.clone())
         return write_memory(ids, mem, mem_ts)
@@ -72,7 +81,7 @@ def run(backend: str, cfg, layout: Layout, world, groups) -> dict:
         return write_mail(ids, mail, mail_ts)
 
     def recording_end_training(evaluates):  # the memory training leaves, before rank 0 evaluates on it
-        tr.prepare = prepare
+        tr.prepare, tr.prepare_micro = prepare, prepare_micro
         if hasattr(store, "maps"):
             rec["trainer_of"] = torch.from_numpy(store.maps.trainer_of.copy())
             rec["local_of"] = torch.from_numpy(store.maps.local_of.copy())
@@ -82,6 +91,7 @@ def run(backend: str, cfg, layout: Layout, world, groups) -> dict:
         rec["rows_after_training"] = store.rows_held() if hasattr(store, "rows_held") else None
 
     tr.prepare, store.write_memory, store.write_mail = recording_prepare, recording_write_memory, recording_write_mail
+    tr.prepare_micro = recording_prepare_micro
     store.end_training = recording_end_training
 
     def record(t, loss):

@@ -226,6 +226,8 @@ def _check_bytes(ranks: list[dict], run: str, group: list[int], formulas: bool) 
     per_occurrence = backend == "depcomm" and "memory.remote_dispatch=distinct" not in run
     for t in range(len(recs[0]["losses"])):
         reads = [torch.cat(r["reads"][t]) if r["reads"][t] else torch.zeros(0, dtype=torch.long) for r in recs]
+        if backend == "sven":  # a row per distinct node of the batch, however many micro-batches read it
+            reads = [torch.unique(x) for x in reads]
         uses = [torch.cat(r["uses"][t]) if r["uses"][t] else torch.zeros(0, dtype=torch.long) for r in recs]
         writes = [torch.cat(r["mem_writes"][t]) if r["mem_writes"][t] else torch.zeros(0, dtype=torch.long)
                   for r in recs]
@@ -463,9 +465,21 @@ def test_2x1x1_micro_batches_and_prefetch_on_every_store(tmp_path):
     micro = "pipeline.micro_batches=3"
     runs = [f"{b}:{lr}" for b in ("depcache", "sven", "depcomm")] + \
         [f"{b}:{lr};{micro}" for b in ("depcache", "sven", "depcomm")] + \
-        ["sven", "sven:pipeline.prefetch=2", "sven:pipeline.async_allreduce=true"]
+        ["sven", "sven:pipeline.prefetch=2", "sven:pipeline.async_allreduce=true"] + \
+        [f"sven:pipeline.micro_batches={n}" for n in (2, 4)]
     ranks = _probe(tmp_path, 2, "model=tgn", "parallel.i=2", "train.epochs=1", "train.lr=1e-3",
                    runs="runs=" + ",".join(runs))
+    # Sven's dispatch is redundancy-free per batch: micro-batches fetch each distinct node of the
+    # batch once (a later one takes the rows an earlier one brought), so every iteration's bytes
+    # are those of the batch's distinct rows, exactly, and (7) holds with the batch's eta1; the
+    # first iteration (same reads in every run) moves the very bytes of one micro-batch
+    for n in (2, 4):
+        run = f"sven:pipeline.micro_batches={n}"
+        assert max(len(x) for x in ranks[0][run]["reads"]) == n  # n reads an iteration
+        _check_bytes(ranks, run, [0, 1], formulas=True)
+        for r in range(2):
+            for key in ("dispatch.payload", "dispatch.index"):
+                assert _delta(ranks[r][run], 0, key) == _delta(ranks[r]["sven"], 0, key), (n, r, key)
     for r in range(2):
         for b in ("depcache", "sven", "depcomm"):
             one, many = ranks[r][f"{b}:{lr}"], ranks[r][f"{b}:{lr};{micro}"]

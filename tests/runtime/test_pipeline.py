@@ -234,6 +234,27 @@ def test_granularity_follows_the_cost_model_and_scales_with_the_rows():
     assert fit_granularity(sizes, eta, 400, 1.0, 1.0, 0.001, 8).n == 8  # capped
 
 
+def test_eq_12s_s_is_the_links_measured_speed_times_the_dispatch_time_of_a_micro_batch():
+    """S = v tau: v the rows per second the measured dispatch moved, tau the dispatch seconds one
+    micro-batch carries at the cost model's optimum. Held at another batch size, n grows with the
+    rows (the paper's hypothesis). The transmission constant that looks obvious, the rows the link
+    moves in one micro-batch's overhead, would give n = D / overhead, where the model's time is
+    exactly that of n = 1."""
+    sizes = [400, 200, 100, 50]
+    eta = [2.0 + 100.0 / m for m in sizes]
+    C, D, o = 0.1, 0.1, 0.005
+    g = fit_granularity(sizes, eta, 400, compute_s=C, dispatch_s=D, overhead_s=o, n_max=64)
+    assert math.isclose(g.rows_per_s, 900.0 / D) and math.isclose(g.tau_s, D / math.sqrt(C / o))
+    assert math.isclose(g.S, g.rows_per_s * g.tau_s)
+
+    def model_time(n):  # T(n) of fit_granularity's docstring
+        return max(C, D) + min(C, D) / n + n * o
+
+    assert model_time(g.n) < model_time(1) and model_time(g.n) <= min(model_time(g.n - 1), model_time(g.n + 1))
+    obvious = 900.0 / (g.rows_per_s * o)  # n with S = v * overhead
+    assert math.isclose(obvious, D / o) and math.isclose(model_time(obvious), model_time(1))
+
+
 # ------------------------------------------------------------------------------------------
 # Whole runs of one process
 

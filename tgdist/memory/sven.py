@@ -241,10 +241,43 @@ class PartitionedMemory(MemoryStore):
         """The dispatches of several reads issued one after the other, each waited for only when its
         reader resolves it (micro-batches: the next one's rows travel while one is updated). Every
         owner serves its rows at issue time, and the group's writes wait for ``exchange``, so each
-        read is what ``read`` would have returned before them."""
+        read is what ``read`` would have returned before them.
+
+        Redundancy-free over the whole batch, not per read: a read fetches only the nodes no
+        earlier read of the call fetched, and takes the others' rows from the earlier dispatches
+        (the same rows, since nothing is written before ``exchange``). So each node's row comes
+        from its owner once per batch, however many micro-batches sample it: Algorithm 2's V_u of
+        the batch (deduplicating per micro-batch sent +30% rows at n = 2, +70% at n = 4)."""
         if self.alone:
             return [self.shard.read(i) for i in ids]
-        return [self._dispatch(i) for i in ids]
+        fetched: list[tuple[torch.Tensor, collectives.Handle]] = []  # per read: the nodes it fetched, their rows
+        seen = torch.zeros(0, dtype=torch.long, device=ids[0].device if ids else None)
+        reads = []
+        for i in ids:
+            uniq = torch.unique(i)
+            new = uniq[~torch.isin(uniq, seen)] if seen.numel() else uniq
+            fetched.append((new, self._dispatch(new)))
+            seen = torch.cat([seen, new])
+            reads.append(self._from_fetched(i, list(fetched)))
+        return reads
+
+    @staticmethod
+    def _from_fetched(ids: torch.Tensor, fetched: list) -> collectives.Handle:
+        """A handle on the read of ``ids`` assembled from the rows of ``fetched`` (``(nodes,
+        handle)`` pairs whose nodes hold every id): waiting for it waits for the last dispatch
+        (the earlier ones were issued before it, on the same link)."""
+        if len(fetched) == 1 and torch.equal(fetched[0][0], ids):
+            return fetched[0][1]
+
+        def assemble(_) -> MemoryRead:
+            nodes = torch.cat([n for n, _ in fetched])
+            got = [h.wait() for _, h in fetched]
+            order = torch.argsort(nodes)
+            pos = order.index_select(0, torch.searchsorted(nodes.index_select(0, order), ids))
+            return MemoryRead(**{k: torch.cat([getattr(g, k) for g in got]).index_select(0, pos)
+                                 for k in ("mem", "mem_ts", "mail", "mail_ts")})
+
+        return fetched[-1][1].then(assemble)
 
     def _dispatch(self, ids: torch.Tensor) -> collectives.Handle:
         psi, order, counts, got = self._request(ids)

@@ -169,9 +169,11 @@ class Granularity:
 
     ``A``, ``B``: eta(m) = A + B / m fitted to the dispatched rows per event eta of micro-batches of
     m events (Appendix D, eq. (22)), so a batch of bs events dispatches ``A * bs + B`` rows. ``S``:
-    the rows one micro-batch should carry on this link and this machine, calibrated from the
-    measured times (``fit_granularity``). ``n_model``: the cost model's best n at the measured
-    batch, which eq. (12) reproduces there and carries to other batch sizes."""
+    the paper's transmission constant, measured: ``S = rows_per_s * tau_s``, the rows the link
+    moves (``rows_per_s``, the measured dispatch's rows over its seconds) in the dispatch time one
+    micro-batch should carry (``tau_s``, from the cost model: ``fit_granularity``). ``n_model``:
+    the cost model's best n at the measured batch, which eq. (12) reproduces there and carries to
+    other batch sizes with the link's speed and ``tau_s`` held."""
 
     A: float
     B: float
@@ -181,6 +183,8 @@ class Granularity:
     compute_s: float
     dispatch_s: float
     overhead_s: float
+    rows_per_s: float = 0.0
+    tau_s: float = 0.0
 
     def at(self, batch_size: int, n_max: int) -> int:
         """Eq. (12) at ``batch_size`` events."""
@@ -207,16 +211,24 @@ def fit_granularity(sizes: Sequence[float], eta: Sequence[float], batch_size: in
     the dispatch, unpipelined; ``overhead_s``: what one more micro-batch costs (its fixed
     per-call work and link latencies).
 
-    The paper leaves S as "a constant determined by the transmission speed". We calibrate it with
-    the pipeline's cost model: n micro-batches take about max(C, D) + min(C, D) / n + n * overhead
-    (the smaller of computation and dispatch hides behind the larger but for one micro-batch's
-    share, and each micro-batch pays the overhead), best at n* = sqrt(min(C, D) / overhead); S is
-    the rows per micro-batch at n*, so eq. (12) gives n* at the measured batch size and scales it
-    with the rows at others, as the paper's hypothesis has it (n grows with the volume)."""
+    The paper leaves S as "a constant determined by the transmission speed" (rows per micro-batch,
+    since A bs + B counts rows). A speed alone gives no n: it must meet a time. We measure both:
+    the link's speed v = rows / D (rows per second of the unpipelined dispatch D), and the time
+    each micro-batch's dispatch should take, tau, from the pipeline's cost model: n micro-batches
+    take about T(n) = max(C, D) + min(C, D) / n + n * overhead (the smaller of computation and
+    dispatch hides behind the larger but for one micro-batch's share, and each micro-batch pays the
+    overhead), least at n* = sqrt(min(C, D) / overhead), so tau = D / n*. Then S = v * tau, and
+    eq. (12) gives n* at the measured batch and scales n with the rows at others, as the paper's
+    hypothesis has it (n grows with the volume). A and B cancel at the measured batch by
+    construction: there n is the cost model's. The obvious transmission constant S = v * overhead
+    (a micro-batch carries what the link moves in its own overhead) would give n = D / overhead,
+    where T(n) = T(1): pipelining for nothing (``tests/runtime/test_pipeline.py`` shows it)."""
     A, B = fit_eta(sizes, eta)
     rows = max(A * batch_size + B, 1e-9)
     hidden = max(min(compute_s, dispatch_s), 0.0)
     n_model = math.sqrt(hidden / max(overhead_s, 1e-9))
-    S = rows / max(n_model, 1.0)  # n* < 1: one micro-batch already carries all it should
+    rows_per_s = rows / max(dispatch_s, 1e-12)
+    tau_s = max(dispatch_s, 1e-12) / max(n_model, 1.0)  # n* < 1: one micro-batch already carries all it should
+    S = rows_per_s * tau_s
     n = int(min(max(math.floor(rows / S + 1e-9), 1), n_max))
-    return Granularity(A, B, S, n, n_model, compute_s, dispatch_s, overhead_s)
+    return Granularity(A, B, S, n, n_model, compute_s, dispatch_s, overhead_s, rows_per_s, tau_s)

@@ -687,11 +687,10 @@ class Run:
                 total1, total2 = float(np.min(one)), float(np.min(two))
                 compute = max(total1 - dispatch, 1e-6)
                 bs = int(np.median([r["events"] for r in reads]))
-                A, B = fit_eta(sizes, eta)
                 # what one more micro-batch surely costs: the latencies of its reads' collectives (slots,
-                # counts and rows) and its B rows that another micro-batch also reads (eq. (22)'s offset)
+                # counts and rows); its rows are not sent again (a batch's read is redundancy-free)
                 link = collectives.current_link()
-                floor = (3 * link.latency if link is not None else 0.0) + max(B, 0.0) * dispatch / max(A * bs + B, 1.0)
+                floor = 3 * link.latency if link is not None else 0.0
                 overhead = max(total2 - total1 + min(compute, dispatch) / 2, floor, 1e-4)
                 fit = fit_granularity(sizes, eta, bs, compute, dispatch, overhead, cfg.pipeline.max_micro_batches)
         if not self.alone:
@@ -703,9 +702,9 @@ class Run:
             log.info("pipeline.micro_batches=auto: too little measured (empty batches?); using 1")
         elif self.rank == 0:
             log.info("pipeline.micro_batches=auto: n=%d from eq. (12) n = (A bs + B) / S with A=%.3f, B=%.1f, S=%.1f "
-                     "rows (measured per batch: compute %.1f ms, dispatch %.1f ms, %.2f ms per extra micro-batch; "
-                     "cost-model optimum %.2f)", fit.n, fit.A, fit.B, fit.S, 1e3 * fit.compute_s,
-                     1e3 * fit.dispatch_s, 1e3 * fit.overhead_s, fit.n_model)
+                     "rows = %.0f rows/s x %.2f ms (measured per batch: compute %.1f ms, dispatch %.1f ms, %.2f ms per "
+                     "extra micro-batch; cost-model optimum %.2f)", fit.n, fit.A, fit.B, fit.S, fit.rows_per_s,
+                     1e3 * fit.tau_s, 1e3 * fit.compute_s, 1e3 * fit.dispatch_s, 1e3 * fit.overhead_s, fit.n_model)
 
     # ------------------------------------------------------------------------------------------
     # Epochs of a run of one process
