@@ -1,6 +1,6 @@
 """Partitioning quality and cost: range vs interval vs greedy vs Re-FlexBiCut (Sven 5.4, Fig. 13).
 
-    python benchmarks/partition.py                 # everything (about a minute on 2 cores, BENCHMARKS.md)
+    python benchmarks/partition.py                 # everything (about a minute on 2 cores, results/partitioning.md)
     python benchmarks/partition.py --quick         # Wikipedia headline + timings on a 1M-event graph
     python benchmarks/partition.py --synthetic-events 10000000
 

@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 PAGES = [README, *sorted(DOCS.glob("*.md"))]
-OTHER_TEXTS = [ROOT / "benchmarks" / "BENCHMARKS.md", ROOT / "slurm" / "README.md"]  # paths checked too
+BENCHMARKS = [ROOT / "benchmarks" / "BENCHMARKS.md", *sorted((ROOT / "benchmarks" / "results").glob("*.md"))]
+OTHER_TEXTS = [*BENCHMARKS, ROOT / "slurm" / "README.md"]  # paths checked too
 
 
 def _rel(page: Path) -> str:
@@ -80,7 +81,7 @@ def _target(page: Path, name: str) -> Path:
     return page.parent / name
 
 
-@pytest.mark.parametrize("page", PAGES, ids=_rel)
+@pytest.mark.parametrize("page", PAGES + BENCHMARKS, ids=_rel)  # the headline table's links into results/ too
 def test_links_and_anchors_resolve(page):
     for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]+))?\)", page.read_text()):
         if target.startswith(("http://", "https://")):

@@ -2,8 +2,8 @@
 
 # OpenMP's wait policy is left at the runtime's default (spinning). OMP_WAIT_POLICY=PASSIVE helps
 # only on an oversubscribed machine and costs a third of training speed when the cores are free,
-# because every torch op then wakes sleeping threads: docs/training.md, "Threads", and benchmarks/BENCHMARKS.md,
-# "OpenMP wait policy".
+# because every torch op then wakes sleeping threads: docs/training.md, "Threads", and
+# benchmarks/results/sampler_and_data.md, "OpenMP wait policy".
 
 import os
 import sys

@@ -95,7 +95,7 @@ def reflexbicut_search(weights: np.ndarray, *, imbalance: float = 0.05, seed: in
     ``weights`` int64 ``[N, M]``: w(t, v) of the access graph. The cost is
     ``zeta(W) = max_j zeta(W_j)`` with zeta(W_j) the traffic through trainer j's link (the
     reading of eq. (5) in ``tgdist.partition.measures``). Where the paper is garbled or silent we
-    chose, each time, the reading that gave the lowest zeta(W) (benchmarks/BENCHMARKS.md):
+    chose, each time, the reading that gave the lowest zeta(W) (benchmarks/results/partitioning.md):
 
     * Theorem 2's proof guesses a load bound B and binary-searches it; for each B, Algorithm 3
       starts from ``W_i = {t_i}`` with every vertex unlabeled and repeats rounds over the trainers
