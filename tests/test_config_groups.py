@@ -10,7 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from tgdist import memory
-from tgdist.cli.overrides import ConfigSource, checked_compose
+from tgdist.config.overrides import ConfigSource, checked_compose
 from tgdist.config import (
     Choice,
     DataFormat,

@@ -401,7 +401,7 @@ def test_help_lists_this_commands_groups(tmp_path):
 
 
 def test_help_documents_every_key(tmp_path):
-    from tgdist.cli.overrides import annotate, schema_keys
+    from tgdist.config.overrides import annotate, schema_keys
     from tgdist.config import PartitionJob, TrainApp, key_notes
 
     for schema in (TrainApp, PartitionJob):
@@ -573,7 +573,7 @@ def test_sweep_inside_a_parallel_job_is_refused(tmp_path):
 
 def test_misspelt_keys_get_a_suggestion():
     """In-process: the suggestions of ``closest_keys`` (the CLI tests above show them in messages)."""
-    from tgdist.cli.overrides import closest_keys
+    from tgdist.config.overrides import closest_keys
 
     assert closest_keys("train.epoch", "train") == ["train.epochs"]  # a sibling, spelt close
     assert closest_keys("data.synthetic.numevents", "train") == ["data.synthetic.num_events"]
@@ -588,7 +588,7 @@ def test_misspelt_keys_get_a_suggestion():
 
 def test_unknown_key_without_a_close_spelling_lists_its_group(capsys):
     """No key spelt like ``sampler.num_neighbors``: the message lists the keys ``sampler`` has."""
-    from tgdist.cli.overrides import _compose_or_exit, keys_under
+    from tgdist.config.overrides import _compose_or_exit, keys_under
 
     assert keys_under("sampler", "train") == ["strategy", "fanouts", "num_threads", "both_directions", "seed"]
     assert keys_under("nosuchgroup", "train") == [] and keys_under("", "train") == []

@@ -96,7 +96,7 @@ def test_placement_at_start_by_each_method():
 
 def test_an_artifact_is_read_and_refused_in_one_line_when_it_does_not_fit(tmp_path):
     from tgdist.config import PartitionJob
-    from tgdist.partition.cli import run as partition
+    from tgdist.cli.partition import run as partition
 
     cfg = compose(SMALL)
     job = PartitionJob(data=cfg.data, sampler=cfg.sampler)

@@ -17,7 +17,7 @@ from tgdist.errors import TgdistError
 COMMANDS = {
     "train": ("tgdist.cli.train", "train a model: tgdist train [hydra overrides], e.g. model=jodie data.path=FILE"),
     "data": ("tgdist.cli.data", "inspect a data set or write a synthetic one: tgdist data --help"),
-    "partition": ("tgdist.partition.cli", "partition node memory across trainers: tgdist partition [overrides]"),
+    "partition": ("tgdist.cli.partition", "partition node memory across trainers: tgdist partition [overrides]"),
     "plan": ("tgdist.launcher.planner", "choose i x j x k for a cluster: tgdist plan --help"),
     "launch": ("tgdist.launcher.launch", "run torchrun on this machine, or a sweep on SLURM: tgdist launch --help"),
     "report": ("tgdist.cli.report", "report.md and plots for a run or a sweep directory: tgdist report PATH"),

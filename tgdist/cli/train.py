@@ -21,7 +21,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 import tgdist.config  # noqa: F401  (registers the typed schema before Hydra composes)
-from tgdist.cli.overrides import precheck_command
+from tgdist.config.overrides import precheck_command
 from tgdist.config import config_dir
 from tgdist.errors import TgdistError, first_line, write_failure
 from tgdist.runtime import rundir
@@ -42,7 +42,7 @@ def _sweep_job_note() -> str:
     """`` (sweep job #N: KEY=VALUE ...; ...)`` for an error inside a job of a checked sweep."""
     if _sweep_dir is None:
         return ""
-    from tgdist.cli.overrides import jobs_not_run, swept_values
+    from tgdist.config.overrides import jobs_not_run, swept_values
 
     num = int(HydraConfig.get().job.num)
     values = swept_values(list(HydraConfig.get().overrides.task), _swept)
@@ -283,7 +283,7 @@ _sweep_jobs_before: dict[str, frozenset[str]] = {}
 def _main() -> None:
     """Check the overrides (and the run directory) before Hydra starts, then hand over to it."""
     global _sweep_dir, _sweep_size, _swept, _run_dir, _claimed, _elsewhere
-    from tgdist.cli.overrides import override_value, quoted
+    from tgdist.config.overrides import override_value, quoted
     from tgdist.distributed.world import detect
     from tgdist.runtime.rundir import claim_directory
 

@@ -15,7 +15,7 @@ import torch
 from tgdist.data.graph import TemporalGraph
 from tgdist.errors import ConfigError
 from tgdist.kernels import graph as kernels
-from tgdist.kernels.reference import splitmix64
+from tgdist.kernels.graph import splitmix64
 
 
 @dataclass

@@ -31,7 +31,7 @@ import numpy as np
 from tgdist.data.graph import TemporalGraph
 from tgdist.errors import ConfigError
 from tgdist.kernels import graph as kernels
-from tgdist.kernels.reference import splitmix64
+from tgdist.kernels.graph import splitmix64
 
 # Bump when the same parameters would produce a different stream.
 GENERATOR_VERSION = 1

@@ -68,6 +68,19 @@ def _lower_bound(times, lo, hi, t):
     return lo
 
 
+_M64 = (1 << 64) - 1
+
+
+def splitmix64(x: int) -> int:
+    """The splitmix64 finaliser on Python ints: ``_splitmix64`` (the kernels' hash) for keys and
+    seeds hashed outside the kernels (negative streams, the generator's seed)."""
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    z = x
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
 @njit(inline="always")
 def _splitmix64(x):
     x = (x + np.uint64(0x9E3779B97F4A7C15))

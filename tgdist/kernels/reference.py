@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from tgdist.kernels.graph import splitmix64
+
 
 def tcsr(src, dst, num_nodes, both_directions=True):
     """Per-node lists of (neighbour, event id) in event order, as indptr / nbr / eid."""
@@ -91,18 +93,6 @@ def organize(ids):
             u = len(unique) - 1
         psi.append(u)
     return np.array(unique, dtype=np.int64), np.array(psi, dtype=np.int64), np.array(phi, dtype=np.int64)
-
-
-_M64 = (1 << 64) - 1
-
-
-def splitmix64(x: int) -> int:
-    """The splitmix64 finaliser on Python ints (the kernels' hash)."""
-    x = (x + 0x9E3779B97F4A7C15) & _M64
-    z = x
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
-    return z ^ (z >> 31)
 
 
 def _unit(key: int, e: int, k: int) -> float:

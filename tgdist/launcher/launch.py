@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     if not {"-m", "--multirun"} & set(args.overrides):
         nproc = None
         if args.module == "tgdist.train":  # settings errors once, here, not from every rank after start-up
-            from tgdist.cli.overrides import precheck_overrides
+            from tgdist.config.overrides import precheck_overrides
             from tgdist.runtime.build import precheck
 
             cfg = precheck_overrides("tgdist launch", "train", args.overrides)
@@ -292,7 +292,7 @@ def _launch_in_own_directory(args: argparse.Namespace, cfg, nproc: int) -> int:
     first and hands it to the ranks: launches started in the same second wrote into one directory,
     the later one's results replacing the other's without a word. A directory the user names, a
     resumed run's own, a dry run and a launch of one machine among several are left as they are."""
-    from tgdist.cli.overrides import override_value, quoted
+    from tgdist.config.overrides import override_value, quoted
     from tgdist.runtime.rundir import claim_directory, remove_empty_dirs
 
     overrides = args.overrides
@@ -317,7 +317,7 @@ def _sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     every job is a SLURM job instead (``slurm_sweep``)."""
     import time
 
-    from tgdist.cli.overrides import jobs_not_run, override_value, sweep_jobs, swept_values
+    from tgdist.config.overrides import jobs_not_run, override_value, sweep_jobs, swept_values
     from tgdist.runtime.build import precheck
     from tgdist.runtime.rundir import claim_directory, remove_empty_dirs
 
@@ -391,7 +391,7 @@ def _record_sweep(base: Path, jobs: list[list[str]], swept: list[str], composed:
     Returns its path and the folders made for it, deepest first."""
     import json
 
-    from tgdist.cli.overrides import swept_values
+    from tgdist.config.overrides import swept_values
     from tgdist.runtime.results import SWEEP_RECORD
 
     points = [{"num": num, "swept": swept_values(job, swept), "overrides": job,
@@ -414,7 +414,7 @@ def _slurm_launcher(overrides: list[str]) -> bool:
     """Whether the sweep chooses Hydra's submitit SLURM launcher (``hydra/launcher=submitit_slurm``,
     or a config of that group built on it, such as ``slurm_example``); another launcher than Hydra's
     basic one is refused, since this command starts the jobs itself."""
-    from tgdist.cli.overrides import checked_compose
+    from tgdist.config.overrides import checked_compose
     from tgdist.launcher.slurm_sweep import LAUNCHER_TARGET
 
     chosen = [o.partition("=")[2] for o in overrides if o.partition("=")[0].lstrip("+") == "hydra/launcher"]
@@ -438,7 +438,7 @@ def _sweep_on_slurm(args: argparse.Namespace, jobs: list[list[str]], swept: list
     """One SLURM job per point (``tgdist.launcher.slurm_sweep``), its tasks read from its layout."""
     from omegaconf import OmegaConf
 
-    from tgdist.cli.overrides import checked_compose, swept_values
+    from tgdist.config.overrides import checked_compose, swept_values
     from tgdist.launcher import slurm_sweep
     from tgdist.runtime.distributed import memory_backend
 
@@ -491,7 +491,7 @@ def _sweep_side_by_side(args: argparse.Namespace, jobs: list[list[str]], swept: 
     import threading
     import time
 
-    from tgdist.cli.overrides import swept_values
+    from tgdist.config.overrides import swept_values
     from tgdist.kernels.graph import cpu_mask
 
     mask = sorted(cpu_mask())

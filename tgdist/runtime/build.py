@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tgdist import memory, version_line
 from tgdist.config import MemoryBackend, check_data_source, load_data, model_tag
+from tgdist.config.overrides import checked_compose
 from tgdist.data.graph import (
     TIME_UNITS,
     TemporalGraph,
@@ -380,6 +381,4 @@ def compose(overrides: list[str] | None = None, config_name: str = "train",
     with ``return_hydra_config``, Hydra's own settings too (under ``hydra``). A bad override (a key
     not in the config, ``+key`` included, a value of the wrong type, an unknown group option)
     raises ``ConfigError`` with the line the command would print. Hydra's global state is reset."""
-    from tgdist.cli.overrides import checked_compose
-
     return checked_compose(list(overrides or []), config_name, return_hydra_config)

@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 def config_dir() -> str:
     """``configs/`` of a clone, or the copy a wheel carries as ``tgdist/configs``."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parent.parent  # tgdist/, this package's parent
     for candidate in (here / "configs", here.parent / "configs"):
         if (candidate / "train.yaml").exists():
             return str(candidate)
@@ -35,7 +35,7 @@ def datasets_dir() -> str:
     relative to the working directory (used as ``${datasets:}`` in configs/data/*.yaml)."""
     if os.environ.get("TGDIST_DATASETS"):
         return os.environ["TGDIST_DATASETS"]
-    beside_clone = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+    beside_clone = Path(__file__).resolve().parents[3] / "shared" / "datasets"  # (tgdist/config/__init__.py)
     return str(beside_clone) if beside_clone.is_dir() else "../shared/datasets"
 
 

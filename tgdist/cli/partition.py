@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 import tgdist
-from tgdist.cli.overrides import precheck_command
+from tgdist.config.overrides import precheck_command
 from tgdist.config import PartitionConfig, PartitionJob, config_dir, load_data, register_schemas
 from tgdist.errors import ConfigError, TgdistError, log_warnings_as_lines
 from tgdist.partition import artifact, measures, methods
