@@ -149,7 +149,7 @@ STAGE_COLORS = {"sample": "#8fbc8f", "features": "#2e8b57", "memory_read": "#468
 
 
 def timeline(base: list[str], epochs: int, run_dir: str) -> dict:
-    """One run at staleness 1 with every stage's turns recorded (``Run.stage_spans``) and each
+    """One run at staleness 1 with every stage's turns recorded (``MSPipe.stage_spans``) and each
     training step timed: the spans of the iterations in ``TIMELINE_WINDOW``."""
     from tgdist.runtime.build import build_trainer, compose
     from tgdist.runtime.run import Run
@@ -169,7 +169,7 @@ def timeline(base: list[str], epochs: int, run_dir: str) -> dict:
 
     tr.compute = timed
     run = Run(cfg, run_dir, trainer=tr)
-    run.stage_spans = spans = []
+    run.pipeline.stage_spans = spans = []
     run.train()
     lo, hi = TIMELINE_WINDOW
     out = [(st, it, th, a, b) for st, it, th, a, b in spans if lo <= it < hi]

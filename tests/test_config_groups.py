@@ -53,7 +53,7 @@ def test_an_experiment_changes_only_what_it_names_and_wins_over_the_defaults():
 
 def test_no_pipeline_by_default():
     p = checked_compose([]).pipeline
-    assert (p.prefetch, str(p.micro_batches), p.async_allreduce, p.mode, p.mitigation) == (0, "1", False, "none", "none")
+    assert (p.prefetch, str(p.micro_batches), p.async_allreduce, p.mode, p.mitigation) == (0, "1", False, "plain", "none")
 
 
 def test_no_embedding_cache_by_default_and_the_freshgnn_option_turns_it_on():

@@ -23,6 +23,7 @@ import torch
 from tgdist.config import datasets_dir
 from tgdist.runtime import checkpoint
 from tgdist.runtime.build import build_trainer, compose
+from tgdist.runtime.pipelines import GradientHooks
 from tgdist.runtime.run import Run
 
 pytestmark = pytest.mark.gpu
@@ -101,8 +102,8 @@ def test_a_step_on_the_device_equals_the_cpu_torch_formulation(device, model, ed
 
     for s, e in list(ref.batches("train"))[:2]:
         neg = ref.negatives.train(e - s, 1)
-        a = ref.step(s, e, neg, train=True, sync_gradients=recorder(ref))
-        b = dev.step(s, e, neg, train=True, sync_gradients=recorder(dev))
+        a = ref.step(s, e, neg, train=True, hooks=GradientHooks(recorder(ref)))
+        b = dev.step(s, e, neg, train=True, hooks=GradientHooks(recorder(dev)))
         assert a.loss == pytest.approx(b.loss, rel=1e-5)
         torch.testing.assert_close(b.pos.cpu(), a.pos, rtol=1e-4, atol=1e-5)
         dev.model.load_state_dict(ref.model.state_dict())  # continue both from the same state
@@ -154,4 +155,4 @@ def test_mspipe_on_the_device_runs_its_stages_on_their_own_streams(tmp_path, dev
     assert scores(a) == scores(b) != scores(plain)
     cuda = torch.device(device).type == "cuda"
     for r in (r0, ra):
-        assert r._streams.on == cuda and sorted(r._streams.streams) == (["fetch", "update"] if cuda else [])
+        assert r.pipeline._streams.on == cuda and sorted(r.pipeline._streams.streams) == (["fetch", "update"] if cuda else [])

@@ -114,8 +114,8 @@ def run(backend: str, cfg, layout: Layout, world, groups) -> dict:
     rec["metrics"] = {k: v for k, v in summary.items()
                       if k.startswith(("val_", "test_")) and not k.endswith("_at_best_val")}
     rec["params"] = [p.detach().clone() for p in m.parameters()]
-    online = getattr(driver, "_online", None)  # mspipe: the staleness this rank read with
-    rec["staleness"] = (driver.staleness, None if online is None else online.tolist())
+    online = getattr(driver.pipeline, "_online", None)  # mspipe: the staleness this rank read with
+    rec["staleness"] = (getattr(driver.pipeline, "staleness", 0), None if online is None else online.tolist())
     return rec
 
 

@@ -1,4 +1,4 @@
-"""MSPipe (``tgdist.runtime.mspipe``, ``pipeline.mode=mspipe``): the staleness bound as a pure
+"""MSPipe (``tgdist.runtime.pipelines.mspipe``, ``pipeline.mode=mspipe``): the staleness bound as a pure
 function, and the loop with staleness K against a reference written by hand with the Trainer API."""
 
 import math
@@ -16,11 +16,15 @@ from tgdist.distributed.schedule import Layout, num_global_batches, num_iteratio
 from tgdist.errors import ConfigError
 from tgdist.memory.store import LocalMemory
 from tgdist.runtime.build import build_trainer, compose, validate
-from tgdist.runtime import run as run_module
-from tgdist.runtime.mspipe import (StageLocks, StageStreams, lower_priority, max_staleness, mitigate, quantile_gap,
-                                   read_schedule, similar_nodes, stale_fraction, staleness_bounds, tensors_in,
-                                   update_gaps)
+from tgdist.runtime.pipelines import mspipe as mspipe_module
+from tgdist.runtime.pipelines.mspipe import (StageLocks, StageStreams, lower_priority, max_staleness, mitigate,
+                                             quantile_gap, read_schedule, similar_nodes, stale_fraction,
+                                             staleness_bounds, tensors_in, update_gaps)
+from tgdist.runtime.pipelines import GradientHooks
 from tgdist.runtime.run import Run
+
+from tests.runtime import runs
+from tests.runtime.runs import metrics
 from tests.memory.test_sven import SMALL as PROBE_SMALL
 from tests.memory.test_sven import _probe
 
@@ -243,13 +247,15 @@ def test_read_schedule_keeps_the_newest_update_a_read_sees_from_going_back():
 # ----------------------------------------------------------------------------------------------
 # Config
 
-SMALL = ["data.max_events=1500", "model.mem_dim=16", "model.time_dim=8", "train.batch_size=100",
-         "train.num_neg_eval=9", "train.progress=false", "train.num_threads=1", "sampler.num_threads=1",
-         "model.dropout=0"]
+SMALL = [*runs.SMALL, "model.dropout=0"]
+
+
+def run(tmp_path, name, extra=(), trainer=None):
+    return runs.run(tmp_path, name, extra, trainer, base=SMALL)
 
 
 @pytest.mark.parametrize("bad, message", [
-    (["pipeline.mode=pipedream"], "pipeline.mode=pipedream: give one of none, mspipe"),
+    (["pipeline.mode=pipedream"], "pipeline.mode=pipedream: give one of plain, mspipe"),
     (["pipeline.mode=mspipe", "pipeline.staleness=-1"], "pipeline.staleness=-1"),
     (["pipeline.mode=mspipe", "pipeline.staleness=soon"], "or auto"),
     (["pipeline.staleness=2"], "read by pipeline.mode=mspipe only"),
@@ -276,13 +282,6 @@ def test_bad_mspipe_settings_are_refused_in_one_line(bad, message):
 # The loop
 
 
-def run(tmp_path, name, extra=(), trainer=None):
-    cfg = compose(SMALL + list(extra) + [f"run_dir={tmp_path / name}"])
-    return Run(cfg, tmp_path / name, trainer=trainer).train(), tmp_path / name
-
-
-def metrics(summary):
-    return {k: v for k, v in summary.items() if k.startswith(("val_", "test_", "loss"))}
 
 
 def test_staleness_0_is_bit_identical_to_the_plain_loop(tmp_path):
@@ -366,7 +365,7 @@ def test_every_read_equals_a_reference_that_applies_writes_k_iterations_late(tmp
             ref.memory.reset_state()
         neg = ref.negatives.keyed(3 + s.neg_set, s.lo, s.hi, 1)
         ref.compute(ref.prepare(s.lo, s.hi, neg), train=True,
-                    sync_gradients=lambda ps: collectives.average_gradients(ps))
+                    hooks=GradientHooks(lambda ps: collectives.average_gradients(ps)))
         ref.memory.end_iteration()
         if (t + 1) % nb == 0:  # the epoch's end: every held write applied, then validation as it is
             ref.memory.flush()
@@ -412,8 +411,8 @@ def test_a_per_iteration_schedule_reads_what_a_reference_with_those_delays_reads
     run = Run(cfg, tmp_path / "ms", trainer=ms)
     nb = run.batches_per_epoch
     schedule = np.arange(nb) % 4
-    run._online = read_schedule(schedule)
-    assert np.array_equal(run._online, schedule)
+    run.pipeline._online = read_schedule(schedule)
+    assert np.array_equal(run.pipeline._online, schedule)
     run.train()
 
     ref = build_trainer(cfg, progress=False)
@@ -429,7 +428,7 @@ def test_a_per_iteration_schedule_reads_what_a_reference_with_those_delays_reads
         ref.memory.apply_through(t - pos + (pos - int(schedule[pos]) - 1))
         neg = ref.negatives.keyed(3 + s.neg_set, s.lo, s.hi, 1)
         ref.compute(ref.prepare(s.lo, s.hi, neg), train=True,
-                    sync_gradients=lambda ps: collectives.average_gradients(ps))
+                    hooks=GradientHooks(lambda ps: collectives.average_gradients(ps)))
         ref.memory.end_iteration()
         if pos == nb - 1:  # the epoch's end: every held write applied, then validation
             ref.memory.apply_through(t)
@@ -470,7 +469,7 @@ def test_the_five_stages_of_consecutive_iterations_overlap_in_threads(tmp_path):
 
     tr.compute, tr.optimizer.step = timed_compute, slow_step
     run = Run(cfg, tmp_path / "r", trainer=tr)
-    run.stage_spans = spans = []
+    run.pipeline.stage_spans = spans = []
     run.train()
     nb = run.batches_per_epoch
     by_stage = {st: [sp for sp in spans if sp[0] == st] for st in ("sample", "features", "memory_read", "memory_write")}
@@ -525,7 +524,7 @@ def test_the_stage_threads_run_at_pipeline_stage_nice_below_training(tmp_path, m
         seen.append((threading.current_thread().name, n, lower_priority(n), _nice()))
         return seen[-1][2]
 
-    monkeypatch.setattr(run_module, "lower_priority", recording)
+    monkeypatch.setattr(mspipe_module, "lower_priority", recording)
     main = _nice()
     s, _ = run(tmp_path, "r", ["train.epochs=1", "pipeline.mode=mspipe", "pipeline.staleness=1",
                                f"pipeline.stage_nice={nice}"])
@@ -733,7 +732,7 @@ def test_mspipe_resumes_exactly_from_a_checkpoint_with_reads_in_flight(tmp_path)
 
 def test_staleness_auto_measures_chooses_and_reports(tmp_path, caplog):
     import logging
-    caplog.set_level(logging.INFO, logger="tgdist.runtime.run")
+    caplog.set_level(logging.INFO, logger="tgdist.runtime.pipelines")
     s, _ = run(tmp_path, "auto", ["train.epochs=1", "pipeline=mspipe", "pipeline.profile_iterations=4"])
     chosen = [r.getMessage() for r in caplog.records if "pipeline.staleness=auto: K=" in r.getMessage()]
     assert len(chosen) == 1

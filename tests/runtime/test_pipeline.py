@@ -1,4 +1,4 @@
-"""Sven's pipelining levels (``tgdist.runtime.pipeline``): each a controlled change of the loop.
+"""Sven's pipelining levels (``tgdist.runtime.pipelines``): each a controlled change of the loop.
 
 Prefetch must leave a run bit-identical; micro-batches must give the parameters of one batch up to
 float rounding and exactly its memory and mails; asynchronous all-reduce must follow eq. (13)."""
@@ -15,8 +15,11 @@ from tgdist.data.sampler import TCSR, NegativeSampler, TemporalSampler
 from tgdist.data.synthetic import generate
 from tgdist.distributed import collectives
 from tgdist.models.modules import build_model
-from tgdist.runtime.pipeline import GradientSync, Prefetcher, fit_eta, fit_granularity
+from tgdist.runtime.pipelines.base import GradientHooks, GradientSync, Prefetcher
+from tgdist.runtime.pipelines.plain import fit_eta, fit_granularity
 from tgdist.runtime.trainer import Trainer, memory_for, micro_bounds
+
+from tests.runtime.runs import SMALL, metrics, run
 
 
 def trainer_on(g, name, seed=0):
@@ -72,8 +75,8 @@ def test_micro_batches_give_one_batch_step(small_graph, name, n):
         neg = a.negatives.keyed(3, lo, hi, 1)
         b.model.load_state_dict(a.model.state_dict())
         b.memory.load_state_dict(a.memory.state_dict())
-        out_a = a.compute(a.prepare(lo, hi, neg), train=True, sync_gradients=keep("a"))
-        out_b = b.compute(b.prepare_micro(lo, hi, neg, n), train=True, sync_gradients=keep("b"))
+        out_a = a.compute(a.prepare(lo, hi, neg), train=True, hooks=GradientHooks(keep("a")))
+        out_b = b.compute(b.prepare_micro(lo, hi, neg, n), train=True, hooks=GradientHooks(keep("b")))
         # the same rows through smaller matrix products: equal but for the kernels' summation order
         torch.testing.assert_close(out_b.pos, out_a.pos, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(out_b.neg, out_a.neg, rtol=1e-5, atol=1e-6)
@@ -259,19 +262,8 @@ def test_eq_12s_s_is_the_links_measured_speed_times_the_dispatch_time_of_a_micro
 # Whole runs of one process
 
 
-SMALL = ["data.max_events=1500", "model.mem_dim=16", "model.time_dim=8", "train.batch_size=100",
-         "train.num_neg_eval=9", "train.progress=false", "train.num_threads=1", "sampler.num_threads=1"]
 
 
-def run(tmp_path, name, extra=()):
-    from tgdist.runtime.build import compose
-    from tgdist.runtime.run import Run
-    cfg = compose(SMALL + list(extra) + [f"run_dir={tmp_path / name}"])
-    return Run(cfg, tmp_path / name).train(), tmp_path / name
-
-
-def metrics(summary):
-    return {k: v for k, v in summary.items() if k.startswith(("val_", "test_", "loss"))}
 
 
 @pytest.mark.parametrize("strategy", ["recent", "uniform"])
@@ -313,7 +305,7 @@ def test_async_allreduce_resumes_exactly_with_its_gradient_in_flight(tmp_path):
 
 def test_micro_batches_auto_measures_then_chooses_and_reports(tmp_path, caplog):
     import logging
-    caplog.set_level(logging.INFO, logger="tgdist.runtime.run")
+    caplog.set_level(logging.INFO, logger="tgdist.runtime.pipelines")
     s, _ = run(tmp_path, "auto", ["train.epochs=1", "pipeline.micro_batches=auto", "pipeline.profile_iterations=4"])
     chosen = [r.getMessage() for r in caplog.records if "micro_batches=auto: n=" in r.getMessage()]
     assert len(chosen) == 1 and "A=" in chosen[0] and "S=" in chosen[0]
@@ -341,9 +333,71 @@ def test_ctrl_c_during_a_prefetching_run_leaves_no_thread(tmp_path):
 
     def interrupt(t, loss):
         if t == 3:
-            assert r.prefetcher is not None and r.prefetcher.alive
+            assert r.pipeline.prefetcher is not None and r.pipeline.prefetcher.alive
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
         r.train(on_iteration=interrupt)
-    assert r.prefetcher is None and threading.active_count() == before
+    assert r.pipeline.prefetcher is None and threading.active_count() == before
+
+
+# ------------------------------------------------------------------------------------------
+# A strategy from outside the package: one class, registered
+
+
+def test_a_pipeline_registered_from_a_test_module_trains(tmp_path, monkeypatch):
+    """A new pipeline is one module (here this test's class) registered under a name and picked
+    by ``pipeline.mode``: the loop calls its hooks and never asks which it holds. This one reads
+    each batch when it trains, nothing ahead, which in one process is the plain loop bit for bit;
+    its own settings check refuses what it cannot run, in one line."""
+    from tgdist.errors import ConfigError
+    from tgdist.runtime import pipelines
+    from tgdist.runtime.build import compose, validate
+    from tgdist.runtime.pipelines import registry
+
+    calls = []
+
+    class Written(pipelines.StepHooks):
+        def __init__(self, pipe):
+            self.pipe = pipe
+
+        def written(self):
+            self.pipe.trainer.memory.start_exchange()
+
+        def sync_gradients(self, params):
+            calls.append("sync")
+            return self.pipe.grads(params)
+
+    class Lazy(pipelines.Pipeline):
+        name = "lazy"
+
+        @classmethod
+        def validate(cls, pipe, parallel=None, backend="auto"):
+            if parallel is not None and parallel.j > 1:
+                raise ConfigError("pipeline.mode=lazy reads no slot ahead: it cannot run epoch parallelism")
+
+        def read_ahead(self, t):
+            calls.append("read_ahead")
+
+        def take(self, t, now):
+            self.grads.issue()
+            if not now.active:
+                return None
+            self.trainer.memory.open_position(now.position, now.read_slot, now.reset_memory)
+            return self.trainer.prepare(now.lo, now.hi, self.ctx.negatives(now), lookup=True)
+
+        def hooks(self, t):
+            return Written(self)
+
+        def after_step(self, t):
+            self.trainer.memory.close_position()
+
+    monkeypatch.setitem(registry.PIPELINES, "lazy", Lazy)  # what @register("lazy") does, undone after the test
+    plain, _ = run(tmp_path, "plain", ["train.epochs=2"])
+    lazy, _ = run(tmp_path, "lazy", ["train.epochs=2", "pipeline.mode=lazy"])
+    assert metrics(lazy) == metrics(plain) and len(metrics(plain)) >= 6
+    assert lazy["pipeline"]["mode"] == "lazy" and calls.count("read_ahead") == calls.count("sync") > 0
+    with pytest.raises(ConfigError, match="^pipeline.mode=lazy reads no slot ahead"):
+        validate(compose(SMALL + ["pipeline.mode=lazy", "parallel.j=2", "train.epochs=2"]))
+    with pytest.raises(ConfigError, match="^pipeline.mode=lazier: give one of plain, mspipe, lazy$"):
+        validate(compose(SMALL + ["pipeline.mode=lazier"]))

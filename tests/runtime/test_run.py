@@ -12,20 +12,14 @@ import torch
 from tgdist.errors import ConfigError, DataError
 from tgdist.runtime import checkpoint
 from tgdist.runtime.build import build_trainer, compose
+from tgdist.runtime.pipelines import GradientHooks
 from tgdist.runtime.run import Run
 from tgdist.runtime.trainer import memory_for
 
-SMALL = ["data.max_events=1500", "model.mem_dim=16", "model.time_dim=8", "train.batch_size=100",
-         "train.num_neg_eval=9", "train.progress=false", "train.num_threads=1", "sampler.num_threads=1"]
+from tests.runtime.runs import SMALL, metrics, run
 
 
-def run(tmp_path, name, extra=()):
-    cfg = compose(SMALL + list(extra) + [f"run_dir={tmp_path / name}"])
-    return Run(cfg, tmp_path / name).train(), tmp_path / name
 
-
-def metrics(summary):
-    return {k: v for k, v in summary.items() if k.startswith(("val_", "test_", "loss"))}
 
 
 def test_same_seed_gives_bit_identical_metrics(tmp_path):
@@ -214,7 +208,8 @@ def test_cpu_kernels_switch_selects_the_path_and_both_compute_the_same_step():
     assert kernels and all(kernels) and not any(plain)
     for s, e in list(trainers[0].batches("train"))[:2]:  # the second step has pending mails
         neg = trainers[0].negatives.train(e - s, 1)
-        losses.append([tr.step(s, e, neg, train=True, sync_gradients=lambda ps: grads.append([p.grad for p in ps])).loss
+        record = GradientHooks(lambda ps: grads.append([p.grad for p in ps]))
+        losses.append([tr.step(s, e, neg, train=True, hooks=record).loss
                        for tr in trainers])
         for tr in trainers[1:]:  # continue both from the same state
             tr.model.load_state_dict(trainers[0].model.state_dict())

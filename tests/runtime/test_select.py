@@ -2,7 +2,6 @@
 (train.eval_every, train.val_mrr, train.test_every_epoch): what a run reports is what its selected
 epoch's model and memory give, as a run stopped there would, across resumes."""
 
-import json
 
 import pytest
 import torch
@@ -12,8 +11,10 @@ from tgdist.runtime import checkpoint
 from tgdist.runtime.build import build_trainer, compose
 from tgdist.runtime.run import Run
 
-SMALL = ["data.max_events=1500", "model.mem_dim=16", "model.time_dim=8", "train.batch_size=100", "train.lr=0.003",
-         "train.num_neg_eval=9", "train.progress=false", "train.num_threads=1", "sampler.num_threads=1"]
+from tests.runtime import runs
+from tests.runtime.runs import lines
+
+SMALL = [*runs.SMALL, "train.lr=0.003"]
 # The validation AP these tests see, by epoch: it peaks at epoch 1, then falls. Scripted, because
 # the real curve of a small run is a trajectory that floating-point order changes (another CPU's
 # kernels peaked at epoch 0); every other metric is the run's own.
@@ -46,12 +47,8 @@ def scripted_val_ap(monkeypatch):
 
 
 def run(tmp_path, name, extra=()):
-    cfg = compose(SMALL + list(extra) + [f"run_dir={tmp_path / name}"])
-    return Run(cfg, tmp_path / name).train(), tmp_path / name
+    return runs.run(tmp_path, name, extra, base=SMALL)
 
-
-def lines(d):
-    return [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()]
 
 
 def final_test(summary_or_line):

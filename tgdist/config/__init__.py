@@ -339,7 +339,7 @@ class PlacementConfig:
 
 @dataclass
 class PipelineConfig:
-    """How the stages of consecutive iterations overlap (Sven 3.3; ``tgdist.runtime.pipeline``).
+    """How the stages of consecutive iterations overlap (Sven 3.3, MSPipe; ``tgdist.runtime.pipelines``).
     All off by default: every stage runs after the previous one (DESIGN.md "One training iteration")."""
 
     prefetch: int = 0  # batches sampled ahead by a background thread (0: none); bit-identical results
@@ -348,9 +348,10 @@ class PipelineConfig:
     async_allreduce: bool = False  # gradient all-reduce overlapping the next iteration (staleness 1, eq. (13))
     profile_iterations: int = 6  # micro_batches=auto: iterations measured before n is chosen
     max_micro_batches: int = 8  # micro_batches=auto: the largest n it may choose
-    # none, or mspipe (MSPipe 3.2): iteration i reads memory that misses the writes of the last K
-    # iterations (K = pipeline.staleness), its reads made K iterations ahead; one process only
-    mode: str = "none"
+    # the pipeline strategy (tgdist.runtime.pipelines): plain (the loop with the levels above; "none"
+    # is its older name), or mspipe (MSPipe 3.2): iteration i reads memory that misses the writes of
+    # the last K iterations (K = pipeline.staleness), its reads made K iterations ahead
+    mode: str = "plain"
     # mspipe's K: a count (0: the plain loop), or auto (the minimal stall-free bound from stage times
     # measured over profile_iterations iterations, constraints C1-C3)
     staleness: str = "auto"

@@ -30,7 +30,7 @@ from tgdist.errors import ConfigError
 from tgdist.kernels import graph as kernels
 from tgdist.memory.placement import PARTITIONED, check_settings
 from tgdist.models.modules import build_model, use_cpu_kernels
-from tgdist.runtime import checkpoint, tensorboard
+from tgdist.runtime import checkpoint, pipelines, tensorboard
 from tgdist.runtime.cache import EmbeddingCache, default_size
 from tgdist.runtime.trainer import Trainer, memory_for, time_scale
 
@@ -61,53 +61,14 @@ def seed_everything(seed: int, deterministic: bool) -> None:
     torch.use_deterministic_algorithms(bool(deterministic))
 
 
-def micro_batches(pipe) -> int | None:
-    """``pipeline.micro_batches`` as a count, or None for ``auto``; a bad value is a ConfigError."""
-    text = str(pipe.micro_batches).strip().lower()
-    if text == "auto":
-        return None
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise ConfigError(f"pipeline.micro_batches={pipe.micro_batches}: give a number of micro-batches per batch "
-                          f"(1: none) or auto")
-    return n
-
-
-def staleness(pipe) -> int | None:
-    """``pipeline.staleness`` as a count, or None for ``auto``; a bad value is a ConfigError."""
-    text = str(pipe.staleness).strip().lower()
-    if text == "auto":
-        return None
-    try:
-        k = int(text)
-    except ValueError:
-        k = -1
-    if k < 0:
-        raise ConfigError(f"pipeline.staleness={pipe.staleness}: give the iterations of writes a read may miss "
-                          f"(0: none) or auto")
-    return k
-
-
-PIPELINE_MODES = ("none", "mspipe")
-
-
 def validate_pipeline(pipe, parallel=None, backend: str = "auto") -> None:
-    n = micro_batches(pipe)
-    if pipe.mode not in PIPELINE_MODES:
-        raise ConfigError(f"pipeline.mode={pipe.mode}: give one of {', '.join(PIPELINE_MODES)}")
-    staleness(pipe)
-    if pipe.mode == "none" and str(pipe.staleness).strip().lower() != "auto":
-        raise ConfigError(f"pipeline.staleness={pipe.staleness} is read by pipeline.mode=mspipe only")
+    """The ``pipeline`` settings: the ranges of its keys, then the strategy ``pipeline.mode`` names
+    (``runtime.pipelines``) checks what it reads, given the layout and the memory backend."""
+    strategy = pipelines.pipeline_class(pipe.mode)  # an unknown mode: the one line naming the options
     if not 0 < pipe.max_stale_fraction <= 1:
         raise ConfigError(f"pipeline.max_stale_fraction={pipe.max_stale_fraction}: give a share in (0, 1]")
     if pipe.mitigation not in ("none", "similarity"):
         raise ConfigError(f"pipeline.mitigation={pipe.mitigation}: give none or similarity")
-    if pipe.mitigation != "none" and pipe.mode != "mspipe":
-        raise ConfigError(f"pipeline.mitigation={pipe.mitigation} mitigates MSPipe's staleness: it needs "
-                          f"pipeline.mode=mspipe")
     if not 0 <= pipe.mitigation_lambda <= 1:
         raise ConfigError(f"pipeline.mitigation_lambda={pipe.mitigation_lambda}: give a weight in [0, 1]")
     if not 0 < pipe.mitigation_quantile <= 1:
@@ -115,19 +76,6 @@ def validate_pipeline(pipe, parallel=None, backend: str = "auto") -> None:
     if not 0 <= pipe.stage_nice <= 19:
         raise ConfigError(f"pipeline.stage_nice={pipe.stage_nice}: give a nice increment from 0 (the training "
                           f"thread's priority) to 19 (the lowest)")
-    if pipe.mode == "mspipe":
-        if n != 1:
-            raise ConfigError(f"pipeline.mode=mspipe takes whole batches: set pipeline.micro_batches=1, not "
-                              f"{pipe.micro_batches}")
-        world = None if parallel is None else parallel.i * parallel.j * parallel.k
-        if world is not None and world > 1 and backend not in ("auto", "depcache", "local"):
-            # its stage threads read memory while the main thread runs the run's collectives: a
-            # store whose reads are collectives (sven, depcomm) would need them in one order on
-            # every rank, and a daemon serves its group's reads and writes strictly in stream order
-            raise ConfigError(f"pipeline.mode=mspipe runs in one process or on memory in the trainers "
-                              f"(memory.backend=auto, depcache or local): parallel.i*j*k={world} "
-                              f"({parallel.i}x{parallel.j}x{parallel.k}) with memory.backend={backend} is not "
-                              f"supported with it")
     if pipe.prefetch < 0:
         raise ConfigError(f"pipeline.prefetch={pipe.prefetch}: give the batches to sample ahead (0: none)")
     if pipe.profile_iterations < 2:
@@ -135,6 +83,7 @@ def validate_pipeline(pipe, parallel=None, backend: str = "auto") -> None:
                           f"iterations with one and with two micro-batches)")
     if pipe.max_micro_batches < 1:
         raise ConfigError(f"pipeline.max_micro_batches={pipe.max_micro_batches}: give at least 1")
+    strategy.validate(pipe, parallel, backend)
 
 
 def validate(cfg: DictConfig) -> None:

@@ -43,6 +43,10 @@ _FREE = {"train": {"epochs", "resume", "progress", "checkpoint_every", "stop_aft
 _ADDED = {"data.time_unit": repr("auto"), "pipeline.async_allreduce": repr(False)}
 
 
+# Values renamed since checkpoints were first written: the old value reads as the new one.
+_RENAMED = {"pipeline.mode": {repr("none"): repr("plain")}}  # the plain loop's strategy (runtime.pipelines)
+
+
 def identity(cfg: DictConfig) -> dict:
     """The part of the config a checkpoint must match, as plain strings (weights_only-safe)."""
     return settings(cfg, ("data", "sampler", "model", "train", "parallel", "pipeline"),
@@ -103,6 +107,10 @@ def check_config(path, saved: dict, cfg: DictConfig, content_checked: bool = Fal
     ``content_checked``: the data's identity is compared by content, not by its path."""
     mine = identity(cfg)
     saved = {**_ADDED, **saved}
+    for key, renamed in _RENAMED.items():
+        for d in (mine, saved):
+            if key in d:
+                d[key] = renamed.get(d[key], d[key])
     diff = sorted(k for k in set(mine) | set(saved) if mine.get(k) != saved.get(k)
                   and not (content_checked and k in _DATA_PLACE))
     if diff:

@@ -36,7 +36,6 @@ import shutil
 import signal
 import time
 import traceback
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -45,29 +44,22 @@ from omegaconf import DictConfig, OmegaConf
 
 from tgdist import memory
 from tgdist.config import model_tag
-from tgdist.data.sampler import TCSR
 from tgdist.distributed import collectives
 from tgdist.distributed.schedule import Layout, num_global_batches, num_iterations, scaled_lr, step
 from tgdist.distributed.world import ProcessGroups, detect, disagreement
 from tgdist.distributed.world import validate as validate_layout
 from tgdist.errors import ConfigError
 from tgdist.kernels import jit
-from tgdist.memory.store import MemoryRead
-from tgdist.runtime import checkpoint, rundir
-from tgdist.runtime.build import build_trainer, micro_batches, staleness, validate
+from tgdist.runtime import checkpoint, pipelines, rundir
+from tgdist.runtime.build import build_trainer, validate
 from tgdist.runtime.cache import cache_totals
 from tgdist.runtime.distributed import (cpu_share, fault_injection, memory_backend, model_digest, rank_logging,
                                         shared_settings)
-from tgdist.runtime.mspipe import (STAGES, StageLocks, StageStreams, lower_priority, max_staleness, mitigate,
-                                     quantile_gap, read_schedule, similar_nodes, stale_rows, staleness_bounds,
-                                     update_gaps)
-from tgdist.runtime.pipeline import GradientSync, Prefetcher, fit_eta, fit_granularity
 from tgdist.runtime.tasks import downstream_alone, pretrain_static
 from tgdist.runtime.tensorboard import TensorBoardLog
-from tgdist.runtime.trainer import SIDE_STREAMS, Progress, StageTimer, Trainer, micro_bounds
+from tgdist.runtime.trainer import Progress, StageTimer, Trainer
 
 log = logging.getLogger(__name__)
-MSPIPE_THREADS = 8  # mspipe: stage threads, one per batch in flight (Algorithm 1); more batches queue in order
 
 
 def jsonable(d: dict) -> dict:
@@ -99,7 +91,7 @@ class Run:
         self.ii, self.jj, self.kk = self.layout.coords(self.rank)
         self._trained = False
         self.trainer: Trainer | None = None
-        self.prefetcher: Prefetcher | None = None
+        self.pipeline: pipelines.Pipeline | None = None
         self._own_groups = groups is None
         if self._own_groups and self.alone:
             ProcessGroups.release_single()  # an earlier Run of this process never trained (or closed)
@@ -143,28 +135,6 @@ class Run:
         self.iterations = num_iterations(lay, self.n_train, tr.batch_size, cfg.train.epochs) if cfg.train.epochs else 0
         self.batches_per_epoch = num_global_batches(self.n_train, lay.i, tr.batch_size)
         self.counter = collectives.ByteCounter()
-        pipe = cfg.pipeline
-        self.grads = GradientSync(world_group, self.counter, stale=pipe.async_allreduce)
-        self.micro = micro_batches(pipe)  # None: auto, measured over the first iterations (``_choose_micro_batches``)
-        self.fit = None  # the eq. (12) fit of micro_batches=auto
-        self._profile_rows: list = []  # micro_batches=auto: per profiled batch, its read and eta data
-        self._profile_steps: list = []  # ... and the seconds of each profiled iteration
-        self._measuring = 0.0  # seconds of this iteration spent measuring, not training
-        self.mspipe = pipe.mode == "mspipe"
-        # mspipe's K (reads made K iterations ahead); None: auto, measured (``_choose_staleness``)
-        self.staleness = staleness(pipe) if self.mspipe else 0
-        self.bounds = None  # staleness=auto: what it measured and chose (the summary's ``pipeline``)
-        self._online = None  # staleness=auto: K of each position in an epoch, the online schedule's k_i - 1
-        self._stage_rows: list = []  # staleness=auto: per measured iteration, its stage seconds, reads, writes
-        self._next_read = 0  # mspipe: the next batch (iteration) to read
-        self._read_k: dict[int, int] = {}  # mspipe: the K each read in flight was issued with
-        self._locks: StageLocks | None = None  # mspipe: the per-stage locks of Algorithm 1
-        self._read_pool: ThreadPoolExecutor | None = None  # mspipe: the stages before training, a thread per batch
-        self._write_pool: ThreadPoolExecutor | None = None  # mspipe: the memory update stage
-        self._writes: list[Future] = []  # mspipe: memory updates handed to the update stage, not yet waited for
-        self.stage_spans: list | None = None  # mspipe: a list to record each stage's turns in (timelines, tests)
-        self._streams = StageStreams(tr.device if self.mspipe else "cpu")  # mspipe on a GPU: its CUDA streams
-        self._sampler_calls = None  # the sampler's call count after the last batch consumed (prefetch)
         self._resume = None  # (path, state) of train.resume, checked here and loaded by train()
         if cfg.train.resume:  # a refused resume leaves the run directory (maybe the checkpoint's own) as it was
             self._resume = checkpoint.check_resume(cfg)
@@ -176,12 +146,9 @@ class Run:
                 groups=self.groups, counter=self.counter, cfg=cfg, batch_size=tr.batch_size,
                 fanouts=tuple(tr.sampler.fanouts) if tr.sampler is not None else (), graph=tr.g,
                 train_end=self.n_train))
-        self.gamma = None  # MSPipe-S: seconds after which a read node's memory counts as stale
-        self._stale_read = self._mitigated = 0  # MSPipe-S: stale rows read, and those it changed
-        if self.mspipe and pipe.mitigation == "similarity":
-            n = self.n_train
-            self.gamma = quantile_gap(update_gaps(tr.g.src[:n], tr.g.dst[:n], tr.t_rel[:n]), pipe.mitigation_quantile)
-            self._tcsr = tr.sampler.tcsr if tr.sampler is not None else TCSR.build(tr.g)
+        self.pipeline = pipelines.create(pipelines.PipelineContext(
+            cfg, tr, lay, self.rank, self.alone, self.iterations, self.batches_per_epoch, self.groups, self.counter,
+            self._step, self._negatives))  # (after the store: a pipeline's hooks hold it)
         self.ckpt_dir = self.dir / "checkpoints"
         self.ckpt_path = self.ckpt_dir / "last.pt"
         self.best_path = self.ckpt_dir / "best.pt"  # the best validated epoch (one process)
@@ -190,7 +157,6 @@ class Run:
         self._tensorboard: TensorBoardLog | None = None  # train.tensorboard: made with the first line
         self.losses: list[tuple[int, float, int]] = []  # (pass, loss * events, events) of this rank
         self._passes: dict[int, list] = {}  # pass -> [loss * events, events] summed over self.losses
-        self.slots: dict[int, object] = {}  # read slot -> a prepared batch read ahead (epoch parallelism)
         if self.rank == 0:
             if not cfg.train.resume and (self.dir / "metrics.jsonl").exists():
                 log.warning("run_dir %s already holds a run; its metrics, summary and checkpoint are replaced", self.dir)
@@ -202,19 +168,13 @@ class Run:
     def close(self) -> None:
         """Release the store (a daemon's client detaches and stops the daemon it started) and the
         process groups. ``train()`` closes; a ``Run`` never trained should be closed by its maker."""
-        self._stop_prefetch()
-        if getattr(self, "_locks", None) is not None:  # stages still waiting (after an error) give up
-            self._locks.fail(RuntimeError("the run is closing"))
-        for name in ("_read_pool", "_write_pool"):
-            if getattr(self, name, None) is not None:
-                getattr(self, name).shutdown(wait=True, cancel_futures=True)
-                setattr(self, name, None)
+        if self.pipeline is not None:
+            self.pipeline.close()
         if self.trainer is not None and self.backend != "local":  # a store made here (a caller's is the caller's)
             self.trainer.memory.close()
         if not self.alone and self._own_groups:
             self.trainer = None  # it holds group handles; destroy() frees the groups only with the last one
-            if getattr(self, "grads", None) is not None:
-                self.grads.group = None  # (the gradient exchange's too)
+            self.pipeline = None  # (and so does the pipeline: the trainer, the gradient exchange's group)
         if self._own_groups:
             self.groups.destroy()
         collectives.set_link(None)  # not carried into a later run of this process
@@ -278,8 +238,10 @@ class Run:
 
     def _iterate(self, on_iteration) -> tuple[int, float]:
         """The iterations from ``start_iteration`` on; returns the events this rank trained and the
-        seconds it took."""
-        cfg, tr = self.cfg, self.trainer
+        seconds it took. Each iteration is the schedule's step and the pipeline's hooks around it:
+        read ahead, take the batch, compute (with the pipeline's step hooks), the memory store's
+        exchange, and what the pipeline measures after the iteration."""
+        cfg, tr, pipe = self.cfg, self.trainer, self.pipeline
         mem, nb = tr.memory, self.batches_per_epoch
         tr.model.train()
         every, stop_after = cfg.train.checkpoint_every, cfg.train.stop_after_batches
@@ -287,82 +249,33 @@ class Run:
         start = time.perf_counter()
         trained = done = 0
         epoch = None  # a run of one process: the epoch under way and its clock
-        if self.mspipe:  # what a checkpoint restored is through its stages already
-            self._locks = StageLocks(STAGES, done=self.start_iteration - 1)
-            self._locks.spans = self.stage_spans
-            self._locks.mark("memory_read", self._next_read - 1)  # the batches it read ahead
+        pipe.begin(self.start_iteration)
         for t in range(self.start_iteration, self.iterations):
             if self.alone and epoch is None:
                 epoch = self._begin_epoch(t // nb)
             if fault == t:  # tests: a real SIGKILL of this rank at a chosen iteration
                 os.kill(os.getpid(), signal.SIGKILL)
             began = time.perf_counter()
-            stages = dict(tr.timer.seconds) if self.staleness is None else None  # staleness=auto measures
-            if self.mspipe:  # MSPipe: the batches that may be read during this iteration go to the stage threads
-                ahead = None
-                self._read_ahead(t)
-            else:
-                # read-ahead: the position this subgroup trains at iteration t + jj is read now, before
-                # subgroup 0 writes it at the end of this iteration
-                ahead = self._step(t + self.jj) if t + self.jj < self.iterations else None
-                if ahead is not None and ahead.active:
-                    mem.open_position(ahead.position, ahead.read_slot, ahead.reset_memory)
-                    self.slots[ahead.read_slot] = self._prepare(t, ahead, lookup=self.jj == 0)
-                    if self.jj:  # this position's read is done; subgroup 0 writes it below
-                        mem.close_position()
+            pipe.read_ahead(t)
             now = self._step(t)
-            key = now.position if self.mspipe else now.read_slot  # (mspipe reads by position, ``_read_ahead``)
-            loss = row = None
-            self.grads.issue()  # asynchronous all-reduce: the last iteration's, now that the reads are out
+            batch = pipe.take(t, now)
+            loss = None
             if now.active and now.hi > now.lo:
-                if not self.mspipe:  # (mspipe's later reads may wait for this iteration's update)
-                    self._settle_reads()
-                batch = self._take(key)
-                if stages is not None:  # C3's data: the nodes this iteration reads and those it writes
-                    row = {"reads": batch.ids.cpu().numpy(), "writes": np.unique(
-                        np.concatenate([tr.g.src[now.lo:now.hi], tr.g.dst[now.lo:now.hi]]))}
-                    self._stage_rows.append(row)
-                wrote = []
-                out = tr.compute(batch, train=True, write=now.writes, sync_gradients=self.grads,
-                                 written=mem.start_exchange, before_write=self._settle_reads if not self.mspipe
-                                 else lambda: self._before_write(t),
-                                 defer_write=self._update_stage(t, wrote) if self.mspipe and self.alone else None)
-                if self.mspipe and self.alone and not wrote:  # no write made: the update stage still passes t
-                    self._update_stage(t, wrote)(lambda: None)
+                out = tr.compute(batch, train=True, write=now.writes, hooks=pipe.hooks(t))
                 loss = out.loss
                 self._add_loss(now.pass_index, out.loss * now.num_events, now.num_events)
                 trained += now.num_events
             else:  # an idle rank still joins the gradient exchange and applies the same update
-                if not self.mspipe:
-                    self._settle_reads()
-                self._take(key)
-                if self.mspipe and self.alone:
-                    self._update_stage(t, [])(lambda: None)
                 tr.optimizer.zero_grad(set_to_none=True)
                 mem.start_exchange()  # where the active trainers start it: before the gradients
-                if self.grads(tr.model.parameters(), active=False):
+                if pipe.grads(tr.model.parameters(), active=False):
                     tr.optimizer.step()
-            if t == self.iterations - 1 and self.grads.drain(tr.model.parameters()):
+            if t == self.iterations - 1 and pipe.grads.drain(tr.model.parameters()):
                 tr.optimizer.step()  # asynchronous all-reduce: the last gradient, still in flight, is applied too
-            if self.jj == 0 and ahead is not None and ahead.active:
-                mem.close_position()  # subgroup 0 has written the position it read
-            if self.mspipe and not self.alone:  # (a rank that does not write waits here for reads that must miss t)
-                self._before_write(t)
+            pipe.after_step(t)
             mem.exchange()  # the group's writes of this iteration, everywhere (depcache's all-gather)
-            if self.mspipe and not self.alone:  # the update stage is here: the writes are in every replica now
-                self._streams.settle()  # (on a GPU: done there too, before the reads that wait for them start)
-                with self._locks.turn("memory_write", self._locks.ticket("memory_write"), t):
-                    pass
-            if self.micro is None:
-                self._profile_steps.append(time.perf_counter() - began - self._measuring)
-                self._measuring = 0.0
-                if t + 1 - self.start_iteration == cfg.pipeline.profile_iterations:
-                    self._choose_micro_batches()
-            if stages is not None:
-                if row is not None:
-                    row["seconds"] = [tr.timer.seconds.get(k, 0.0) - stages.get(k, 0.0) for k in STAGES]
-                if t + 1 - self.start_iteration == cfg.pipeline.profile_iterations or t + 1 == self.iterations:
-                    self._choose_staleness()
+            pipe.after_exchange(t)
+            pipe.after_iteration(t, time.perf_counter() - began)
             if on_iteration is not None:
                 on_iteration(t, loss)
             done += 1
@@ -370,21 +283,21 @@ class Run:
                 epoch.progress.update(now.num_events, loss=self._epoch_loss(epoch.index)[0])
                 epoch.ran += now.num_events
             if epoch is not None and (t + 1) % nb == 0:
-                self._drain()
-                self._stop_prefetch()  # (it had sampled to here) evaluation samples on this sampler too
+                pipe.drain()
+                pipe.end_epoch()
                 self._end_epoch(epoch, t + 1)  # evaluates and saves
                 epoch = None
             elif every and (t + 1) % every == 0 and t + 1 < self.iterations:
-                self._drain()
+                pipe.drain()
                 self.save(t + 1)
             if not self.alone and self.rank == 0 and cfg.train.progress and (t % 50 == 0 or t == self.iterations - 1):
                 el = time.perf_counter() - start
                 log.info("iteration %d/%d, %d events on this rank, %.0f events/s", t + 1, self.iterations, trained,
                          trained / max(el, 1e-9))
             if stop_after is not None and done >= stop_after and t + 1 < self.iterations:
-                self._drain()
+                pipe.drain()
                 raise _Stop(done)
-        self._drain()
+        pipe.drain()
         return trained, time.perf_counter() - start
 
     def _step(self, t: int):
@@ -392,319 +305,6 @@ class Run:
 
     def _negatives(self, s) -> np.ndarray:
         return self.trainer.negatives.keyed(3 + s.neg_set, s.lo, s.hi, 1)
-
-    # ------------------------------------------------------------------------------------------
-    # Pipelining (``runtime.pipeline``)
-
-    def _prepare(self, t: int, s, lookup: bool = False):
-        """The batch of step ``s`` (read ahead at iteration ``t``) sampled, organized and read:
-        one ``Prepared``, or one per micro-batch. Its sampling comes from the prefetch worker when
-        there is one (from the end of auto's measured iterations on); the memory read is always
-        made here, in order with the writes. ``lookup``: ``s`` trains at iteration ``t``, so the
-        embedding cache is looked up and the subgraph pruned before the read (``Trainer.prepare``)."""
-        tr, n, neg = self.trainer, self.micro or 1, self._negatives(s)
-        if self.micro is None:  # auto: measuring, with one micro-batch, then two
-            n = 1 if t - self.start_iteration < self.cfg.pipeline.profile_iterations // 2 else 2
-        sampled = None
-        if self.cfg.pipeline.prefetch and self.micro is not None:
-            if self.prefetcher is None:
-                self._start_prefetch(t)
-            sampled, self._sampler_calls = self.prefetcher.get(t)
-        if n > 1:
-            return tr.prepare_micro(s.lo, s.hi, neg, n, sampled=sampled, lookup=lookup)
-        read_before = tr.timer.seconds["memory_read"]
-        p = tr.prepare(s.lo, s.hi, neg, sampled=sampled, lookup=lookup)
-        if self.micro is None:
-            self._measure_rows(s, neg, tr.timer.seconds["memory_read"] - read_before)
-        return p
-
-    def _pipeline(self) -> dict:
-        """The pipelining this run used, for its summary (``micro_batches``: the n auto chose;
-        ``staleness``: mspipe's K, the one auto chose)."""
-        pipe = self.cfg.pipeline
-        fit = None if self.fit is None else {k: round(float(v), 6) for k, v in vars(self.fit).items()}
-        out = {"prefetch": pipe.prefetch, "micro_batches": self.micro, "async_allreduce": pipe.async_allreduce,
-               "fit": fit, "mode": pipe.mode}
-        if self.mspipe:
-            out.update({"staleness": self.staleness, "bounds": self.bounds, "stage_nice": pipe.stage_nice})
-        if self.gamma is not None:
-            out["mitigation"] = {"gamma_s": self.gamma, "lambda": pipe.mitigation_lambda,
-                                 "stale_rows_read": self._stale_read, "rows_mitigated": self._mitigated}
-        return out
-
-    # ------------------------------------------------------------------------------------------
-    # MSPipe (``runtime.mspipe``)
-
-    def _staleness_of(self, u: int) -> int:
-        """K of iteration ``u``'s read: 0 while auto measures, then the online schedule's k_i - 1
-        for its position in the epoch (``staleness_bounds``), or the fixed ``pipeline.staleness``."""
-        if self.staleness is None:
-            return 0
-        if self._online is not None:
-            return int(self._online[min(u % self.batches_per_epoch, len(self._online) - 1)])
-        return self.staleness
-
-    def _read_ahead(self, t: int) -> None:
-        """mspipe, at the start of iteration t: hand to the stage threads (Algorithm 1: a thread
-        per batch, ``StageLocks``) the positions u not handed yet whose read may happen during
-        iteration t, those with u - K_u - 1 <= t, in order. Each thread samples, organizes and
-        reads (``_front``); its read waits for the update of position u - K_u - 1 and the update
-        of u - K_u waits for the read (``_before_write``), so position u misses exactly the writes
-        of u - K_u .. u - 1. Subgroup 0 writes position p at iteration p, so a position is read
-        on the same schedule by every subgroup; subgroup jj trains it jj iterations later (epoch
-        parallelism: DistTGL's read slots, here a read per position in flight or done).
-        Reads never cross an epoch: the next epoch starts from reset memory, after evaluation, so
-        its first batches read it alike (the warm-up, MSPipe Appendix D.3). Nor a reset inside one
-        (memory parallelism, k > 1: a group's stream wraps to its first batch mid-pass): the
-        position that resets is read at its own iteration, after every write before it, so the
-        positions after a reset miss only writes made since."""
-        mem, nb, locks, jj = self.trainer.memory, self.batches_per_epoch, self._locks, self.jj
-        end = min((t // nb + 1) * nb, self.iterations - (self.layout.j - 1))  # (positions of the group)
-        self._next_read = max(self._next_read, t)
-        while self._next_read < end and self._next_read - self._staleness_of(self._next_read) - 1 <= t:
-            u = self._next_read
-            s = self._step(u + jj)  # the step at which this rank trains position u
-            if u > t and s.active and s.reset_memory:
-                break
-            if s.active:
-                mem.open_position(s.position, s.read_slot, s.reset_memory)
-                sampled, self._sampler_calls = self._sampled(u)  # (the prefetch thread's, when on)
-                stages = ("memory_read",) if sampled is not None else ("sample", "features", "memory_read")
-                tickets = {st: locks.ticket(st) for st in stages}
-                k = self._read_k[u] = self._staleness_of(u)
-                self.slots[u] = self._reader().submit(self._front, u, k, s, self._negatives(s), sampled, tickets,
-                                                      self._streams.mark())  # (after the reset above, on a GPU)
-                mem.close_position()
-            self._next_read += 1
-
-    def _front(self, u: int, k: int, s, neg, sampled, tickets: dict, after=None):
-        """(a stage thread) MSPipe's stages 1-3 of iteration ``u``, each in its turn: sample,
-        features (skipped when the prefetch thread made them), then the memory read once the update
-        of u - k - 1 is done (Algorithm 1, line 9; at once in the epoch's first k + 1 iterations),
-        mitigated with MSPipe-S when on. On a GPU they run on the fetch stream, after event
-        ``after`` (what the main thread had enqueued when it handed the batch over), and the read's
-        turn ends once that stream is done (``StageStreams``)."""
-        tr, locks, streams = self.trainer, self._locks, self._streams
-        try:
-            with streams.on_stream("fetch", after):
-                if sampled is None:
-                    sampled = tr.sample(s.lo, s.hi, neg, turn=lambda stage: locks.turn(stage, tickets[stage], u))
-                locks.wait("memory_write", u - k - 1)  # (before its turn: its span is the read alone)
-                with locks.turn("memory_read", tickets["memory_read"], u):
-                    p = self._mitigate(tr.prepare(s.lo, s.hi, neg, sampled=sampled))
-                    streams.finish("fetch")
-                    return p
-        except BaseException as e:  # the later stages' threads are not left waiting for this one
-            locks.fail(e)
-            raise
-
-    def _before_write(self, t: int) -> None:
-        """mspipe, before the update of position t: wait until the reads that must miss it (u - K_u
-        <= t; with epoch parallelism u = t too, trained later) are done. (Reads that must see it
-        wait for it in their thread; those of positions trained already are out of ``_read_k``.)"""
-        last = max((u for u, k in self._read_k.items() if u - k <= t), default=None)
-        if last is not None:
-            self._locks.wait("memory_read", last)
-
-    def _update_stage(self, t: int, wrote: list):
-        """mspipe: MSPipe's stage 5 for iteration t, as ``Trainer.compute``'s ``defer_write``: the
-        write runs in the update thread in its turn (after t - 1's), overlapping t's backward pass
-        and the next iteration; ``wrote`` records that it was handed over."""
-        locks, tr, streams = self._locks, self.trainer, self._streams
-        ticket = locks.ticket("memory_write")
-
-        def update(write, after):  # (on a GPU: on the update stream, after the forward pass that made the rows)
-            with locks.turn("memory_write", ticket, t):
-                began = time.perf_counter()
-                with streams.on_stream("update", after):
-                    write()  # (it holds the rows until the stream is done with them: no hand-over needed)
-                streams.finish("update")
-                tr.timer.add("memory_write", time.perf_counter() - began)
-
-        def hand(write):
-            wrote.append(t)
-            if self._write_pool is None:
-                self._write_pool = ThreadPoolExecutor(1, thread_name_prefix="tgdist-mspipe-update",
-                                                      initializer=lower_priority,  # pipeline.stage_nice
-                                                      initargs=(self.cfg.pipeline.stage_nice,))
-            self._writes.append(self._write_pool.submit(update, write, streams.mark()))
-
-        return hand
-
-    def _drain(self) -> None:
-        """Wait for every MSPipe update handed over and every read in flight (before evaluation, a
-        checkpoint, the end; nothing to wait for otherwise); an error in a stage is raised here."""
-        writes, self._writes = self._writes, []
-        for f in writes:
-            f.result()
-        self._settle_reads()
-
-    def _mitigate(self, p):
-        """MSPipe-S (3.3) on a training read (``pipeline.mitigation=similarity``): each node of the
-        batch whose latest write (its latest mail's time) is older than gamma at the batch's first
-        event gets lambda s_v + (1 - lambda) * the mean memory of its most similar active
-        nodes of the batch (``mspipe.similar_nodes``, ``mspipe.mitigate``). The memory times stay."""
-        if self.gamma is None:
-            return p
-        tr, r = self.trainer, p.read
-        now = float(tr.t_rel[p.lo])
-        updated = r.mail_ts.max(1).values  # a node's latest write is its latest mail's event
-        rows = stale_rows(updated, now, self.gamma)
-        if rows:
-            similar = similar_nodes(self._tcsr, p.ids.cpu().numpy(), rows, tr.g.t[p.lo])
-            mem = mitigate(r.mem, updated, now, similar, self.gamma, self.cfg.pipeline.mitigation_lambda)
-            self._stale_read += len(rows)
-            self._mitigated += int((mem != r.mem).any(1).sum())
-            p.read = MemoryRead(mem, r.mem_ts, r.mail, r.mail_ts)
-        return p
-
-    def _sampled(self, u: int):
-        """The prefetch worker's sampling of batch ``u`` and the sampler's count after it, or
-        ``(None, None)`` without a worker (the read then samples too)."""
-        if not self.cfg.pipeline.prefetch:
-            return None, None
-        if self.prefetcher is None:
-            self._start_prefetch(u)
-        return self.prefetcher.get(u)
-
-    def _reader(self) -> ThreadPoolExecutor:
-        if self._read_pool is None:  # Algorithm 1's thread per batch in flight (more queue, in order)
-            self._read_pool = ThreadPoolExecutor(MSPIPE_THREADS, thread_name_prefix="tgdist-mspipe-stages",
-                                                 initializer=lower_priority,  # pipeline.stage_nice
-                                                 initargs=(self.cfg.pipeline.stage_nice,))
-        return self._read_pool
-
-    def _take(self, key: int):
-        """The batch read for slot ``key`` (None if there is none), waited for if in flight."""
-        p = self.slots.pop(key, None)
-        if isinstance(p, Future):
-            p = p.result()
-        self._read_k.pop(key, None)
-        return p if p is None or not self.mspipe else self._streams.hand_over(p)  # (made on the fetch stream)
-
-    def _settle_reads(self) -> None:
-        """Wait for the reads in flight (mspipe): before an iteration writes, and before a batch is used."""
-        for u, p in self.slots.items():
-            if isinstance(p, Future):
-                self.slots[u] = p.result()
-                self._read_k.pop(u, None)
-
-    def _choose_staleness(self) -> None:
-        """staleness=auto, after ``profile_iterations`` iterations read without staleness: the
-        stage times tau (the median per stage of the measured iterations but the first, which
-        compiles kernels), C3's cap from the nodes they read and wrote, and k_i over an epoch from
-        C1-C2 (``mspipe.staleness_bounds``); the run then reads with each position's K_i (the
-        online schedule, ``read_schedule``). A parallel run takes rank 0's choice on every rank."""
-        rows = [r for r in self._stage_rows if "seconds" in r]
-        self._stage_rows = []
-        choice = (0, None, None)
-        if rows:
-            timed = rows[1:] or rows
-            tau = np.median(np.array([r["seconds"] for r in timed]), axis=0)
-            cap = max_staleness([r["reads"] for r in rows], [r["writes"] for r in rows],
-                                self.cfg.pipeline.max_stale_fraction, upper=max(len(rows) - 1, 0))
-            bounds = staleness_bounds(tau, self.batches_per_epoch, cap)
-            choice = (bounds.steady(), read_schedule(bounds.staleness).tolist(),
-                      {"tau": [round(float(x), 6) for x in tau], "stages": list(STAGES), "max_staleness": cap,
-                       "steady_k": bounds.steady() + 1, "stall_s": round(float(bounds.stall.sum()), 6),
-                       "schedule": "online", "k_per_position": _runs(bounds.k)})
-        if not self.alone:
-            choice = collectives.broadcast_object(choice, group=self.groups.get("world"), name="staleness",
-                                                  counter=collectives.ByteCounter())
-        self.staleness, online, self.bounds = choice
-        self._online = None if online is None else np.asarray(online, dtype=np.int64)
-        if self.bounds is None:
-            log.info("pipeline.staleness=auto: nothing measured (empty batches?); using 0")
-        elif self.rank == 0:
-            b = self.bounds
-            log.info("pipeline.staleness=auto: K=%d (the paper's k=%d) from stage times %s ms, C3's cap K<=%d "
-                     "(at most %.0f%% of the nodes read stale)", self.staleness, self.staleness + 1,
-                     ", ".join(f"{n} {1e3 * x:.2f}" for n, x in zip(STAGES, b["tau"])), b["max_staleness"],
-                     100 * self.cfg.pipeline.max_stale_fraction)
-
-    def _start_prefetch(self, t: int) -> None:
-        """A worker sampling the batches this rank reads from iteration ``t`` on: to the end of the
-        epoch in a run of one process (evaluation, which samples too, follows it), else to the end."""
-        tr, n = self.trainer, self.micro or 1
-        end = (t // self.batches_per_epoch + 1) * self.batches_per_epoch if self.alone else self.iterations
-
-        def jobs():
-            for u in range(t, end):
-                s = self._step(u + self.jj) if u + self.jj < self.iterations else None
-                if s is not None and s.active:
-                    yield u, s
-
-        def make(s):
-            neg = self._negatives(s)
-            sampled = tr.sample(s.lo, s.hi, neg) if n == 1 else tr.sample_micro(s.lo, s.hi, neg, n)
-            return sampled, (tr.sampler.calls if tr.sampler is not None else 0)
-
-        self.prefetcher = Prefetcher(make, jobs(), self.cfg.pipeline.prefetch)
-
-    def _stop_prefetch(self) -> None:
-        if self.prefetcher is not None:
-            self.prefetcher.close()
-            self.prefetcher = None
-            if self._sampler_calls is not None and self.trainer.sampler is not None:
-                self.trainer.sampler.calls = self._sampler_calls  # as if nothing were sampled ahead
-            self._sampler_calls = None
-
-    def _measure_rows(self, s, neg, read_s: float) -> None:
-        """micro_batches=auto: eq. (22)'s data for this batch (rows to read per event in
-        micro-batches of 1/1, 1/2, 1/4 and 1/8 of it; sampled on a side stream, so training's
-        sampling is untouched) and the seconds its read took. The sampling here is not the
-        iteration's: its time is left out of the iteration's (``_measuring``)."""
-        tr = self.trainer
-        began = time.perf_counter()
-        b = s.hi - s.lo
-        points = []
-        with tr.side_stream(SIDE_STREAMS["replay"]):
-            for parts in (1, 2, 4, 8):
-                if b // parts < 1:
-                    break
-                rows = sum(int(tr.sample(a, c, neg[a - s.lo:c - s.lo]).ids.numel())
-                           for a, c in micro_bounds(s.lo, s.hi, parts))
-                points.append((b / parts, rows / b))
-        self._profile_rows.append({"read_s": read_s, "eta": points, "events": b})
-        self._measuring += time.perf_counter() - began
-
-    def _choose_micro_batches(self) -> None:
-        """micro_batches=auto, after the profiled iterations: eq. (12) fitted on rank 0 from what
-        it measured (one micro-batch in the first half, two in the second), and its n used by every
-        rank from here on."""
-        cfg = self.cfg
-        fit = None
-        if self.rank == 0:
-            half = cfg.pipeline.profile_iterations // 2
-            steps = self._profile_steps
-            one, two = steps[:half], steps[half:]
-            reads = [r for r in self._profile_rows if r["events"]]
-            sizes = [m for r in reads for m, _ in r["eta"]]
-            eta = [e for r in reads for _, e in r["eta"]]
-            if reads and len(set(sizes)) >= 2 and one and two:
-                # the least of each: on a shared machine noise only ever adds time (the first compiles kernels)
-                dispatch = float(np.min([r["read_s"] for r in reads]))
-                total1, total2 = float(np.min(one)), float(np.min(two))
-                compute = max(total1 - dispatch, 1e-6)
-                bs = int(np.median([r["events"] for r in reads]))
-                # what one more micro-batch surely costs: the latencies of its reads' collectives (slots,
-                # counts and rows); its rows are not sent again (a batch's read is redundancy-free)
-                link = collectives.current_link()
-                floor = 3 * link.latency if link is not None else 0.0
-                overhead = max(total2 - total1 + min(compute, dispatch) / 2, floor, 1e-4)
-                fit = fit_granularity(sizes, eta, bs, compute, dispatch, overhead, cfg.pipeline.max_micro_batches)
-        if not self.alone:
-            fit = collectives.broadcast_object(fit, group=self.groups.get("world"), name="micro_batches",
-                                               counter=collectives.ByteCounter())
-        self.fit = fit
-        self.micro = fit.n if fit is not None else 1
-        if fit is None:
-            log.info("pipeline.micro_batches=auto: too little measured (empty batches?); using 1")
-        elif self.rank == 0:
-            log.info("pipeline.micro_batches=auto: n=%d from eq. (12) n = (A bs + B) / S with A=%.3f, B=%.1f, S=%.1f "
-                     "rows = %.0f rows/s x %.2f ms (measured per batch: compute %.1f ms, dispatch %.1f ms, %.2f ms per "
-                     "extra micro-batch; cost-model optimum %.2f)", fit.n, fit.A, fit.B, fit.S, fit.rows_per_s,
-                     1e3 * fit.tau_s, 1e3 * fit.compute_s, 1e3 * fit.dispatch_s, 1e3 * fit.overhead_s, fit.n_model)
 
     # ------------------------------------------------------------------------------------------
     # Epochs of a run of one process
@@ -926,7 +526,7 @@ class Run:
         """The run's summary from its metrics lines (rank 0)."""
         cfg, m = self.cfg, self.cfg.model
         out = {"run_dir": str(self.dir), "data": cfg.data.name, "model": model_tag(m.name, m.num_layers),
-               "parallel": str(self.layout), "memory_backend": self.backend, "pipeline": self._pipeline(), "epochs": 0,
+               "parallel": str(self.layout), "memory_backend": self.backend, "pipeline": self.pipeline.summary(), "epochs": 0,
                "batch_size": cfg.train.batch_size, "lr": self.lr, "iterations": self.iterations}
         if not self.history:
             return out
@@ -966,19 +566,12 @@ class Run:
     def save(self, iteration: int, memory_state: dict | None = None) -> None:
         """``memory_state``: the node memory to write instead of the store's (one process: the
         memory after validation, where testing every epoch moved it on)."""
-        self._settle_reads()
+        self.pipeline.settle()
         tr, d = self.trainer, self.ckpt_dir / f"it{iteration:08d}"
         world_group = self.groups.get("world")
-        def saved(p):  # a read still in flight (micro-batches) is waited for
-            return {"lo": p.lo, "hi": p.hi, "neg": torch.from_numpy(p.neg), "read": vars(collectives.resolve(p.read))}
-
-        slots = {slot: [saved(q) for q in p] if isinstance(p, list) else saved(p) for slot, p in self.slots.items()}
-        calls = self._sampler_calls if self._sampler_calls is not None else tr.sampler.calls if tr.sampler else 0
-        checkpoint.atomic_save({"torch_rng": torch.get_rng_state(), "slots": slots, "losses": self.losses,
-                                "sampler_calls": calls, "micro_batches": self.micro, "staleness": self.staleness,
-                                "staleness_bounds": self.bounds},
+        checkpoint.atomic_save({"torch_rng": torch.get_rng_state(), "losses": self.losses, **self.pipeline.state()},
                                d / f"rank-{self.rank}.pt")
-        pending = self.grads.pending()  # asynchronous all-reduce: the averaged gradient not yet applied
+        pending = self.pipeline.grads.pending()  # asynchronous all-reduce: the averaged gradient not yet applied
         name, writes = tr.memory.checkpoint_part(self.ii, self.jj, self.kk)
         if writes:
             checkpoint.atomic_save(tr.memory.state_dict() if memory_state is None else memory_state, d / name)
@@ -1029,29 +622,11 @@ class Run:
             collectives.barrier(self.groups.get("memory"), name="checkpoint")
         mine = checkpoint.read_part(d / f"rank-{self.rank}.pt")
         torch.set_rng_state(mine["torch_rng"])
-        if tr.sampler is not None:
-            tr.sampler.calls = int(mine["sampler_calls"])
-            if self.mspipe and tr.model.num_hops:  # the slots below are sampled again, with the draws they had
-                tr.sampler.calls -= len(mine["slots"])
         self.losses, self._passes = [], {}
         for g, loss_sum, events in mine["losses"]:
             self._add_loss(int(g), float(loss_sum), int(events))
-        def restored(v):  # reads on the compute device
-            return tr.prepare(v["lo"], v["hi"], v["neg"].numpy(),
-                              read=MemoryRead(**{k: t.to(tr.device) for k, t in v["read"].items()}))
-
-        self.slots = {int(slot): [restored(q) for q in v] if isinstance(v, list) else restored(v)
-                      for slot, v in sorted(mine["slots"].items())}
-        if self.mspipe:
-            self._next_read = max(self.slots, default=-1) + 1
-            if self.staleness is None and mine.get("staleness") is not None:
-                self.staleness = int(mine["staleness"])  # auto chose it before the checkpoint
-                self.bounds = b = mine.get("staleness_bounds")
-                self._online = read_schedule(staleness_bounds(b["tau"], self.batches_per_epoch, b["max_staleness"])
-                                             .staleness)
-        if self.micro is None and mine.get("micro_batches") is not None:
-            self.micro = int(mine["micro_batches"])  # auto chose it before the checkpoint: not measured again
-        self.grads.restore(state.get("pending_gradients"), tr.device)
+        self.pipeline.load_state(mine)  # its read slots, read again from the saved rows
+        self.pipeline.grads.restore(state.get("pending_gradients"), tr.device)
         self.history = [dict(h) for h in state["history"]]
         self.start_iteration = int(state["iteration"])
         best = path.parent / "best.pt"  # a run of one process resumed into another directory takes its best.pt
@@ -1060,17 +635,6 @@ class Run:
             shutil.copytree(parts, self.ckpt_dir / parts.name, dirs_exist_ok=True)
             shutil.copy2(best, self.best_path)
         log.info("resumed from %s at iteration %d of %d", path, self.start_iteration, self.iterations)
-
-
-def _runs(k: np.ndarray) -> list[list[int]]:
-    """``[[k, count], ...]``: a per-position schedule told in runs (the summary's)."""
-    out: list[list[int]] = []
-    for v in np.asarray(k).tolist():
-        if out and out[-1][0] == v:
-            out[-1][1] += 1
-        else:
-            out.append([int(v), 1])
-    return out
 
 
 class _Epoch:

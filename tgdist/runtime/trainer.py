@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -163,6 +164,42 @@ class Progress:
             sys.stderr.flush()
 
 
+class StepHooks:
+    """What ``Trainer.compute`` calls during one training step, in this order: ``before_write()``
+    just before the memory write; ``write(fn)`` with the write as a function of no arguments (run
+    it now, or hand it to a stage that runs it later); ``written()`` after it (a parallel run starts
+    sending the writes there, ``MemoryStore.start_exchange``, so they travel during the backward
+    pass); ``sync_gradients(params)`` between the backward pass and the optimizer step (a parallel
+    run averages the replicas' gradients; False: take no step now). These defaults are the plain
+    step of one process: write at once, step at once."""
+
+    def before_write(self) -> None:
+        pass
+
+    def write(self, fn: Callable[[], None]) -> None:
+        fn()
+
+    def written(self) -> None:
+        pass
+
+    def sync_gradients(self, params) -> bool:
+        return True
+
+
+class GradientHooks(StepHooks):
+    """The plain step with ``sync(params)`` (its result as ``sync_gradients``'s) between backward
+    and the step: a test's recorder, or an averaging over ranks."""
+
+    def __init__(self, sync: Callable):
+        self._sync = sync
+
+    def sync_gradients(self, params) -> bool:
+        return self._sync(params) is not False
+
+
+PLAIN_STEP = StepHooks()
+
+
 class Trainer:
     """Owns one model, one memory store, the sampler and the optimizer; runs epochs and evaluation."""
 
@@ -193,10 +230,10 @@ class Trainer:
     # One iteration
 
     def step(self, lo: int, hi: int, neg: np.ndarray, train: bool, keep_emb: bool = False,
-             sync_gradients=None) -> BatchOutput:
+             hooks: StepHooks | None = None) -> BatchOutput:
         """One iteration over events ``[lo, hi)`` with negatives ``neg [hi - lo, num_neg]``."""
         p = self.prepare(lo, hi, neg, lookup=train)
-        out = self.compute(p, train, keep_emb=keep_emb, sync_gradients=sync_gradients)
+        out = self.compute(p, train, keep_emb=keep_emb, hooks=hooks)
         self.memory.exchange()  # the iteration's end, as in ``Run``: its writes visible before the next read
         return out
 
@@ -326,20 +363,20 @@ class Trainer:
             model.train(training)
 
     def compute(self, p: "Prepared | list[Prepared]", train: bool, keep_emb: bool = False, write: bool | None = None,
-                sync_gradients=None, written=None, before_write=None, defer_write=None) -> BatchOutput:
+                hooks: StepHooks | None = None) -> BatchOutput:
         """Phases compute (update memory once per unique node, embed, score, learn) and memory
         write. ``write`` overrides ``writes_enabled`` (epoch-parallel subgroups other than the
-        first do not write). ``sync_gradients(params)`` runs between backward and the optimizer
-        step (a parallel run's averaging over the replicas); it returns False when no step is to
-        be taken now (the first iteration of asynchronous all-reduce), anything else steps.
+        first do not write). ``hooks`` (``StepHooks``; default: write and step at once) is the
+        run's pipeline in this step: ``sync_gradients`` between backward and the optimizer step
+        (a parallel run's averaging over the replicas; False: no step now, the first iteration of
+        asynchronous all-reduce).
 
         The memory write needs the forward pass only, so it is made before the (last) backward
-        pass, and ``written()`` is called after it: a parallel run starts sending the writes
-        there (``MemoryStore.start_exchange``), which then travel during the backward pass.
-        ``before_write()`` is called just before the write (MSPipe: a read of a later batch issued
-        during this forward pass is waited for there, so it misses this write). ``defer_write(fn)``
-        (MSPipe's update stage) takes the write as a function of no arguments to run later, in
-        another thread; without it the write is made here.
+        pass: ``hooks.before_write()`` just before it (MSPipe: a read of a later batch issued
+        during this forward pass is waited for there, so it misses this write), the write itself
+        through ``hooks.write(fn)`` (MSPipe's update stage runs it later, in another thread), then
+        ``hooks.written()`` (a parallel run starts sending the writes there,
+        ``MemoryStore.start_exchange``, so they travel during the backward pass).
 
         ``p`` may be a batch's micro-batches (``prepare_micro``): each runs forward and backward
         in turn with its loss weighted by its share of the events, so the gradients accumulate to
@@ -347,7 +384,7 @@ class Trainer:
         is the whole batch's, from every micro-batch's updated memory, so memory and mails end as
         with one batch. A micro-batch's read is resolved (its transfer waited for) only when it
         trains, so the next ones' rows travel meanwhile."""
-        model, dev, tm = self.model, self.device, self.timer
+        model, dev, tm, hooks = self.model, self.device, self.timer, hooks or PLAIN_STEP
         parts = p if isinstance(p, list) else [p]
         lo, hi, num_neg = parts[0].lo, parts[-1].hi, parts[0].num_neg
         b = hi - lo
@@ -404,8 +441,7 @@ class Trainer:
                     src_l.append(h_src.detach())
                     dst_l.append(h_dst.detach())
             # memory write: positive roots only, with values from this forward pass (detached)
-            if before_write is not None:
-                before_write()
+            hooks.before_write()
             w0 = time.perf_counter()
             if (self.writes_enabled if write is None else write) and b > 0:
                 sizes = [q.hi - q.lo for q in parts if q.hi > q.lo]
@@ -416,18 +452,14 @@ class Trainer:
                                          + [n[k:] for (n, _), k in zip(hop1, sizes)])
                     mask = np.concatenate([m[:k] for (_, m), k in zip(hop1, sizes)]
                                           + [m[k:] for (_, m), k in zip(hop1, sizes)])
-                if defer_write is None:
-                    self.write_back(lo, hi, mem_rows, ts_rows, nbr, mask)
-                else:
-                    defer_write(functools.partial(self.write_back, lo, hi, mem_rows, ts_rows, nbr, mask))
-            if written is not None:
-                written()
+                hooks.write(functools.partial(self.write_back, lo, hi, mem_rows, ts_rows, nbr, mask))
+            hooks.written()
             wrote = time.perf_counter() - w0
             if pending is not None:
                 pending.backward()
             for inner in inners:  # admission by gradient, eviction (FreshGNN 4.1), once every micro-batch is through
                 self.cache.admit(inner)
-            if train and (sync_gradients is None or sync_gradients(self.model.parameters()) is not False):
+            if train and hooks.sync_gradients(self.model.parameters()) is not False:
                 self.optimizer.step()
         tm.add("compute", time.perf_counter() - t3 - wrote)
         tm.add("memory_write", wrote)

@@ -1,0 +1,18 @@
+"""Pipelines: strategies of the one loop, chosen by ``pipeline.mode`` from a registry
+(DESIGN.md "Pipelines"). ``base`` holds the hooks every strategy gives the loop and the levels any
+strategy may switch on (prefetch, asynchronous all-reduce); ``plain`` is the plain loop with
+Sven's levels, micro-batches among them; ``mspipe`` is MSPipe's stage pipeline with its staleness
+bound. A new strategy is one module that registers its ``Pipeline`` subclass (``registry.register``)
+and one file in ``configs/pipeline/``."""
+
+from tgdist.runtime.pipelines.base import GradientHooks, Pipeline, PipelineContext, StepHooks
+from tgdist.runtime.pipelines.registry import names, pipeline_class, register
+from tgdist.runtime.pipelines import mspipe, plain  # noqa: E402,F401  (the built-in strategies register themselves)
+
+__all__ = ["GradientHooks", "Pipeline", "PipelineContext", "StepHooks", "names", "pipeline_class", "register",
+           "create"]
+
+
+def create(ctx: PipelineContext) -> Pipeline:
+    """The strategy ``ctx.cfg.pipeline.mode`` names, for this rank."""
+    return pipeline_class(ctx.cfg.pipeline.mode)(ctx)
