@@ -369,3 +369,18 @@ def test_stderr_lines_of_processes_sharing_a_pipe_stay_whole_under_pythonunbuffe
     assert len(lines) == 10000
     broken = [ln for ln in lines if not re.fullmatch(r"[AB] x{150} \d+", ln)]
     assert not broken, broken[:3]
+
+
+@pytest.mark.parametrize("env, expect", [({}, "1000 GOMP_SPINCOUNT=1000 (tgdist's default)"),
+                                         ({"OMP_WAIT_POLICY": "ACTIVE"}, "None OMP_WAIT_POLICY=ACTIVE"),
+                                         ({"GOMP_SPINCOUNT": "50"}, "50 GOMP_SPINCOUNT=50")])
+def test_the_openmp_wait_default_is_set_before_torch_and_a_users_own_wins(env, expect):
+    """tgdist sets GOMP_SPINCOUNT=1000 when imported (benchmarks/results/wait_policy.md) unless the
+    user set OMP_WAIT_POLICY or GOMP_SPINCOUNT; it is in the environment before torch loads its
+    OpenMP runtime, and the log line says which setting is in force."""
+    base = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    code = ("import sys, os, tgdist; assert 'torch' not in sys.modules; import torch; "
+            "print(os.environ.get('GOMP_SPINCOUNT'), tgdist.wait_policy())")
+    r = subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == expect

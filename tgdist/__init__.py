@@ -1,14 +1,28 @@
 """tgdist: memory-based temporal graph neural networks, from one process to a cluster."""
 
-# OpenMP's wait policy is left at the runtime's default (spinning). OMP_WAIT_POLICY=PASSIVE helps
-# only on an oversubscribed machine and costs a third of training speed when the cores are free,
-# because every torch op then wakes sleeping threads: docs/training.md, "Threads", and
-# benchmarks/results/sampler_and_data.md, "OpenMP wait policy".
-
 import os
 import sys
 
 __version__ = "0.1.0"
+
+# OpenMP threads (torch's and numba's: GNU OpenMP) spin between parallel regions before they sleep:
+# 300,000 spins by default, which on a machine where another process is busy leaves the training
+# thread waiting for a worker that has no core, 2 to 10 times slower. 1,000 spins keeps a run
+# within 1.4x of the best setting under load, at 1.24x of the best on free cores (no setting
+# measured does both within 10%: docs/training.md, "Threads"; benchmarks/results/wait_policy.md).
+# Set before torch and numba are imported, so their OpenMP runtime reads it; a user's own
+# OMP_WAIT_POLICY or GOMP_SPINCOUNT is left as it is.
+DEFAULT_SPINCOUNT = "1000"
+WAIT_POLICY_SET = not any(key in os.environ for key in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"))
+if WAIT_POLICY_SET:
+    os.environ["GOMP_SPINCOUNT"] = DEFAULT_SPINCOUNT
+
+
+def wait_policy() -> str:
+    """The OpenMP wait setting this process runs under, for logs: tgdist's default or the user's."""
+    if WAIT_POLICY_SET:
+        return f"GOMP_SPINCOUNT={DEFAULT_SPINCOUNT} (tgdist's default)"
+    return ", ".join(f"{k}={os.environ[k]}" for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if k in os.environ)
 
 
 def _writable(folder: str) -> bool:

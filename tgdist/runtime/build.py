@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from tgdist import memory, version_line
+from tgdist import memory, version_line, wait_policy
 from tgdist.config import MemoryBackend, check_data_source, load_data, model_tag
 from tgdist.config.overrides import checked_compose
 from tgdist.data.graph import (
@@ -273,7 +273,7 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
                           f"timestamps) leaves none before the validation part{why}")
     # after the checks of the data: an error in it, or in the task it is read for, stays the one line on stderr
     log.info("%s", graph.describe())
-    log.info("%s; threads: %d torch, %d numba", version_line(), torch_threads, numba_threads)
+    log.info("%s; threads: %d torch, %d numba; OpenMP %s", version_line(), torch_threads, numba_threads, wait_policy())
     for what, feat in (("edge", graph.edge_feat), ("node", graph.node_feat)):
         largest = max(float(feat.max()), -float(feat.min())) if feat is not None and feat.size else 0.0  # no copy
         if largest > 1e12:  # float32 products of such values saturate the layers: every score ties

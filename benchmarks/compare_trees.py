@@ -1,0 +1,71 @@
+"""Training speed of two checkouts of tgdist, in the same run: a change's before and after.
+
+    git worktree add /tmp/before COMMIT
+    python benchmarks/compare_trees.py --before /tmp/before --after . --data collegemsg wikipedia --reps 3
+
+For each data set, ``tgdist train data=NAME train.epochs=1`` (plus the given overrides) runs from
+each tree in turn (``PYTHONPATH`` set to the tree, a fresh process each, before and after
+alternating, so drift in the machine's speed falls on both alike). The figure is the summary's
+``train_events_per_s`` (kernel compiling left out); the ratio after / before is taken pair by pair
+and its median reported. Prints one JSON object; progress on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from common import DATASETS, at_least, emit, machine, note, run_main
+
+
+def train(tree: Path, data: str, overrides: list[str], run_dir: str, timeout: float) -> float:
+    env = {**os.environ, "PYTHONPATH": str(tree), "TGDIST_DATASETS": str(DATASETS)}
+    cmd = [sys.executable, "-m", "tgdist", "train", f"data={data}", "train.epochs=1", "train.progress=false",
+           f"run_dir={run_dir}", *overrides]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=tree)
+    if r.returncode != 0:
+        raise RuntimeError(f"{tree}: exit {r.returncode}: {r.stderr.strip().splitlines()[-1:]}")
+    return float(json.loads(r.stdout.strip().splitlines()[-1])["train_events_per_s"])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--before", type=Path, required=True, help="the checkout before the change")
+    ap.add_argument("--after", type=Path, default=Path("."), help="the checkout after it (default: here)")
+    ap.add_argument("--data", nargs="+", default=["collegemsg", "wikipedia"], help="data= groups")
+    ap.add_argument("--reps", type=at_least(1), default=3, help="pairs of runs per data set")
+    ap.add_argument("--timeout", type=at_least(1), default=900, help="seconds per run")
+    ap.add_argument("overrides", nargs="*", help="more tgdist train overrides")
+    args = ap.parse_args()
+    trees = {"before": args.before.resolve(), "after": args.after.resolve()}
+    for name, tree in trees.items():
+        if not (tree / "tgdist" / "__init__.py").exists():
+            raise SystemExit(f"compare_trees.py: error: --{name} {tree}: not a tgdist checkout")
+    out = {"machine": machine(), "trees": {k: str(v) for k, v in trees.items()}, "overrides": args.overrides,
+           "data": {}}
+    with tempfile.TemporaryDirectory(prefix="tgdist-compare-") as tmp:
+        for data in args.data:
+            rates = {"before": [], "after": []}
+            for rep in range(args.reps):
+                order = ("before", "after") if rep % 2 == 0 else ("after", "before")
+                for name in order:
+                    rate = train(trees[name], data, args.overrides, os.path.join(tmp, f"{data}-{rep}-{name}"),
+                                 args.timeout)
+                    rates[name].append(rate)
+                    note(f"{data} rep {rep} {name}: {rate:,.0f} events/s")
+            ratios = [a / b for a, b in zip(rates["after"], rates["before"])]
+            out["data"][data] = {"events_per_s": rates,
+                                 "median_events_per_s": {k: statistics.median(v) for k, v in rates.items()},
+                                 "after_over_before": {"pairs": ratios, "median": statistics.median(ratios),
+                                                       "min": min(ratios), "max": max(ratios)}}
+    emit(out)
+
+
+if __name__ == "__main__":
+    run_main(main)
