@@ -46,7 +46,7 @@ def main():
     trees = {"before": args.before.resolve(), "after": args.after.resolve()}
     for name, tree in trees.items():
         if not (tree / "tgdist" / "__init__.py").exists():
-            raise SystemExit(f"compare_trees.py: error: --{name} {tree}: not a tgdist checkout")
+            ap.error(f"--{name} {tree}: not a tgdist checkout")
     out = {"machine": machine(), "trees": {k: str(v) for k, v in trees.items()}, "overrides": args.overrides,
            "data": {}}
     with tempfile.TemporaryDirectory(prefix="tgdist-compare-") as tmp:

@@ -38,6 +38,9 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
     ("mspipe.py", ["--points", "K=1", "auto"], "--points: the baseline 'none' is needed"),
     ("mspipe.py", ["--mitigation", "bogus"], "argument --mitigation: invalid choice: 'bogus'"),
     ("mspipe.py", ["--seeds"], "--seeds: give at least one seed"),
+    ("wait_policy.py", ["--reps", "0"], "argument --reps: 0: give at least 1"),
+    ("wait_policy.py", ["--settings", "SPIN"], "argument --settings: invalid choice: 'SPIN'"),
+    ("compare_trees.py", ["--before", "/nonexistent"], "--before /nonexistent: not a tgdist checkout"),
     ("eval_cost.py", ["--epochs", "0"], "argument --epochs: 0: give at least 1"),
     ("select_study.py", ["--seeds", "-1"], "argument --seeds: -1: give at least 0"),
 ])
