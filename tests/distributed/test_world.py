@@ -144,13 +144,13 @@ def test_validate_memory_placement():
         W.validate(Layout(2, 2, 1), world(4, local=2, nodes=2))
     with pytest.raises(ConfigError, match="= 2 trainers would span machines with 3 processes per machine"):
         W.validate(Layout(2, 1, 3), world(6, local=3, nodes=2))
-    # collective backends may spread a memory group over machines
-    W.validate(Layout(4, 1, 1), world(4, local=2, nodes=2), memory_backend="sven")
+    # collective stores may spread a memory group over machines
+    W.validate(Layout(4, 1, 1), world(4, local=2, nodes=2), memory_backend="sven", placement="collective")
     with pytest.raises(ConfigError, match="memory.backend=local keeps node memory inside one process"):
-        W.validate(Layout(2, 1, 1), world(2), memory_backend="local")
-    W.validate(Layout(1, 1, 2), world(2), memory_backend="local")
-    with pytest.raises(ConfigError, match="memory.backend = 'shm' is not one of"):
-        W.validate(Layout(1, 1, 1), world(1), memory_backend="shm")
+        W.validate(Layout(2, 1, 1), world(2), memory_backend="local", placement="process")
+    W.validate(Layout(1, 1, 2), world(2), memory_backend="local", placement="process")
+    with pytest.raises(ValueError, match="placement='shm': one of process, host_shared, collective"):
+        W.validate(Layout(1, 1, 1), world(1), memory_backend="shm", placement="shm")
     with pytest.raises(ConfigError, match="4 processes on this machine but 2 GPUs"):
         W.validate(Layout(4, 1, 1), world(4), device="cuda", num_devices=2)
 

@@ -29,3 +29,40 @@ def test_a_local_store_is_built_on_its_device_and_resets_when_a_pass_starts():
     store.end_training(evaluates=True)
     store.close()
     assert not store.one_copy_per_group
+
+
+def test_what_the_run_may_do_with_a_store_is_read_from_its_class():
+    """Capabilities are class attributes that the validation and the run read, never the name:
+    where a store keeps memory (the layout checks), what auto picks, whether partition settings,
+    epoch parallelism, MSPipe's staged reads and train.epochs=0 apply."""
+    cls = {name: memory.store_class(name) for name in memory.names()}
+    assert {n: c.placement for n, c in cls.items()} == {"daemon": "host_shared", "depcache": "collective",
+                                                          "depcomm": "collective", "local": "process",
+                                                          "sven": "collective"}
+    assert [n for n, c in cls.items() if c.partitioned] == ["depcomm", "sven"]
+    assert [n for n, c in cls.items() if not c.epoch_parallel] == ["depcomm"]
+    assert [n for n, c in cls.items() if c.staged_reads] == ["depcache", "local"]
+    assert [n for n, c in cls.items() if not c.evaluates_untrained] == ["daemon"]
+    assert [n for n, c in cls.items() if c.trainers_own] == ["local"]
+    assert (memory.resolve("auto", 1), memory.resolve("auto", 4), memory.resolve("sven", 4)) == \
+        ("local", "depcache", "sven")
+    with pytest.raises(ConfigError, match="^memory.backend=nvme: choose one of"):
+        memory.store_class("nvme")
+
+
+def test_a_store_registered_from_a_test_module_is_built_and_driven(monkeypatch):
+    """A new store is one module that registers its factory and class; the run reads its
+    capabilities from the class (here: kept in the trainer's process, as local memory)."""
+    class Counting(LocalMemory):
+        reads = 0
+
+        def read(self, ids):
+            Counting.reads += 1
+            return super().read(ids)
+
+    monkeypatch.setitem(memory.STORES, "counting", (Counting, lambda ctx: Counting(ctx.num_nodes, ctx.mem_dim,
+                                                                                  ctx.mail_dim, ctx.mailbox_size)))
+    store = memory.create("counting", memory.StoreContext(5, 2, 3, 1))
+    store.read(torch.tensor([0, 4]))
+    assert isinstance(store, Counting) and Counting.reads == 1
+    assert memory.store_class("counting").placement == "process" and "counting" in memory.names()

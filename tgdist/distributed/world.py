@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "WorldInfo",
     "LAUNCHERS",
-    "MEMORY_BACKENDS",
+    "PLACEMENTS",
     "detect",
     "which_launcher",
     "parse_torchrun",
@@ -337,19 +337,14 @@ def detect(env: Mapping[str, str] | None = None) -> WorldInfo:
 
 # ---------------------------------------------------------------- validation
 
-# Where each memory backend keeps node memory, which decides how a memory group may be placed.
+# Where a memory store keeps node memory (its class's ``placement``, tgdist.memory.store), which
+# decides how a memory group may be placed:
 #   process:     inside one trainer process, so a memory group must be a single trainer (i*j == 1)
 #   host_shared: in host shared memory served by a daemon per group (DistTGL 3.3): a group must sit
 #                on one machine, and every machine needs a group of its own (k >= machines)
 #   collective:  spread over / replicated in the trainers and exchanged by collectives (Sven,
 #                DepCache, DepComm): no placement constraint
-MEMORY_BACKENDS = {
-    "local": "process",
-    "daemon": "host_shared",
-    "depcache": "collective",
-    "depcomm": "collective",
-    "sven": "collective",
-}
+PLACEMENTS = ("process", "host_shared", "collective")
 
 
 def _start_hint(world: WorldInfo, n: int) -> str:
@@ -376,6 +371,7 @@ def validate(
     world: WorldInfo,
     memory_backend: str = "daemon",
     *,
+    placement: str = "host_shared",
     num_train_events: int | None = None,
     batch_size: int | None = None,
     epochs: int | None = None,
@@ -383,15 +379,17 @@ def validate(
     num_devices: int | None = None,
 ) -> None:
     """Check an ``i x j x k`` layout against the world before any training; raise ``ConfigError``
-    with one line naming the problem. Data-size checks run when the sizes are given."""
+    with one line naming the problem. ``memory_backend``: the store's name (for the messages);
+    ``placement``: where it keeps memory (``PLACEMENTS``, its class's ``placement``). Data-size
+    checks run when the sizes are given."""
     i, j, k = layout.i, layout.j, layout.k
     _check_world_size(layout, world)
-    if memory_backend not in MEMORY_BACKENDS:
-        raise ConfigError(f"memory.backend = {memory_backend!r} is not one of {', '.join(MEMORY_BACKENDS)}")
-    kind = MEMORY_BACKENDS[memory_backend]
+    if placement not in PLACEMENTS:
+        raise ValueError(f"placement={placement!r}: one of {', '.join(PLACEMENTS)}")
+    kind = placement
     if kind == "process" and layout.group_size > 1:
         raise ConfigError(
-            f"memory.backend=local keeps node memory inside one process, but parallel.i x parallel.j "
+            f"memory.backend={memory_backend} keeps node memory inside one process, but parallel.i x parallel.j "
             f"= {i} x {j} trainers share each memory copy; use memory.backend=daemon"
         )
     if kind == "host_shared":

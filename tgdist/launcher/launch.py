@@ -225,6 +225,7 @@ def _check_world(args: argparse.Namespace, cfg, nproc: int) -> None:
     from tgdist.distributed.schedule import Layout
     from tgdist.distributed.world import WorldInfo
     from tgdist.distributed.world import validate as validate_world
+    from tgdist import memory
     from tgdist.runtime.distributed import memory_backend
 
     layout = Layout(cfg.parallel.i, cfg.parallel.j, cfg.parallel.k)
@@ -233,7 +234,7 @@ def _check_world(args: argparse.Namespace, cfg, nproc: int) -> None:
     world = WorldInfo(world_size=nproc * args.nnodes, local_world_size=nproc, num_nodes=args.nnodes,
                       launcher="torchrun")
     backend = memory_backend(cfg, layout)
-    validate_world(layout, world, backend, epochs=cfg.train.epochs)
+    validate_world(layout, world, backend, placement=memory.store_class(backend).placement, epochs=cfg.train.epochs)
     if layout.k > 1:  # the stream must cut into k segments of whole global batches: that needs its size
         import logging
 
@@ -459,12 +460,15 @@ def _sweep_on_slurm(args: argparse.Namespace, jobs: list[list[str]], swept: list
     def check_world(num: int, layout: dict, res) -> None:
         from tgdist.distributed.schedule import Layout
         from tgdist.distributed.world import WorldInfo
+        from tgdist import memory
         from tgdist.distributed.world import validate as validate_world
 
         lay = Layout(layout["i"], layout["j"], layout["k"])
         world = WorldInfo(world_size=res.tasks, local_world_size=res.tasks_per_node, num_nodes=res.nodes,
                           launcher="slurm")
-        validate_world(lay, world, memory_backend(composed[num], lay), epochs=composed[num].train.epochs)
+        backend = memory_backend(composed[num], lay)
+        validate_world(lay, world, backend, placement=memory.store_class(backend).placement,
+                       epochs=composed[num].train.epochs)
 
     if args.dry_run:
         for num, (train, layout, where) in enumerate(points):

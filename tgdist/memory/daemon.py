@@ -1090,6 +1090,9 @@ class DaemonMemory(MemoryStore):
     flush = end  # "this iteration's writes are complete", as DepCacheMemory.flush
 
     one_copy_per_group = True
+    placement = "host_shared"
+    staged_reads = False  # the daemon serves its group's reads and writes strictly in stream order
+    evaluates_untrained = False  # its stream is the training schedule's
 
     def open_position(self, position: int, slot: int, reset: bool) -> None:
         self.begin(position, slot=slot, reset=reset)
@@ -1334,7 +1337,7 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-@register("daemon")
+@register("daemon", DaemonMemory)
 def _daemon(ctx: StoreContext) -> DaemonMemory:
     """DistTGL's daemon for this trainer's memory group: the group's first trainer starts it, and
     every trainer of the group attaches (a collective of the group). The starting trainer's client

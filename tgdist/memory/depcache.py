@@ -18,6 +18,8 @@ class DepCacheMemory(LocalMemory):
     ``sync = False`` (evaluation on one rank) writes apply at once, like ``LocalMemory``.
     """
 
+    placement, auto, trainers_own = "collective", True, False
+
     def __init__(self, num_nodes: int, mem_dim: int, mail_dim: int, mailbox_size: int, group=None,
                  counter: collectives.ByteCounter | None = None):
         super().__init__(num_nodes, mem_dim, mail_dim, mailbox_size)
@@ -85,7 +87,7 @@ def _cat(writes, width: int, dev) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
                  for i, dtype in enumerate((torch.long, torch.float32, torch.float64)))
 
 
-@register("depcache")
+@register("depcache", DepCacheMemory)
 def _depcache(ctx: StoreContext) -> DepCacheMemory:
     return DepCacheMemory(ctx.num_nodes, ctx.mem_dim, ctx.mail_dim, ctx.mailbox_size, group=ctx.groups.get("memory"),
                           counter=ctx.counter).to(ctx.device)

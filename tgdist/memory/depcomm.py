@@ -83,6 +83,8 @@ class DepCommMemory(PartitionedMemory):
     """``memory.backend=depcomm``: the partitioned store whose owners update the rows they serve."""
 
     name = "depcomm"
+    # owners update at compute time, which the idle trainers of epoch parallelism's fill and drain skip
+    epoch_parallel = False
 
     def __init__(self, *args, remote_dispatch: str = "occurrences", **kwargs):
         super().__init__(*args, **kwargs)
@@ -137,7 +139,7 @@ class DepCommMemory(PartitionedMemory):
                                    updated=updated.index_select(0, inverse))
 
 
-@register("depcomm")
+@register("depcomm", DepCommMemory)
 def _depcomm(ctx: StoreContext) -> DepCommMemory:
     if ctx.layout is not None and ctx.train_end:
         i, rest = ctx.layout.i, ctx.train_end % (ctx.layout.i * ctx.batch_size)

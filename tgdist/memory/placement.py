@@ -28,7 +28,6 @@ from tgdist.progress import Status
 
 log = logging.getLogger(__name__)
 
-PARTITIONED = ("depcomm", "sven")  # the backends that read a placement
 
 # NegativeSampler.keyed's key of memory group 0's first pass in a parallel run (3 + neg_set, which
 # is jj there: tgdist.distributed.schedule.neg_set_id)
@@ -48,10 +47,11 @@ class Placement:
         return self.maps.num_parts
 
 
-def check_settings(backend: str, j: int, part) -> None:
-    """One line for settings a partitioned backend cannot run with (before any data is read)."""
-    if j > 1 and backend == "depcomm":  # owners update at compute time, which idle trainers skip
-        raise ConfigError(f"memory.backend=depcomm: with epoch parallelism (parallel.j={j}) a trainer idles in the "
+def check_settings(store: type, j: int, part) -> None:
+    """One line for settings a partitioned store (its class: ``name``, ``epoch_parallel``) cannot
+    run with (before any data is read)."""
+    if j > 1 and not store.epoch_parallel:  # (depcomm: owners update at compute time, which idle trainers skip)
+        raise ConfigError(f"memory.backend={store.name}: with epoch parallelism (parallel.j={j}) a trainer idles in the "
                           f"first and last iterations and could not update the memory it owns for the others; use "
                           f"parallel.j=1, or memory.backend=sven or depcache")
     if part.method not in methods.METHODS:

@@ -43,6 +43,21 @@ class MemoryStore(nn.Module):
     none of them but the reset.
     """
 
+    # Capabilities: what the run and its validation may do with a store, read from its class
+    # (``memory.store_class(name)``), never from its name.
+    # Where it keeps a memory group's copy, which decides how a group may be placed
+    # (``distributed.world.validate``): "process" (inside one trainer, so a group of one),
+    # "host_shared" (host shared memory served per group: a group on one machine), "collective"
+    # (spread over or replicated in the group's trainers and kept by collectives).
+    placement = "collective"
+    auto = False  # memory.backend=auto may pick it for its placement (``memory.resolve``)
+    trainers_own = False  # the trainer builds it itself (local memory): the run makes no other
+    partitioned = False  # it places nodes by the partitioner, so partition.* settings apply
+    epoch_parallel = True  # it runs with epoch parallelism (parallel.j > 1)
+    # its reads may run in a stage thread while the main thread makes the run's collectives (MSPipe
+    # with more than one trainer): not where reads are collectives or served in stream order
+    staged_reads = True
+    evaluates_untrained = True  # it runs train.epochs=0, the untrained model evaluated in one process
     # Whether the memory group's copy is held once for all its trainers (a daemon's): only the
     # group's writer then loads it from a checkpoint, the others wait for it.
     one_copy_per_group = False
@@ -125,6 +140,8 @@ class MemoryStore(nn.Module):
 
 class LocalMemory(MemoryStore):
     """All node memory as tensors of this process (one trainer)."""
+
+    placement, auto, trainers_own = "process", True, True
 
     def __init__(self, num_nodes: int, mem_dim: int, mail_dim: int, mailbox_size: int = 1):
         super().__init__()
@@ -223,6 +240,6 @@ def _kept_deliveries(ids: torch.Tensor, order_key: torch.Tensor, keep: int) -> t
     return perm[kept], (rank - first_kept)[kept]
 
 
-@register("local")
+@register("local", LocalMemory)
 def _local(ctx: StoreContext) -> LocalMemory:
     return LocalMemory(ctx.num_nodes, ctx.mem_dim, ctx.mail_dim, ctx.mailbox_size).to(ctx.device)

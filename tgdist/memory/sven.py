@@ -98,6 +98,8 @@ class PartitionedMemory(MemoryStore):
     """
 
     name = "sven"
+    partitioned = True
+    staged_reads = False  # its reads are collectives of the group, made in one order on every rank
 
     def __init__(self, place: Placement, mem_dim: int, mail_dim: int, mailbox_size: int = 1, group=None,
                  counter: collectives.ByteCounter | None = None):
@@ -380,7 +382,7 @@ def build(cls, ctx: StoreContext, **options):
     """A partitioned store of class ``cls`` for this trainer, its placement loaded or computed;
     ``options``: the class's own keyword arguments."""
     layout = ctx.layout
-    check_settings(cls.name, layout.j if layout is not None else 1, ctx.cfg.partition)
+    check_settings(cls, layout.j if layout is not None else 1, ctx.cfg.partition)
     place = placement(ctx)
     group = ctx.groups.get("memory") if ctx.groups is not None else None
     store = cls(place, ctx.mem_dim, ctx.mail_dim, ctx.mailbox_size, group=group, counter=ctx.counter,
@@ -389,6 +391,6 @@ def build(cls, ctx: StoreContext, **options):
     return store
 
 
-@register("sven")
+@register("sven", SvenMemory)
 def _sven(ctx: StoreContext) -> SvenMemory:
     return build(SvenMemory, ctx)

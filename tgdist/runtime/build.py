@@ -28,7 +28,7 @@ from tgdist.distributed.link import parse_link
 from tgdist.distributed.schedule import Layout, passes_per_group
 from tgdist.errors import ConfigError
 from tgdist.kernels import graph as kernels
-from tgdist.memory.placement import PARTITIONED, check_settings
+from tgdist.memory.placement import check_settings
 from tgdist.models.modules import build_model, use_cpu_kernels
 from tgdist.runtime import checkpoint, pipelines, tensorboard
 from tgdist.runtime.cache import EmbeddingCache, default_size
@@ -135,8 +135,10 @@ def validate(cfg: DictConfig) -> None:
     if cfg.memory.backend not in built:  # an option of the schema whose store is not registered yet
         raise ConfigError(f"memory.backend={cfg.memory.backend} is not built yet (planned, docs/architecture.md); "
                           f"choose one of {', '.join(built)}")
-    if cfg.memory.backend in PARTITIONED:  # epoch parallelism, partition.* settings
-        check_settings(cfg.memory.backend, cfg.parallel.j, cfg.partition)
+    layout = Layout(cfg.parallel.i, cfg.parallel.j, cfg.parallel.k)  # each a positive integer
+    store = memory.store_class(memory.resolve(cfg.memory.backend, layout.group_size))
+    if store.partitioned:  # epoch parallelism, partition.* settings
+        check_settings(store, cfg.parallel.j, cfg.partition)
     if m.num_layers not in (1, 2):
         raise ConfigError(f"model.num_layers={m.num_layers}: 1 or 2 attention layers are supported")
     if m.name != "tgn" and m.num_layers != 1:
@@ -151,9 +153,8 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"sampler.fanouts={fanouts} gives {len(fanouts)} hops, but model.num_layers={m.num_layers} "
                           f"attends over {m.num_layers}: {fix}")
     check_cache(cfg)
-    layout = Layout(cfg.parallel.i, cfg.parallel.j, cfg.parallel.k)  # each a positive integer
     parse_link(cfg.parallel.link)  # a link that is not one: refused before the launch
-    if t.epochs == 0 and (layout.i * layout.j * layout.k > 1 or cfg.memory.backend == "daemon"):
+    if t.epochs == 0 and (layout.i * layout.j * layout.k > 1 or not store.evaluates_untrained):
         raise ConfigError(f"train.epochs=0 (evaluate the untrained model) runs in one process; a parallel run "
                           f"needs a positive multiple of parallel.j x parallel.k = {layout.j * layout.k}")
     if layout.i * layout.j * layout.k > 1 and (t.patience or t.eval_every != 1):

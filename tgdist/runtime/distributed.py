@@ -13,6 +13,7 @@ import socket
 import torch
 from omegaconf import DictConfig
 
+from tgdist import memory
 from tgdist.distributed import collectives
 from tgdist.distributed.schedule import Layout
 from tgdist.kernels.graph import cpu_mask
@@ -39,10 +40,7 @@ def rank_logging(rank: int) -> None:
 def memory_backend(cfg: DictConfig, layout: Layout) -> str:
     """The store ``memory.backend`` names (a validated config's: ``build.validate`` refuses one
     that is not registered), ``auto`` resolved by the layout."""
-    backend = str(cfg.memory.backend)
-    if backend == "auto":
-        return "local" if layout.group_size == 1 else "depcache"
-    return backend
+    return memory.resolve(str(cfg.memory.backend), layout.group_size)
 
 
 def fault_injection(rank: int) -> int | None:

@@ -83,7 +83,8 @@ class Run:
         self.layout = Layout(cfg.parallel.i, cfg.parallel.j, cfg.parallel.k)
         self.backend = memory_backend(cfg, self.layout)
         self.alone = self.world.world_size == 1
-        validate_layout(self.layout, self.world, self.backend,
+        self.store = memory.store_class(self.backend)  # what the store can do (its capabilities)
+        validate_layout(self.layout, self.world, self.backend, placement=self.store.placement,
                         epochs=cfg.train.epochs if cfg.train.epochs or not self.alone else None)
         if not self.alone:
             rank_logging(self.world.rank)
@@ -120,7 +121,7 @@ class Run:
         if trainer is None:  # first: a config or data error leaves no directory
             trainer = build_trainer(self.run_cfg, progress=None if self.alone else False,
                                     cpus=None if self.alone else cpu_share(world_group),
-                                    local_memory=self.backend == "local")  # another store replaces it below
+                                    local_memory=self.store.trainers_own)  # another store replaces it below
         self.trainer = tr = trainer
         if not self.alone:
             g = tr.g  # the same settings, but each machine reads its own copy of the data
@@ -130,7 +131,8 @@ class Run:
                                     "data")) is not None:
                 raise ConfigError(why)
         self.n_train = tr.split.range("train")[1]
-        validate_layout(lay, self.world, self.backend, num_train_events=self.n_train, batch_size=cfg.train.batch_size,
+        validate_layout(lay, self.world, self.backend, placement=self.store.placement, num_train_events=self.n_train,
+                        batch_size=cfg.train.batch_size,
                         epochs=cfg.train.epochs if cfg.train.epochs or not self.alone else None)
         self.iterations = num_iterations(lay, self.n_train, tr.batch_size, cfg.train.epochs) if cfg.train.epochs else 0
         self.batches_per_epoch = num_global_batches(self.n_train, lay.i, tr.batch_size)
@@ -139,7 +141,7 @@ class Run:
         if cfg.train.resume:  # a refused resume leaves the run directory (maybe the checkpoint's own) as it was
             self._resume = checkpoint.check_resume(cfg)
             checkpoint.check_data(*self._resume, tr.g)
-        if self.backend != "local":  # the store the config names; local memory is the trainer's own
+        if not self.store.trainers_own:  # the store the config names; local memory is the trainer's own
             m = tr.model
             tr.memory = memory.create(self.backend, memory.StoreContext(
                 tr.g.num_nodes, m.mem_dim, m.mail_dim, m.mailbox_size, device=tr.device, layout=lay, rank=self.rank,
@@ -170,7 +172,7 @@ class Run:
         process groups. ``train()`` closes; a ``Run`` never trained should be closed by its maker."""
         if self.pipeline is not None:
             self.pipeline.close()
-        if self.trainer is not None and self.backend != "local":  # a store made here (a caller's is the caller's)
+        if self.trainer is not None and not self.store.trainers_own:  # a store made here (a caller's is the caller's)
             self.trainer.memory.close()
         if not self.alone and self._own_groups:
             self.trainer = None  # it holds group handles; destroy() frees the groups only with the last one

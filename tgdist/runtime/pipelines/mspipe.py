@@ -41,6 +41,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from tgdist import memory
 from tgdist.data.sampler import TCSR
 from tgdist.distributed import collectives
 from tgdist.errors import ConfigError
@@ -508,14 +509,15 @@ class MSPipe(Pipeline):
             raise ConfigError(f"pipeline.mode=mspipe takes whole batches: set pipeline.micro_batches=1, not "
                               f"{pipe.micro_batches}")
         world = None if parallel is None else parallel.i * parallel.j * parallel.k
-        if world is not None and world > 1 and backend not in ("auto", "depcache", "local"):
+        group = None if parallel is None else parallel.i * parallel.j
+        if world is not None and world > 1 and not memory.store_class(memory.resolve(backend, group)).staged_reads:
             # its stage threads read memory while the main thread runs the run's collectives: a
             # store whose reads are collectives (sven, depcomm) would need them in one order on
             # every rank, and a daemon serves its group's reads and writes strictly in stream order
             raise ConfigError(f"pipeline.mode=mspipe runs in one process or on memory in the trainers "
                               f"(memory.backend=auto, depcache or local): parallel.i*j*k={world} "
                               f"({parallel.i}x{parallel.j}x{parallel.k}) with memory.backend={backend} is not "
-                              f"supported with it")
+                              f"supported with it")  # (names the built stores whose reads may be staged)
 
     # -- the loop's hooks ---------------------------------------------------------------------------
 
