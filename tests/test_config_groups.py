@@ -16,6 +16,7 @@ from tgdist.config import (
     DataFormat,
     LrScaling,
     MemoryBackend,
+    Mitigation,
     ModelName,
     PartitionJob,
     PartitionMethod,
@@ -83,6 +84,7 @@ OPTIONS = {
     "train.select": "best_val, last",
     "memory.backend": "auto, local, depcache, daemon, depcomm, sven",
     "memory.remote_dispatch": "occurrences, distinct",
+    "pipeline.mitigation": "none, similarity",
     "partition.method": "range, interval, reflexbicut, greedy",
     "partition.weights": "dedup, raw",
 }
@@ -155,7 +157,7 @@ def test_an_interpolated_value_is_checked_as_it_resolves(monkeypatch):
 def test_option_names_are_their_values():
     """OmegaConf looks a value up by member name: the two must be the same."""
     kinds = [MemoryBackend, ModelName, DataFormat, TimeUnit, SamplingStrategy, Task, LrScaling, PartitionMethod,
-             PartitionWeights, Select, RemoteDispatch]
+             PartitionWeights, Select, RemoteDispatch, Mitigation]
     assert sorted(k.__name__ for k in kinds) == sorted(k.__name__ for k in Choice.__subclasses__())
     for kind in kinds:
         assert [m.name for m in kind] == [m.value for m in kind]

@@ -267,7 +267,7 @@ def run(tmp_path, name, extra=(), trainer=None):
      "parallel.i\\*j\\*k=4 \\(2x1x2\\) with memory.backend=daemon"),
     (["pipeline.mode=mspipe", "pipeline.max_stale_fraction=0"], "max_stale_fraction=0"),
     (["pipeline.mitigation=similarity"], "needs pipeline.mode=mspipe"),
-    (["pipeline.mode=mspipe", "pipeline.mitigation=cosine"], "give none or similarity"),
+    (["pipeline.mode=mspipe", "pipeline.mitigation=cosine"], "^pipeline.mitigation=cosine: choose one of none, similarity$"),
     (["pipeline.mode=mspipe", "pipeline.mitigation_lambda=2"], "mitigation_lambda=2"),
     (["pipeline.mode=mspipe", "pipeline.stage_nice=20"], "pipeline.stage_nice=20: give a nice increment from 0"),
     (["pipeline.mode=mspipe", "pipeline.stage_nice=-1"], "pipeline.stage_nice=-1"),

@@ -142,6 +142,7 @@ Select = _choice("Select", "best_val last")  # train.select: which epoch a run r
 # memory.backend: auto, or a store of the registry (tgdist.memory); a value listed here whose store
 # is not registered composes, and a run refuses it (docs/architecture.md, "Memory stores")
 MemoryBackend = _choice("MemoryBackend", "auto local depcache daemon depcomm sven")
+Mitigation = _choice("Mitigation", "none similarity")  # pipeline.mitigation: MSPipe-S or none
 # memory.remote_dispatch: what depcomm's owners send each requester (tgdist.memory.depcomm)
 RemoteDispatch = _choice("RemoteDispatch", "occurrences distinct")
 PartitionMethod = _choice("PartitionMethod", "range interval reflexbicut greedy")  # tgdist.partition.methods.METHODS
@@ -359,7 +360,7 @@ class PipelineConfig:
     # mspipe: none, or similarity (MSPipe-S, 3.3): a read node whose memory is older than gamma (the
     # mitigation_quantile of the time between a node's events) gets lambda s_v + (1 - lambda) * the
     # mean memory of the most similar active nodes of its batch (common neighbours)
-    mitigation: str = "none"
+    mitigation: Mitigation = Mitigation.none
     mitigation_lambda: float = 0.95  # similarity: lambda, the weight of the node's own stale memory
     mitigation_quantile: float = 0.99  # similarity: gamma is this quantile of the time between a node's events
     # mspipe: how much lower (nice, 0-19) the priority of its stage and update threads is than the

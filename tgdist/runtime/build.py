@@ -67,8 +67,6 @@ def validate_pipeline(pipe, parallel=None, backend: str = "auto") -> None:
     strategy = pipelines.pipeline_class(pipe.mode)  # an unknown mode: the one line naming the options
     if not 0 < pipe.max_stale_fraction <= 1:
         raise ConfigError(f"pipeline.max_stale_fraction={pipe.max_stale_fraction}: give a share in (0, 1]")
-    if pipe.mitigation not in ("none", "similarity"):
-        raise ConfigError(f"pipeline.mitigation={pipe.mitigation}: give none or similarity")
     if not 0 <= pipe.mitigation_lambda <= 1:
         raise ConfigError(f"pipeline.mitigation_lambda={pipe.mitigation_lambda}: give a weight in [0, 1]")
     if not 0 < pipe.mitigation_quantile <= 1:
