@@ -210,6 +210,7 @@ def test_a_finished_parallel_run_keeps_its_model_and_resumes_to_its_results(tmp_
                                cwd=tmp_path).stdout.strip().splitlines()[-1])
     state = torch.load(tmp_path / "a" / "checkpoints" / "last.pt", weights_only=True)
     assert state["iteration"] == done["iterations"] and state["epochs"] == 2 and state["model"]
+    assert done["train_seconds"] > 0  # the slowest rank's training (a parallel run's summary said 0.0)
     # its reported metrics are what one process evaluating its checkpoint gets: rank 0 evaluated
     # group 0's memory with every write applied (validation, then test, as a run does)
     from tgdist.runtime import checkpoint
@@ -240,6 +241,17 @@ def test_a_finished_parallel_run_keeps_its_model_and_resumes_to_its_results(tmp_
         f"tgdist train: error: {last}: written by a run of layout 2 x 1 x 1, and this run's is 1 x 1 x 1 "
         "(parallel.i/j/k); a run resumes with the layout it was written under")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
+
+
+def test_a_parallel_run_stopped_after_some_batches_ends_on_every_rank(tmp_path):
+    """``train.stop_after_batches`` in a parallel run: every rank stops and exits 0 (the ranks but
+    0 died in the driver with a TypeError, the summary having no run directory), and rank 0 names
+    the checkpoint to resume from."""
+    r = torchrun(2, "-m", "tgdist.train", *SMALL, "train.batch_size=100", "parallel.i=2", "train.epochs=2",
+                 "train.checkpoint_every=2", "train.stop_after_batches=3", f"run_dir={tmp_path / 'a'}", cwd=tmp_path)
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["stopped"] and out["checkpoint"] == str(tmp_path / "a" / "checkpoints" / "last.pt")
+    assert "Traceback" not in r.stderr and sorted(p.name for p in tmp_path.iterdir()) == ["a"]
 
 
 @pytest.mark.parametrize("layout,nproc", [("2,1,1", 2), pytest.param("1,2,1", 2, marks=pytest.mark.slow)])  # ~37 s each

@@ -125,7 +125,7 @@ def _hydra_main(cfg: DictConfig) -> None:
         _exit(code, world)
     if rank == 0:
         _print_summary(summary, who)
-    elif Path(summary["run_dir"]).resolve() != run_dir.resolve():
+    elif "run_dir" not in summary or Path(summary["run_dir"]).resolve() != run_dir.resolve():  # (a stopped run: none)
         _remove_if_empty_run(run_dir)  # rank 0's run directory holds the results
     # a signal from here on (Hydra's teardown) is not "before the run started"; a stopped run has no run_dir key
     _finished.append(summary.get("run_dir", str(run_dir)))

@@ -19,7 +19,8 @@ def run(cfg: DictConfig, run_dir: str | Path | None) -> dict:
     start = time.perf_counter()
     summary = Run(cfg, run_dir).train()
     summary["wall_seconds"] = round(time.perf_counter() - start, 2)
-    written = Path(summary.get("run_dir", run_dir)) / "summary.json"
-    if detect().rank == 0 and "run_dir" in summary and written.exists():  # the same summary as stdout's last line
-        written.write_text(json.dumps(summary, indent=1))
+    if detect().rank == 0 and "run_dir" in summary:  # (a run stopped early has no summary.json to update)
+        written = Path(summary["run_dir"]) / "summary.json"
+        if written.exists():  # the same summary as stdout's last line
+            written.write_text(json.dumps(summary, indent=1))
     return summary

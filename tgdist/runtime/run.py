@@ -506,8 +506,9 @@ class Run:
             # one metrics line, as a run of one process writes per epoch: a parallel run evaluates once, at its end
             caches = [s["cache"] for s in stats if s["cache"] is not None]  # each trainer's own
             cache = {"cache": cache_totals(caches)} if caches else {}
+            seconds = max(s["seconds"] for s in stats) if trained_any else None  # the slowest rank's training
             self._record({"epoch": cfg.train.epochs - 1, "loss": loss_sum / max(events, 1), "train_events": events,
-                          "events_per_s": rate, **metrics, **cache})
+                          "train_seconds": seconds, "events_per_s": rate, **metrics, **cache})
             summary = self.summary(extra={"replicas_identical": replicas_identical})
             if cfg.train.task in ("node", "edge"):
                 summary.update(downstream_alone(tr, cfg.train.task, cfg.train.node_class_epochs))
