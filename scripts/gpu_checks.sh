@@ -1,77 +1,139 @@
 #!/usr/bin/env bash
-# Issue 3's CUDA checks in one command, for a session that is lent a GPU machine (the device tool).
+# Every CUDA check of tgdist in one command (issues 3 and 41), for a session lent a GPU machine.
 #
-#   scripts/gpu_checks.sh --prepare   here, once: gathers into .gpu/ (git-ignored) what the GPU image
-#                                     lacks: hydra-core, omegaconf and antlr4 (pure Python, copied
-#                                     from this environment; antlr4 4.9.3 has no wheel to download)
-#                                     and the shared data sets the checks read
+#   scripts/gpu_checks.sh --prepare   here, once: gathers into .gpu/ (git-ignored; GPU_CHECKS_DIR
+#                                     names another folder) what the GPU image lacks: hydra-core,
+#                                     omegaconf and antlr4 (pure Python, copied from this
+#                                     environment; antlr4 4.9.3 has no wheel to download) and the
+#                                     shared Wikipedia data the checks read
 #   then the device tool's run, with command "bash scripts/gpu_checks.sh" and carry [".gpu"]
+#   (--quick: parts 1 and 2 only, the rerun after a fix; --parts 0,3: the parts named)
 #
-# There it runs tests/gpu (a step on the GPU against the CPU's torch formulation, every model
-# trained and evaluated there, deterministic runs and a resume), then benchmarks/vs_pyg_tgn.py
-# --device cuda (both systems' training-epoch seconds on that GPU, and the accuracy comparison), and
-# benchmarks/mspipe.py on all of Wikipedia (MSPipe's speed and AP against the plain loop, issue 26).
-# Logs and JSON go to $OUT (the device tool's folder that comes back), else ./gpu-results.
-# GPU_CHECKS_DEVICE=cpu runs the same flow on the CPU (a dry run of this script, with a 1-epoch
-# benchmark).
-set -euo pipefail
+# Parts (helpers in scripts/gpu_checks/, each check ONE JSON line on stdout and in $OUT/checks.jsonl:
+# check, part, device, status pass|fail, figures, seconds; then a summary table, $OUT/summary.txt):
+#   0  tests/gpu under pytest (a step against the CPU's torch formulation, every model, resume)
+#   1  two ranks sharing the GPU (torchrun --nproc-per-node 2, CUDA compute, gloo communication):
+#      depcache, depcomm, sven, daemon, sven with pipeline=sven, MSPipe with depcache, each at
+#      2x1x1 against the same run on the CPU (tolerances: TOL in scripts/gpu_checks/shared.py)
+#   2  a world of one under torchrun (NCCL): an NCCL smoke, every backend, every pipeline, and
+#      checkpoint + resume equal to the uninterrupted run
+#   3  one epoch of TGN, JODIE and APAN on all of Wikipedia with test AP, and PyG's TGN, against
+#      the anchors (TGLite ~6.7 s per TGN epoch on an A100, TGL ~23 s; goal <= 3 s on an H100)
+#   4  Sven's pipelining ladder and MSPipe against the plain loop under the simulated link, MSPipe
+#      in one process, and FreshGNN's cache for tgat2: ratios from the same run
+# Everything goes to $OUT (the device tool's folder that comes back), else ./gpu-results. Each
+# part is timed and bounded: the whole run stays within GPU_CHECKS_BUDGET seconds (460 on a GPU,
+# 170 with --quick); data sizes come from the device (scripts/gpu_checks/shared.py, sizes(), each
+# overridable, e.g. GPU_CHECKS_EVENTS=10000). Exit 1 when any check failed, 2 for a bad argument.
+# GPU_CHECKS_DEVICE=cpu runs the whole flow on the CPU with tiny data (the dry run: "NCCL" is gloo
+# there and says so; the two-rank parts compare the CPU with itself), with .gpu/ if prepared,
+# else with this environment's packages and data.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 
-if [ "${1:-}" = --prepare ]; then
-    rm -rf .gpu
-    mkdir -p .gpu/site .gpu/datasets
-    site=$(python3 -c "import omegaconf, os; print(os.path.dirname(os.path.dirname(omegaconf.__file__)))")
-    for pkg in hydra omegaconf antlr4; do
-        cp -r "$site/$pkg" .gpu/site/
-    done
-    find .gpu/site -name __pycache__ -prune -exec rm -rf {} +
-    data=$(python3 -c "from tgdist.config import datasets_dir; print(datasets_dir())")
-    cp -r "$data/wikipedia" .gpu/datasets/
-    echo "gpu_checks: .gpu/ ready ($(du -sh .gpu | cut -f1)); run 'bash scripts/gpu_checks.sh' with carry ['.gpu']" >&2
-    exit 0
-fi
-if [ "$#" -gt 0 ]; then
-    echo "gpu_checks: unknown argument $1 (only --prepare)" >&2
-    exit 2
-fi
-if [ ! -d .gpu/site ] || [ ! -d .gpu/datasets ]; then
-    echo "gpu_checks: .gpu/ is missing: run 'scripts/gpu_checks.sh --prepare' first, then carry .gpu" >&2
-    exit 2
-fi
+prep="${GPU_CHECKS_DIR:-.gpu}"
+parts="0 1 2 3 4"
+quick=0
+while [ "$#" -gt 0 ]; do
+    case "$1" in
+        --prepare)
+            set -e
+            rm -rf "$prep"
+            mkdir -p "$prep/site" "$prep/datasets"
+            site=$(python3 -c "import omegaconf, os; print(os.path.dirname(os.path.dirname(omegaconf.__file__)))")
+            for pkg in hydra omegaconf antlr4; do
+                cp -r "$site/$pkg" "$prep/site/"
+            done
+            find "$prep/site" -name __pycache__ -prune -exec rm -rf {} +
+            data=$(PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" python3 -c "from tgdist.config import datasets_dir; print(datasets_dir())")
+            cp -r "$data/wikipedia" "$prep/datasets/"
+            echo "gpu_checks: $prep/ ready ($(du -sh "$prep" | cut -f1)); run 'bash scripts/gpu_checks.sh' with carry ['$prep']" >&2
+            exit 0 ;;
+        --quick) quick=1; parts="1 2"; shift ;;
+        --parts)
+            if ! [[ "${2:-}" =~ ^[0-4](,[0-4])*$ ]]; then
+                echo "gpu_checks: --parts takes a list of 0-4, e.g. --parts 1,2 (got '${2:-}')" >&2
+                exit 2
+            fi
+            parts="${2//,/ }"; shift 2 ;;
+        *)
+            echo "gpu_checks: unknown argument $1 (use --prepare, --quick or --parts 0,1,2,3,4)" >&2
+            exit 2 ;;
+    esac
+done
 
+device="${GPU_CHECKS_DEVICE:-cuda}"
+if [ "$device" != cuda ] && [ "$device" != cpu ]; then
+    echo "gpu_checks: GPU_CHECKS_DEVICE=$device: choose cuda (the default) or cpu (the dry run)" >&2
+    exit 2
+fi
 out="${OUT:-gpu-results}"
 mkdir -p "$out"
-export PYTHONPATH="$PWD/.gpu/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-export TGDIST_DATASETS="$PWD/.gpu/datasets" PYTHONUNBUFFERED=1
-device="${GPU_CHECKS_DEVICE:-cuda}"
-epochs=5
-if [ "$device" = cuda ]; then
-    python3 -c "import torch, sys; torch.cuda.is_available() or sys.exit('gpu_checks: no CUDA device visible')"
-    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee "$out/device.txt" || true
+out="$(cd "$out" && pwd)"
+rm -f "$out/checks.jsonl" "$out/parts.tsv" "$out/summary.txt"
+exec 2> >(tee -a "$out/stderr.log" >&2)
+if [ -d "$prep/site" ] && [ -d "$prep/datasets" ]; then
+    export PYTHONPATH="$(cd "$prep" && pwd)/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+    export TGDIST_DATASETS="$(cd "$prep" && pwd)/datasets"
+elif [ "$device" = cuda ]; then
+    echo "gpu_checks: $prep/ is missing: run 'scripts/gpu_checks.sh --prepare' first, then carry $prep" >&2
+    exit 2
 else
-    export TGDIST_TEST_DEVICE="$device"
-    epochs=1
+    echo "gpu_checks: dry run without $prep/ (this environment's hydra and data; --prepare makes it)" >&2
+    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 fi
-# (a missing PyG fails the PyG comparison below, not the checks before and after it)
+export GPU_CHECKS_DEVICE="$device" OUT="$out" PYTHONUNBUFFERED=1
+if [ "$device" = cuda ]; then
+    budget="${GPU_CHECKS_BUDGET:-$([ "$quick" = 1 ] && echo 170 || echo 460)}"
+    caps=(90 150 120 150 170)   # seconds at most per part 0..4
+    least=30                    # kept back for each later part
+    python3 -c "import torch, sys; torch.cuda.is_available() or sys.exit('gpu_checks: no CUDA device visible')" || exit 1
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee "$out/device.txt" >&2 || true
+else
+    budget="${GPU_CHECKS_BUDGET:-1800}"
+    caps=(400 600 400 300 600)
+    least=60
+    echo "cpu dry run: $(nproc) cores, $(uname -m)" >"$out/device.txt"
+fi
 python3 -c "
-import torch, numba, numpy, hydra
+import datetime, torch, numba, numpy, hydra
 try:
     import torch_geometric as pyg; v = pyg.__version__
 except ImportError:
-    v = 'missing (benchmarks/vs_pyg_tgn.py will fail)'
-print('torch', torch.__version__, 'numba', numba.__version__, 'numpy', numpy.__version__, 'hydra', hydra.__version__, 'pyg', v)" | tee -a "$out/device.txt"
+    v = 'missing'
+print('date', datetime.date.today().isoformat(), 'torch', torch.__version__, 'cuda', torch.version.cuda, 'numba', numba.__version__,
+      'numpy', numpy.__version__, 'hydra', hydra.__version__, 'pyg', v)" 2>&1 | tee -a "$out/device.txt" >&2
 
-status=0
-python3 -m pytest -p no:cacheprovider tests/gpu -m "slow or not slow" -v -rs 2>&1 | tee "$out/gpu_tests.log" || status=1
-python3 benchmarks/vs_pyg_tgn.py --device "$device" --epochs "$epochs" >"$out/vs_pyg_$device.json" \
-    2>"$out/vs_pyg_$device.log" || status=1
-tail -n 3 "$out/vs_pyg_$device.log" >&2
-# issue 26: MSPipe (its stages on their own CUDA streams) against the plain loop, all of Wikipedia
-mseeds="0 1 2"
-[ "$device" = cuda ] || mseeds="0"
-python3 benchmarks/mspipe.py --data wikipedia --models tgn apan --events 0 --epochs "$((epochs < 2 ? 1 : 2))" \
-    --seeds $mseeds --points none K=1 auto --mitigation none --overrides "train.device=$device" \
-    >"$out/mspipe_$device.json" 2>"$out/mspipe_$device.log" || status=1
-tail -n 8 "$out/mspipe_$device.log" >&2
+helper=(unit_tests two_ranks world_one speed pipelines)
+started=$(date +%s.%N)
+read -r -a todo <<<"$parts"
+for idx in "${!todo[@]}"; do
+    p="${todo[$idx]}"
+    later=$(( ${#todo[@]} - idx - 1 ))
+    spent=$(python3 -c "import time; print(int(time.time() - $started))")
+    allowed=$(( budget - spent - later * least ))
+    [ "$allowed" -gt "${caps[$p]}" ] && allowed="${caps[$p]}"
+    if [ "$allowed" -lt 15 ]; then
+        python3 scripts/gpu_checks/shared.py fail "$p" "part$p" "not run: the budget of $budget s was spent"
+        printf '%s\t0\tskipped\n' "$p" >>"$out/parts.tsv"
+        continue
+    fi
+    echo "gpu_checks: part $p (${helper[$p]}), at most $allowed s" >&2
+    before=$(cat "$out/checks.jsonl" 2>/dev/null | wc -l)
+    t0=$(date +%s.%N)
+    timeout --kill-after=10 "$allowed" python3 "scripts/gpu_checks/${helper[$p]}.py" --seconds "$((allowed - 10))"
+    rc=$?
+    t1=$(date +%s.%N)
+    after=$(cat "$out/checks.jsonl" 2>/dev/null | wc -l)
+    if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+        python3 scripts/gpu_checks/shared.py fail "$p" "part$p" "timed out after $allowed s (its checks after the last line did not finish)"
+    elif [ "$rc" != 0 ] && [ "$before" = "$after" ]; then
+        python3 scripts/gpu_checks/shared.py fail "$p" "part$p" "the helper exited $rc without a line (see $out/stderr.log)"
+    fi
+    printf '%s\t%s\t%s\n' "$p" "$(python3 -c "print(round($t1 - $t0, 1))")" "$rc" >>"$out/parts.tsv"
+done
+
+python3 scripts/gpu_checks/summary.py
+status=$?
 echo "gpu_checks: exit $status; results in $out" >&2
 exit "$status"
