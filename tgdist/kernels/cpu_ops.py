@@ -27,6 +27,10 @@ from tgdist.kernels.graph import torch_threads_kept
 _TWO_OVER_PI = 2.0 / math.pi
 _PI_OVER_2_HI = 1.5707963267341256  # pi/2 in two parts: k * hi is exact for |k| < 2**27
 _PI_OVER_2_LO = 6.077100506506192e-11
+# Beyond this |x|, k * hi is no longer exact, and the reduction below is accurate only where the
+# CPU fuses the multiply-add (numba built for a generic CPU, or one without FMA, was 0.05 off at
+# x ~ 1e15): such phases take libm's reduction instead (rare: gaps of decades in milliseconds).
+_EXACT_PHASE = 2.0 ** 26
 # Taylor coefficients of sin and cos as float32 constants (numba would otherwise widen to float64)
 _ONE = np.float32(1.0)
 _S3, _S5, _S7, _S9 = (np.float32(x) for x in (-1.0 / 6, 1.0 / 120, -1.0 / 5040, 1.0 / 362880))
@@ -42,7 +46,12 @@ def _time_encode_rows(dt, w, b, cos_out, sin_out, lo, hi):
     accurate far beyond), and the quadrant's sin/cos taken from Taylor polynomials on
     [-pi/4, pi/4] (truncation below 2e-9) evaluated in float32: twice the SIMD lanes of float64
     (2.1x faster), within 7e-8 of the exact values (torch's own cos: 4e-8). Written branch-free so
-    LLVM vectorises the loop."""
+    LLVM vectorises the loop; phases beyond ``_EXACT_PHASE`` are then taken again, one by one,
+    with libm's float64 cos and sin, so the result does not depend on the CPU's FMA."""
+    w_max = b_max = 0.0  # a bound on |x| per row: only rows that may pass _EXACT_PHASE take the second loop
+    for c in range(w.shape[0]):
+        w_max = max(w_max, abs(np.float64(w[c])))
+        b_max = max(b_max, abs(np.float64(b[c])))
     for i in range(lo, hi):
         t = np.float64(dt[i])
         for c in range(w.shape[0]):
@@ -62,6 +71,13 @@ def _time_encode_rows(dt, w, b, cos_out, sin_out, lo, hi):
                 cv = -cv
             cos_out[i, c] = cv
             sin_out[i, c] = sv
+        if abs(t) * w_max + b_max < 0.5 * _EXACT_PHASE:  # (margin for the rounding of the bound)
+            continue
+        for c in range(w.shape[0]):
+            x = np.float64(np.float32(t * np.float64(w[c]) + np.float64(b[c])))
+            if abs(x) >= _EXACT_PHASE:
+                cos_out[i, c] = np.float32(np.cos(x))
+                sin_out[i, c] = np.float32(np.sin(x))
 
 
 @njit(parallel=True, cache=True)
