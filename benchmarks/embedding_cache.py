@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 from common import at_least, emit, machine, note, run_main
 
 from tgdist.runtime.build import build_trainer, compose
@@ -75,21 +76,34 @@ def one_run(args, data: str, seed: int, setting: str) -> dict:
     return out
 
 
+def step_times(trainers: dict, batches) -> dict:
+    """Seconds of each training step of every trainer, stepped in lockstep over ``batches``
+    (``(lo, hi)`` pairs); on a GPU the device is synchronised around each step, so a step's time
+    is its own and not the queue of the one before."""
+    times = {name: [] for name in trainers}
+    for tr in trainers.values():
+        tr.model.train()
+    for lo, hi in batches:
+        for name, tr in trainers.items():
+            neg = tr.negatives.train(hi - lo, 1)
+            cuda = torch.device(tr.device).type == "cuda"
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            tr.step(lo, hi, neg, train=True)
+            if cuda:
+                torch.cuda.synchronize()
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
 def paired(args, data: str, settings: list[str]) -> dict:
     """Per-step time of every setting stepped in lockstep (seed 0), over ``--paired-steps`` training
     batches after ``--paired-warmup``."""
     trainers = {s: build_trainer(compose(base_overrides(args, data, 0) + setting_overrides(s)), progress=False)
                 for s in settings}
     batches = list(next(iter(trainers.values())).batches("train"))[: args.paired_warmup + args.paired_steps]
-    times = {s: [] for s in settings}
-    for tr in trainers.values():
-        tr.model.train()
-    for s, e in batches:
-        for name, tr in trainers.items():
-            neg = tr.negatives.train(e - s, 1)
-            t0 = time.perf_counter()
-            tr.step(s, e, neg, train=True)
-            times[name].append(time.perf_counter() - t0)
+    times = step_times(trainers, batches)
     base = np.array(times[settings[0]][args.paired_warmup:])
     out = {"steps": len(base), "warmup": args.paired_warmup, "relative_to": settings[0]}
     for name in settings:

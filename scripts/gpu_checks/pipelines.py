@@ -133,10 +133,9 @@ def freshgnn() -> None:
     import argparse
 
     import numpy as np
-    import torch
 
     sys.path.insert(0, str(REPO / "benchmarks"))
-    from embedding_cache import base_overrides, setting_overrides
+    from embedding_cache import base_overrides, setting_overrides, step_times
 
     from tgdist.runtime.build import build_trainer, compose
 
@@ -151,19 +150,7 @@ def freshgnn() -> None:
                                       progress=False) for st in CACHE_SETTINGS}
         first = next(iter(trainers.values()))
         batches = list(first.batches("train"))[: s["cache_warmup"] + s["cache_steps"]]
-        times = {st: [] for st in CACHE_SETTINGS}
-        for tr in trainers.values():
-            tr.model.train()
-        for lo, hi in batches:
-            for name, tr in trainers.items():
-                neg = tr.negatives.train(hi - lo, 1)
-                if on_cuda():
-                    torch.cuda.synchronize()
-                t = time.perf_counter()
-                tr.step(lo, hi, neg, train=True)
-                if on_cuda():
-                    torch.cuda.synchronize()
-                times[name].append(time.perf_counter() - t)
+        times = step_times(trainers, batches)  # (the device synchronised around each step)
         w = s["cache_warmup"]
         off = np.array(times["off"][w:])
         cached = np.array(times[CACHE_SETTINGS[1]][w:])

@@ -31,12 +31,28 @@ from omegaconf import DictConfig
 
 from tgdist.distributed import collectives
 from tgdist.distributed.schedule import Layout
+from tgdist.errors import ConfigError
 from tgdist.memory.store import MemoryRead
 from tgdist.runtime.trainer import GradientHooks, StepHooks, Trainer
 
 log = logging.getLogger(__name__)
 
 __all__ = ["GradientHooks", "GradientSync", "Pipeline", "PipelineContext", "Prefetcher", "StepHooks"]
+
+
+def count_or_auto(value, key: str, least: int, what: str) -> int | None:
+    """A ``pipeline.*`` setting that is a count of at least ``least`` or ``auto`` (None); another
+    value is a ``ConfigError`` naming ``key`` and ``what`` a count means."""
+    text = str(value).strip().lower()
+    if text == "auto":
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        n = least - 1
+    if n < least:
+        raise ConfigError(f"{key}={value}: give {what} or auto")
+    return n
 
 
 @dataclass

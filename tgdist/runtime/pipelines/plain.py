@@ -29,7 +29,7 @@ import numpy as np
 
 from tgdist.distributed import collectives
 from tgdist.errors import ConfigError
-from tgdist.runtime.pipelines.base import Pipeline, PipelineContext, StepHooks
+from tgdist.runtime.pipelines.base import Pipeline, PipelineContext, StepHooks, count_or_auto
 from tgdist.runtime.pipelines.registry import register
 from tgdist.runtime.trainer import SIDE_STREAMS, micro_bounds
 
@@ -38,17 +38,8 @@ log = logging.getLogger(__name__)
 
 def micro_batches(pipe) -> int | None:
     """``pipeline.micro_batches`` as a count, or None for ``auto``; a bad value is a ConfigError."""
-    text = str(pipe.micro_batches).strip().lower()
-    if text == "auto":
-        return None
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise ConfigError(f"pipeline.micro_batches={pipe.micro_batches}: give a number of micro-batches per batch "
-                          f"(1: none) or auto")
-    return n
+    return count_or_auto(pipe.micro_batches, "pipeline.micro_batches", 1,
+                         "a number of micro-batches per batch (1: none)")
 
 
 class PlainHooks(StepHooks):
