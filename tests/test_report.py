@@ -133,7 +133,7 @@ def test_a_sweep_record_names_the_points_that_left_no_directory(tmp_path):
     make_run(sweep / "0", (1, 1, 1), ["model=tgn"])
     (sweep / "sweep.json").write_text(json.dumps({"points": [
         {"num": n, "swept": f"parallel.i={i} model={m}", "layout": [i, 1, 1],
-         "overrides": [f"parallel.i={i}", f"parallel.k=1", f"model={m}", f"run_dir={sweep}/{n}"]}
+         "overrides": [f"parallel.i={i}", "parallel.k=1", f"model={m}", f"run_dir={sweep}/{n}"]}
         for n, (i, m) in enumerate([(1, "tgn"), (2, "jodie")])]}))
     assert cli_main(["report", str(sweep)]) == 0
     text = (sweep / "report.md").read_text()

@@ -190,6 +190,28 @@ def test_single_process_groups_and_collectives():
         W.ProcessGroups.current()
 
 
+@pytest.mark.parametrize("gpus, per_machine, want", [(0, 1, "gloo"), (0, 4, "gloo"), (1, 1, "nccl"),
+                                                     (1, 2, "gloo"), (4, 4, "nccl"), (2, 4, "gloo")])
+def test_auto_backend_takes_nccl_only_where_each_process_has_a_gpu(monkeypatch, gpus, per_machine, want):
+    """NCCL refuses two ranks on one GPU: ``auto`` takes gloo where a machine's processes outnumber
+    its GPUs (and on a machine with none); a named backend is taken as named."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    world = W.WorldInfo(rank=0, world_size=per_machine, local_world_size=per_machine)
+    assert W.ProcessGroups.resolve_backend("auto", world) == want
+    assert W.ProcessGroups.resolve_backend("nccl", world) == "nccl"
+    with pytest.raises(ConfigError, match="parallel.comm_backend=ucc: choose one of auto, gloo, nccl, mpi"):
+        W.ProcessGroups.resolve_backend("ucc", world)
+
+
+def test_comm_backend_is_a_typed_setting():
+    from tgdist.runtime.build import compose
+
+    assert compose(["parallel.comm_backend=gloo"]).parallel.comm_backend == "gloo"
+    with pytest.raises(Exception, match="comm_backend"):
+        compose(["parallel.comm_backend=ucc"])
+
+
 def test_process_groups_check_world_first():
     with pytest.raises(ConfigError, match="= 2 but the world has 1 process"):
         W.ProcessGroups.init(W.WorldInfo(), Layout(1, 2, 1))

@@ -145,6 +145,7 @@ MemoryBackend = _choice("MemoryBackend", "auto local depcache daemon depcomm sve
 Mitigation = _choice("Mitigation", "none similarity")  # pipeline.mitigation: MSPipe-S or none
 # memory.remote_dispatch: what depcomm's owners send each requester (tgdist.memory.depcomm)
 RemoteDispatch = _choice("RemoteDispatch", "occurrences distinct")
+CommBackend = _choice("CommBackend", "auto gloo nccl mpi")  # parallel.comm_backend: torch.distributed's backend
 PartitionMethod = _choice("PartitionMethod", "range interval reflexbicut greedy")  # tgdist.partition.methods.METHODS
 PartitionWeights = _choice("PartitionWeights", "dedup raw")  # partition.weights: tgdist.partition.access.WEIGHTS
 
@@ -307,6 +308,9 @@ class ParallelConfig:
     # simulated interconnect: every collective sleeps latency + bytes / bandwidth (a model, not a
     # measurement): none | eth10 | ib100 | nvlink | BANDWIDTH:LATENCY such as 25gbps:5us or 300GB/s:2us
     link: str = "none"
+    # torch.distributed's backend: auto (nccl where every process of a machine has a GPU of its own,
+    # gloo otherwise: NCCL refuses two ranks on one GPU) | gloo | nccl | mpi
+    comm_backend: CommBackend = CommBackend.auto
 
 
 @dataclass

@@ -507,19 +507,30 @@ class ProcessGroups:
         self.leaked: list[str] = []  # groups still referenced after destroy (see there)
 
     @staticmethod
-    def resolve_backend(backend: str = "auto") -> str:
-        """``auto``: nccl when CUDA is available, gloo otherwise."""
+    def resolve_backend(backend: str = "auto", world: WorldInfo | None = None) -> str:
+        """``auto``: nccl when CUDA is available and each process of a machine (``world``) can have
+        a GPU of its own, gloo otherwise: NCCL refuses two ranks on one GPU ("Duplicate GPU
+        detected"), while gloo lets them share it (collectives then pass through the CPU)."""
+        backend = str(getattr(backend, "value", backend))
         if backend == "auto":
             import torch
 
-            return "nccl" if torch.cuda.is_available() else "gloo"
+            if not torch.cuda.is_available():
+                return "gloo"
+            per_machine = world.local_world_size if world is not None else 1
+            if per_machine > torch.cuda.device_count():
+                log.warning("%d processes on this machine share %d GPU(s): NCCL refuses that, so the process groups "
+                            "use gloo (parallel.comm_backend=auto)", per_machine, torch.cuda.device_count())
+                return "gloo"
+            return "nccl"
         if backend not in ("gloo", "nccl", "mpi"):
-            raise ConfigError(f"process group backend {backend!r} is not one of auto, gloo, nccl, mpi")
+            raise ConfigError(f"parallel.comm_backend={backend}: choose one of auto, gloo, nccl, mpi")
         return backend
 
     @classmethod
     def init(cls, world: WorldInfo, layout: Layout, backend: str = "auto",
-             timeout: timedelta | float = timedelta(minutes=10), agree: dict | None = None) -> "ProcessGroups":
+             timeout: timedelta | float = timedelta(minutes=10), agree: dict | None = None,
+             device: str | None = None) -> "ProcessGroups":
         """Initialise torch.distributed for ``world`` and create the named groups. ``agree``: what
         every rank must hold alike (the run's config), compared once the world group exists and
         before the named groups, which ranks of other layouts would make differently and hang on;
@@ -529,6 +540,8 @@ class ProcessGroups:
         SLURM / MPI: ``tcp://master_addr:master_port`` with rank 0 hosting the store.
         With one process nothing is initialised, every group is the world of one (``get`` returns
         None) and the collective helpers of ``tgdist.distributed.collectives`` return their input.
+        ``device``: the run's compute device; a CUDA one (or NCCL) makes the local rank's GPU
+        (``local_rank % device_count``) the current device, also under gloo.
         """
         import torch
         import torch.distributed as dist
@@ -538,8 +551,8 @@ class ProcessGroups:
         _check_world_size(layout, world)
         if not isinstance(timeout, timedelta):
             timeout = timedelta(seconds=float(timeout))
-        backend = cls.resolve_backend(backend)
-        if backend == "nccl":
+        backend = cls.resolve_backend(backend, world)
+        if backend == "nccl" or (device is not None and str(device).startswith("cuda") and torch.cuda.is_available()):
             torch.cuda.set_device(world.local_rank % max(1, torch.cuda.device_count()))
         members = {"world": list(range(world.world_size))}
         groups: dict = {}

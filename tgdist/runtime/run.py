@@ -96,8 +96,9 @@ class Run:
         self._own_groups = groups is None
         if self._own_groups and self.alone:
             ProcessGroups.release_single()  # an earlier Run of this process never trained (or closed)
-        self.groups = groups or ProcessGroups.init(self.world, self.layout,
-                                                   agree=None if self.alone else shared_settings(cfg))
+        self.groups = groups or ProcessGroups.init(self.world, self.layout, backend=cfg.parallel.comm_backend,
+                                                   agree=None if self.alone else shared_settings(cfg),
+                                                   device=cfg.train.device)
         collectives.set_link(cfg.parallel.link)  # every collective from here on pays the simulated link
         try:
             self._set_up(run_dir, trainer)
@@ -572,8 +573,8 @@ class Run:
         self.pipeline.settle()
         tr, d = self.trainer, self.ckpt_dir / f"it{iteration:08d}"
         world_group = self.groups.get("world")
-        checkpoint.atomic_save({"torch_rng": torch.get_rng_state(), "losses": self.losses, **self.pipeline.state()},
-                               d / f"rank-{self.rank}.pt")
+        checkpoint.atomic_save({"torch_rng": torch.get_rng_state(), **_cuda_rng(tr.device), "losses": self.losses,
+                                **self.pipeline.state()}, d / f"rank-{self.rank}.pt")
         pending = self.pipeline.grads.pending()  # asynchronous all-reduce: the averaged gradient not yet applied
         name, writes = tr.memory.checkpoint_part(self.ii, self.jj, self.kk)
         if writes:
@@ -625,6 +626,12 @@ class Run:
             collectives.barrier(self.groups.get("memory"), name="checkpoint")
         mine = checkpoint.read_part(d / f"rank-{self.rank}.pt")
         torch.set_rng_state(mine["torch_rng"])
+        if torch.device(tr.device).type == "cuda":  # dropout on a GPU draws from the device's generator
+            if "cuda_rng" in mine:
+                torch.cuda.set_rng_state(mine["cuda_rng"], tr.device)
+            else:
+                log.warning("%s was saved by a run on the CPU: the GPU's dropout draws differ from an uninterrupted "
+                            "run's from here on", path)
         self.losses, self._passes = [], {}
         for g, loss_sum, events in mine["losses"]:
             self._add_loss(int(g), float(loss_sum), int(events))
@@ -660,3 +667,11 @@ class _Stop(Exception):
     def __init__(self, done: int):
         super().__init__(done)
         self.done = done
+
+
+def _cuda_rng(device) -> dict:
+    """``{"cuda_rng": state}`` of the CUDA generator of ``device`` (dropout on a GPU draws from it,
+    not from the CPU's), or nothing for a CPU run."""
+    if torch.device(device).type != "cuda":
+        return {}
+    return {"cuda_rng": torch.cuda.get_rng_state(device)}
