@@ -12,11 +12,13 @@
 # Parts (helpers in scripts/gpu_checks/, each check ONE JSON line on stdout and in $OUT/checks.jsonl:
 # check, part, device, status pass|fail, figures, seconds; then a summary table, $OUT/summary.txt):
 #   0  tests/gpu under pytest (a step against the CPU's torch formulation, every model, resume)
-#   1  two ranks sharing the GPU (torchrun --nproc-per-node 2, CUDA compute, gloo communication):
+#   1  two ranks sharing the GPU (torchrun --nproc-per-node 2, CUDA compute, gloo communication as
+#      parallel.comm_backend=auto resolves it):
 #      depcache, depcomm, sven, daemon, sven with pipeline=sven, MSPipe with depcache, each at
 #      2x1x1 against the same run on the CPU (tolerances: TOL in scripts/gpu_checks/shared.py)
-#   2  a world of one under torchrun (NCCL): an NCCL smoke, every backend, every pipeline, and
-#      checkpoint + resume equal to the uninterrupted run
+#   2  a world of one under torchrun (NCCL): an NCCL smoke, every backend, every pipeline, every
+#      backend again deterministic (local memory's scores exactly), and checkpoint + resume equal
+#      to the uninterrupted run
 #   3  one epoch of TGN, JODIE and APAN on all of Wikipedia with test AP, and PyG's TGN, against
 #      the anchors (TGLite ~6.7 s per TGN epoch on an A100, TGL ~23 s; goal <= 3 s on an H100)
 #   4  Sven's pipelining ladder and MSPipe against the plain loop under the simulated link, MSPipe

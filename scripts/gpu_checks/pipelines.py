@@ -103,7 +103,8 @@ def mspipe_single() -> None:
     from ranks import one_run
 
     s = sizes()
-    base = ["data=wikipedia", f"data.max_events={s['mspipe_events']}", f"train.batch_size={s['speed_batch']}",
+    base = ["data=wikipedia", f"data.max_events={s['mspipe_events'] or 'null'}",  # 0: all of it
+            f"train.batch_size={s['speed_batch']}",
             "train.epochs=1", "train.num_neg_eval=1", "train.progress=false", f"train.device={device()}",
             "pipeline.prefetch=2", *threads_overrides(s["threads"])]
     t0 = time.perf_counter()

@@ -27,13 +27,17 @@ def headline(line: dict) -> str:
     if c == "gpu_tests":
         return f"{f.get('passed')} passed, {f.get('failed')} failed, {f.get('skipped')} skipped"
     if c.startswith("two_ranks:"):
-        return (f"loss rel {_g(f.get('loss_max_rel_diff'))}, memory {_g(f.get('memory_max_abs_diff'))}, "
+        per = [max(x) for x in zip(*f["memory_max_abs_diff_per_iteration"])] if f.get("memory_max_abs_diff_per_iteration") else []
+        return (f"loss rel {_g(f.get('loss_max_rel_diff'))}, memory by iteration {'/'.join(_g(x) for x in per) or '-'}, "
                 f"metrics {_g(f.get('worst_metric_gap'))}")
     if c == "nccl_smoke":
         return f"{f.get('backend')}: {len(f.get('ops') or [])} ops"
     if c.startswith("world_one:"):
         gap = f.get("worst_metric_gap")
         return f"{f.get('comm_backend')}, test AP {_g(f.get('test_ap'))}" + (f", gap {_g(gap)}" if gap is not None else "")
+    if c.startswith("exact:"):
+        return (f"deterministic, test AP {_g((f.get('scores') or {}).get('test_ap'))}"
+                + ("" if c == "exact:local" else ", scores equal to local memory's"))
     if c.startswith("resume:"):
         return f"stopped at {f.get('stop_after_batches')}, resumed scores {'equal' if line['status'] == 'pass' else 'differ'}"
     if c == "speed:pyg_tgn":

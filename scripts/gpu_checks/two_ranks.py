@@ -1,5 +1,6 @@
 """Part 1: two ranks sharing the device (torchrun --nproc-per-node 2, train.device=DEVICE on both,
-gloo for communication), each memory backend and pipeline at 2 x 1 x 1 against the same run on
+gloo for communication: ``parallel.comm_backend=auto`` picks it where the ranks outnumber the GPUs),
+each memory backend and pipeline at 2 x 1 x 1 against the same run on
 the CPU, in the same ranks: losses of the first iterations per step, the node memory after them,
 and the final metrics (tolerances: ``shared.TOL``).
 
@@ -49,11 +50,18 @@ def base() -> list[str]:
             "memory.timeout=120", *COMPARABLE, *s["dims"], *threads_overrides(s["threads"])]
 
 
+def _gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
 def main() -> int:
     seconds = deadline_arg(sys.argv)
     dev = device()
     only = [a for a in sys.argv[1:] if not a.startswith("--") and not a.replace(".", "").isdigit()]
-    specs = [{"name": n, "overrides": o, "devices": ["cpu", dev]} for n, o in SPECS if not only or n in only]
+    specs = [{"name": n, "overrides": o, "devices": ["cpu", dev]} for n, o in SPECS
+             if not only or n in only]
     say(f"part 1: {len(specs)} runs at 2x1x1 on {dev} against the CPU ({sizes()['events']} events)")
     t0 = time.perf_counter()
     got = launch(specs, base(), 2, seconds, out_dir() / "part1_two_ranks.log")
@@ -74,6 +82,8 @@ def main() -> int:
             figures["loss_max_rel_diff"] = worst([c["loss_max_rel_diff"] for c in comps])
             figures["losses_compared_per_rank"] = [c["loss_pairs"] for c in comps]
             figures["memory_max_abs_diff"] = worst([c["memory_max_abs_diff"] for c in comps])
+            figures["memory_max_abs_diff_per_iteration"] = [c["memory_max_abs_diff_per_iteration"] for c in comps]
+            figures["memory_first_beyond"] = [c["memory_first_beyond"] for c in comps]
             figures["communication_equal"] = all(c["communication_equal"] for c in comps)
             c0 = comps[0] if "metrics_dev_ref" in comps[0] else comps[1]
             figures["metrics_dev_cpu"] = c0.get("metrics_dev_ref")
@@ -85,6 +95,8 @@ def main() -> int:
                 figures["micro_batches_cpu_dev"] = [(ranks[0]["runs"][role]["summary"].get("pipeline") or {})
                                                     .get("micro_batches") for role in ("ref", "dev")]
             figures["seconds_cpu_dev"] = [ranks[0]["runs"]["ref"].get("seconds"), run0.get("seconds")]
+            if dev.startswith("cuda") and _gpus() < 2 and run0.get("comm_backend") != "gloo":
+                why.append(f"two ranks on one GPU resolved {run0.get('comm_backend')}, not gloo (parallel.comm_backend=auto)")
             if dev.startswith("cuda") and run0.get("param_devices") != ["cuda"]:
                 why.append(f"the model was on {run0.get('param_devices')}, not cuda")
         elif not why:

@@ -12,6 +12,9 @@ itself: ``ProcessGroups.resolve_backend("auto")`` gives NCCL where CUDA is avail
   micro_batches=2 (gradients accumulate) against the plain loop within ``TOL``; asynchronous
   all-reduce, pipeline=sven and MSPipe (staleness auto, its stages on CUDA streams) change the
   trajectory by design, so they must train to finite metrics in (0, 1] (the gap is reported).
+- ``exact:<backend>``: ``train.deterministic=true`` (no atomic adds on the GPU): every memory
+  backend gives local memory's scores exactly, as on the CPU (the runs above part by float noise
+  that Adam amplifies, ``shared.TOL``).
 - ``resume:<setup>``: ``train.deterministic=true``, 2 epochs: a run stopped mid-epoch 2
   (``train.checkpoint_every``, ``train.stop_after_batches``) then resumed (``train.resume``) gives
   the metrics of the uninterrupted run exactly (every val_*/test_*/loss figure equal).
@@ -242,12 +245,16 @@ def main() -> int:
     specs += [{"name": f"world_one:{b}", "kind": "run", "overrides": [f"memory.backend={b}"], "compare": True}
               for b in BACKENDS]
     specs += [{"name": f"world_one:{n}", "kind": "run", "overrides": o, "compare": c} for n, o, c in PIPELINES]
+    # train.deterministic=true: no atomic adds, so every store must give local memory's scores exactly
+    specs += [{"name": f"exact:{b}", "kind": "exact", "overrides": [f"memory.backend={b}", "train.deterministic=true"]}
+              for b in BACKENDS]
     specs += [{"name": f"resume:{n}", "kind": "resume", "overrides": o} for n, o in RESUMES]
     say(f"part 2: {len(specs)} checks in a world of one on {device()} ({sizes()['events']} events)")
     t0 = time.perf_counter()
     got = launch_all(specs, seconds)
     want_backend = "nccl" if cuda else "gloo"
     ref = (got.get("world_one:local") or {}).get("run")
+    exact_ref = (got.get("exact:local") or {}).get("run")
     failed = 0
     for spec in specs:
         name, r = spec["name"], got[spec["name"]]
@@ -286,6 +293,21 @@ def main() -> int:
                                f"metrics ok: {ok_m}): {figs['metrics_dev_ref']}")
             elif ref is None and name != "world_one:local":
                 why.append("no reference: world_one:local did not run")
+        elif spec["kind"] == "exact" and r.get("run"):
+            run = r["run"]
+            figures.update({"deterministic": True, "comm_backend": run.get("comm_backend"),
+                            "param_devices": run.get("param_devices"), "scores": run["scores"]})
+            if not finite_metrics(run["summary"]):
+                why.append(f"metrics not finite in (0, 1]: {run['summary']}")
+            if name != "exact:local":
+                if exact_ref is None:
+                    why.append("no reference: exact:local did not run")
+                else:
+                    diff = {k: [v, exact_ref["scores"].get(k)] for k, v in run["scores"].items()
+                            if exact_ref["scores"].get(k) != v}
+                    figures["differing_from_local"] = diff
+                    if diff or len(run["scores"]) < 6:
+                        why.append(f"deterministic scores differ from local memory's: {diff}")
         elif spec["kind"] == "resume" and r.get("trio"):
             t = r["trio"]
             full, part, resumed = t["full"], t["part"], t["resumed"]
