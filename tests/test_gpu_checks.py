@@ -20,7 +20,8 @@ EXPECTED = {
     2: {"nccl_smoke", "resume:local", "resume:sven+sven-levels(n=2)", "resume:mspipe(K=1)"}
        | {f"world_one:{n}" for n in ("local", "depcache", "depcomm", "sven", "daemon", "pipeline=prefetch",
                                      "pipeline.micro_batches=2", "pipeline=async_allreduce", "pipeline=sven",
-                                     "sven+pipeline=sven", "pipeline=mspipe(auto)")},
+                                     "sven+pipeline=sven", "pipeline=mspipe(auto)")}
+       | {f"exact:{b}" for b in ("local", "depcache", "depcomm", "sven", "daemon")},
     3: {"speed:tgn", "speed:jodie", "speed:apan", "speed:pyg_tgn"},
     4: {"pipelines:sven_ladder", "pipelines:mspipe_2x1x1", "pipelines:mspipe_1proc", "pipelines:freshgnn_tgat2"},
 }
@@ -32,6 +33,27 @@ def test_a_bad_argument_is_one_line_and_exit_2():
     assert r.stdout == ""
     assert r.stderr.strip().splitlines() == [
         "gpu_checks: unknown argument --bogus (use --prepare, --quick or --parts 0,1,2,3,4)"]
+
+
+def test_all_of_the_data_is_asked_for_as_null(monkeypatch):
+    """The GPU sizes ask for all of Wikipedia as 0, which the dry run's sizes never do: each data
+    size goes through ``events_override``, whose override the config accepts (run 1 on the H200
+    lost a check to ``data.max_events=0``)."""
+    import sys
+
+    from tgdist.runtime.build import compose
+
+    monkeypatch.syspath_prepend(str(REPO / "scripts" / "gpu_checks"))
+    shared = __import__("shared")
+    try:
+        assert shared.events_override(0) == "data.max_events=null"
+        assert compose([shared.events_override(0)]).data.max_events is None
+        assert compose([shared.events_override(1500)]).data.max_events == 1500
+        scripts = "".join((REPO / "scripts" / "gpu_checks" / f).read_text() for f in
+                          ("pipelines.py", "two_ranks.py", "world_one.py", "speed.py"))
+        assert "data.max_events={" not in scripts  # no size formatted in by hand
+    finally:
+        sys.modules.pop("shared", None)
 
 
 @pytest.mark.slow

@@ -33,6 +33,7 @@ from shared import (
     deadline_arg,
     device,
     emit,
+    events_override,
     guarded,
     on_cuda,
     out_dir,
@@ -56,7 +57,7 @@ def good(x) -> bool:
 
 def ladder(seconds: float) -> None:
     s = sizes()
-    base = ["data=wikipedia", f"data.max_events={s['pipe_events']}", "parallel.i=2", "parallel.j=1", "parallel.k=1",
+    base = ["data=wikipedia", events_override(s["pipe_events"]), "parallel.i=2", "parallel.j=1", "parallel.k=1",
             f"train.batch_size={s['pipe_global_batch'] // 2}", "train.epochs=1", "train.num_neg_eval=1",
             "train.progress=false", f"parallel.link={s['pipe_link']}", "memory.timeout=120",
             *([] if on_cuda() else s["dims"]), *threads_overrides(s["threads"])]
@@ -103,7 +104,7 @@ def mspipe_single() -> None:
     from ranks import one_run
 
     s = sizes()
-    base = ["data=wikipedia", f"data.max_events={s['mspipe_events'] or 'null'}",  # 0: all of it
+    base = ["data=wikipedia", events_override(s["mspipe_events"]),
             f"train.batch_size={s['speed_batch']}",
             "train.epochs=1", "train.num_neg_eval=1", "train.progress=false", f"train.device={device()}",
             "pipeline.prefetch=2", *threads_overrides(s["threads"])]

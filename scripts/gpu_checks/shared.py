@@ -101,6 +101,12 @@ def sizes() -> dict:
     return base
 
 
+def events_override(n: int) -> str:
+    """``data.max_events`` for a size of ``sizes()``: 0 means all of the data (null), which tgdist
+    would refuse as a count (run 1 on the H200 lost a check to ``data.max_events=0``)."""
+    return f"data.max_events={n or 'null'}"
+
+
 def threads_overrides(n: int) -> list[str]:
     return [f"train.num_threads={n}", f"sampler.num_threads={n}"]
 

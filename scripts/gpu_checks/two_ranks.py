@@ -21,6 +21,7 @@ from shared import (
     deadline_arg,
     device,
     emit,
+    events_override,
     guarded,
     out_dir,
     say,
@@ -45,7 +46,7 @@ SPECS = [
 
 def base() -> list[str]:
     s = sizes()
-    return ["data=wikipedia", f"data.max_events={s['events']}", "parallel.i=2", "parallel.j=1", "parallel.k=1",
+    return ["data=wikipedia", events_override(s["events"]), "parallel.i=2", "parallel.j=1", "parallel.k=1",
             f"train.batch_size={s['batch']}", "train.epochs=1", f"train.num_neg_eval={s['num_neg_eval']}",
             "memory.timeout=120", *COMPARABLE, *s["dims"], *threads_overrides(s["threads"])]
 

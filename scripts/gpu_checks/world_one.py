@@ -41,6 +41,7 @@ from shared import (
     deadline_arg,
     device,
     emit,
+    events_override,
     error_lines,
     finite_metrics,
     guarded,
@@ -73,7 +74,7 @@ RESUMES = [
 
 def base() -> list[str]:
     s = sizes()
-    return ["data=wikipedia", f"data.max_events={s['events']}", f"train.batch_size={s['batch']}", "train.epochs=1",
+    return ["data=wikipedia", events_override(s["events"]), f"train.batch_size={s['batch']}", "train.epochs=1",
             f"train.num_neg_eval={s['num_neg_eval']}", "memory.timeout=120", *COMPARABLE, *s["dims"],
             *threads_overrides(s["threads"]), f"train.device={device()}"]
 

@@ -953,3 +953,29 @@ def test_class_targets():
         class_targets(np.array([[0, 2]]), "d")
     with pytest.raises(DataError, match=f"^d: the label column has {MAX_CLASSES + 1:,} distinct values"):
         class_targets(np.arange(MAX_CLASSES + 1), "d")
+
+
+def test_a_checkpoint_keeps_the_gpu_generator_and_resume_restores_it(tmp_path, monkeypatch):
+    """Dropout on a GPU draws from the device's generator, not the CPU's: a checkpoint of a run on
+    CUDA keeps that generator's state and a resume restores it (without it a run resumed on an H200
+    drew other dropout masks than the uninterrupted run). A device shim: the run trains on the CPU,
+    then says its device is CUDA, whose generator is a stand-in."""
+    import tgdist.runtime.run as R
+
+    gen = {"cuda": torch.tensor([7, 7], dtype=torch.uint8)}
+    monkeypatch.setattr(R.torch.cuda, "get_rng_state", lambda device="cuda": gen[str(device)].clone())
+    monkeypatch.setattr(R.torch.cuda, "set_rng_state", lambda s, device="cuda": gen.update({str(device): s.clone()}))
+    r = Run(compose(SMALL + ["train.epochs=1", f"run_dir={tmp_path}"]), tmp_path)  # set up, not trained
+    try:
+        r.save(5)  # on the CPU: no GPU state
+        assert "cuda_rng" not in checkpoint.read_part(r.ckpt_dir / "it00000005" / "rank-0.pt")
+        r.trainer.device = "cuda"
+        r.save(6)
+        state = checkpoint.read(r.ckpt_path)
+        assert torch.equal(checkpoint.read_part(r.ckpt_dir / state["dir"] / "rank-0.pt")["cuda_rng"],
+                           torch.tensor([7, 7], dtype=torch.uint8))
+        gen["cuda"] = torch.tensor([1, 2], dtype=torch.uint8)  # the generator moves on
+        r.load(r.ckpt_path, state)
+        assert gen["cuda"].tolist() == [7, 7]
+    finally:
+        r.close()
