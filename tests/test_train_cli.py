@@ -48,7 +48,7 @@ def test_config_typos_fail_with_one_line(tmp_path):
         "\"data.columns='src,dst,t'\", or add --multirun to sweep over it")
 
 
-@pytest.mark.parametrize("bad, options", [("memory.backend=shm", "auto, local, depcache, daemon, depcomm, sven"),
+@pytest.mark.parametrize("bad, options", [("memory.backend=shm", "auto, daemon, depcache, depcomm, local, sven"),
                                           ("model.name=gat", "tgn, jodie, apan")])
 def test_an_unknown_option_of_a_key_is_one_line_naming_the_options(tmp_path, bad, options):
     r = tgdist("train", bad, cwd=tmp_path)
@@ -303,17 +303,33 @@ def test_ctrl_c_after_the_run_finished_says_so(tmp_path, monkeypatch, capsys):
     from tgdist.cli import train
 
     def finished_then_interrupted():
-        train._finished.append(str(tmp_path / "r"))
+        train._launch.finished.append(str(tmp_path / "r"))
         raise KeyboardInterrupt
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(train, "_hydra_main", finished_then_interrupted)
-    monkeypatch.setattr(train, "_finished", [])
     monkeypatch.setattr(sys, "argv", ["tgdist train", *QUICK, f"run_dir={tmp_path / 'r'}"])
     with pytest.raises(SystemExit) as exit_:
         train.main()
     assert exit_.value.code == 130
     assert capsys.readouterr().err == f"tgdist train: interrupted after its run finished (its results are in {tmp_path / 'r'})\n"
+
+
+def test_a_run_checks_its_settings_once(tmp_path, monkeypatch, capsys):
+    """The command line checks the config before Hydra composes its own copy, and the run and its
+    trainer are built from that copy: the settings are checked once (without the memo, twice)."""
+    from tgdist.cli import train
+    from tgdist.runtime import build
+
+    checked = []
+    inner = build._validate
+    monkeypatch.setattr(build, "_validate", lambda cfg: (checked.append(1), inner(cfg)))
+    monkeypatch.setattr(build, "_VALIDATED", set())
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["tgdist train", *QUICK, "train.seed=12345", f"run_dir={tmp_path / 'r'}"])
+    train.main()
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["run_dir"] == str(tmp_path / "r")
+    assert len(checked) == 1
 
 
 def test_a_refused_resume_leaves_the_run_as_it_was(tmp_path):

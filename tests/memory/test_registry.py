@@ -66,3 +66,29 @@ def test_a_store_registered_from_a_test_module_is_built_and_driven(monkeypatch):
     store.read(torch.tensor([0, 4]))
     assert isinstance(store, Counting) and Counting.reads == 1
     assert memory.store_class("counting").placement == "process" and "counting" in memory.names()
+
+
+def test_a_store_registered_from_a_test_module_trains_when_the_config_names_it(tmp_path):
+    """``memory.backend`` takes any registered name: a store registered here (local memory that
+    counts its writes) trains a run named by the config alone, to local memory's metrics."""
+    from tests.runtime.runs import metrics, run
+
+    class Counting(LocalMemory):
+        trainers_own = False  # built by its factory below (local memory's own is the trainer's)
+        writes = 0
+
+        def write_memory(self, ids, mem, mem_ts):
+            Counting.writes += 1
+            return super().write_memory(ids, mem, mem_ts)
+
+    @memory.register("counting", Counting)
+    def _counting(ctx):
+        return Counting(ctx.num_nodes, ctx.mem_dim, ctx.mail_dim, ctx.mailbox_size).to(ctx.device)
+
+    try:
+        toy, _ = run(tmp_path, "toy", ["memory.backend=counting", "train.epochs=1"])
+        local, _ = run(tmp_path, "local", ["memory.backend=local", "train.epochs=1"])
+    finally:
+        memory.STORES.pop("counting")
+    assert toy["memory_backend"] == "counting" and Counting.writes > 0
+    assert metrics(toy) == metrics(local)

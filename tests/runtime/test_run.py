@@ -514,7 +514,7 @@ INVALID = [
                                           "model.static_memory=false leaves out")),
     (["memory.timeout=0"], "memory.timeout=0.0: give a positive, finite number of seconds$"),
     (["memory.max_ids=0"], "memory.max_ids=0: give a positive row count, or null$"),
-    (["memory.backend=nvme"], "^memory.backend=nvme: choose one of auto, local, depcache, daemon, depcomm, sven$"),
+    (["memory.backend=nvme"], "^memory.backend=nvme: choose one of auto, daemon, depcache, depcomm, local, sven$"),
     (["train.lr_scaling=log"], "^train.lr_scaling=log: choose one of linear, sqrt, none$"),
     (["train.device=tpu"], "train.device='tpu': choose auto, cpu, cuda or cuda:N"),
     (["data.time_unit=days"], "^data.time_unit=days: choose one of auto, s, ms, us, ns$"),

@@ -14,6 +14,7 @@ import shutil
 import signal
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import hydra
@@ -27,26 +28,53 @@ from tgdist.errors import TgdistError, first_line, write_failure
 from tgdist.runtime import rundir
 from tgdist.runtime.rundir import remove_empty_dirs
 
-# The run directory of each finished run (a sweep has several): an interrupt after it is said so.
-_finished: list[str] = []
-# Parent directories of the run directory that did not exist before this process (``runs/`` on a
-# first run); removed again, when left empty, with a run directory that holds no result.
-_new_parents: list[Path] = []
-# The sweep directory of a ``--multirun`` checked by ``precheck_sweep`` (None otherwise), its
-# number of jobs and the keys it sweeps (an error in a job names the job by them).
-_sweep_dir: Path | None = None
-_sweep_size, _swept = 0, []
+
+@dataclass
+class _Launch:
+    """What ``main`` learns before Hydra starts, for ``_hydra_main`` and for the way out. Hydra's
+    decorated main takes the config alone, so this one module-level object is how the rest reaches
+    it (the only state Hydra forces to be global here); ``main`` resets it, so a second call in
+    the same process (tests) starts clean."""
+
+    # the run directory of each finished run (a sweep has several): an interrupt after it is said so
+    finished: list[str] = field(default_factory=list)
+    # parents of the run directory that did not exist before this process (``runs/`` on a first
+    # run): removed again, when left empty, with a run directory that holds no result
+    new_parents: list[Path] = field(default_factory=list)
+    # the sweep directory of a checked ``--multirun`` (None otherwise), its number of jobs, the keys
+    # it sweeps (an error in a job names the job by them), and the entries of its existing job
+    # folders before the sweep (a job folder not listed is made by the sweep)
+    sweep_dir: Path | None = None
+    sweep_size: int = 0
+    swept: list = field(default_factory=list)
+    sweep_jobs_before: dict[str, frozenset[str]] = field(default_factory=dict)
+    # the run directory of a run checked before Hydra starts (None for sweeps and other flags), and
+    # whether this process made it (a default name, claimed before Hydra starts)
+    run_dir: Path | None = None
+    claimed: bool = False
+    # ranks but 0 of a parallel run have Hydra write nothing (its run directory is the temp folder,
+    # with no .hydra/ and the log file on the null device; a killed rank leaves nothing behind):
+    # only rank 0 writes the run directory's start-up files, so it alone can take them back
+    elsewhere: bool = False
+    # the open run directory whose lock this process holds until it ends (``_hold_run_dir``)
+    held: list[int] = field(default_factory=list)
+
+    def reset(self) -> None:
+        self.__dict__.update(_Launch().__dict__)
+
+
+_launch = _Launch()
 
 
 def _sweep_job_note() -> str:
     """`` (sweep job #N: KEY=VALUE ...; ...)`` for an error inside a job of a checked sweep."""
-    if _sweep_dir is None:
+    if _launch.sweep_dir is None:
         return ""
     from tgdist.config.overrides import jobs_not_run, swept_values
 
     num = int(HydraConfig.get().job.num)
-    values = swept_values(list(HydraConfig.get().overrides.task), _swept)
-    return f" (sweep job #{num}: {values}{jobs_not_run(num, _sweep_size)})"
+    values = swept_values(list(HydraConfig.get().overrides.task), _launch.swept)
+    return f" (sweep job #{num}: {values}{jobs_not_run(num, _launch.sweep_size)})"
 
 
 def _remove_if_empty_run(run_dir: Path) -> None:
@@ -58,9 +86,10 @@ def _remove_if_empty_run(run_dir: Path) -> None:
     if not rundir.release(run_dir):
         return
     sweep_file = run_dir.parent / "multirun.yaml"  # a sweep whose first job failed: nothing ran
-    if _sweep_dir is not None and run_dir.parent == _sweep_dir and [*_sweep_dir.iterdir()] == [sweep_file]:
+    sweep = _launch.sweep_dir
+    if sweep is not None and run_dir.parent == sweep and [*sweep.iterdir()] == [sweep_file]:
         sweep_file.unlink()
-    remove_empty_dirs(_new_parents)
+    remove_empty_dirs(_launch.new_parents)
 
 
 @hydra.main(version_base=None, config_path=config_dir(), config_name="train")
@@ -70,28 +99,28 @@ def _hydra_main(cfg: DictConfig) -> None:
     from tgdist.kernels.jit import announce_compiles
     from tgdist.runtime.driver import run
 
-    run_dir = Path(HydraConfig.get().runtime.output_dir)  # the temp folder on ranks but 0 (_elsewhere)
+    run_dir = Path(HydraConfig.get().runtime.output_dir)  # the temp folder on ranks but 0 (_launch.elsewhere)
     world = detect()
-    if _sweep_dir is not None and run_dir.parent == _sweep_dir:  # a job of a checked sweep: Hydra made it
-        rundir.claim(run_dir, cfg.train.overwrite, made=run_dir.name not in _sweep_jobs_before,
-                     before=_sweep_jobs_before.get(run_dir.name, frozenset()))
+    if _launch.sweep_dir is not None and run_dir.parent == _launch.sweep_dir:  # a job of a checked sweep: Hydra made it
+        rundir.claim(run_dir, cfg.train.overwrite, made=run_dir.name not in _launch.sweep_jobs_before,
+                     before=_launch.sweep_jobs_before.get(run_dir.name, frozenset()))
     rank = world.rank
     who = f"tgdist train{f' [rank {rank}]' if world.world_size > 1 else ''}"  # every rank of a parallel run
     hold_interrupts_during_compiles(who)  # Ctrl-C inside a numba compile crashes at exit
     if rank == 0:
         announce_compiles(who)  # why the first batches of a fresh install are slow
     _paths_from_the_launch_directory(cfg)
-    if not _elsewhere and (Path(HydraConfig.get().runtime.cwd) / cfg.run_dir).resolve() != run_dir.resolve():
+    if not _launch.elsewhere and (Path(HydraConfig.get().runtime.cwd) / cfg.run_dir).resolve() != run_dir.resolve():
         cfg.run_dir = str(run_dir)  # config.yaml names where the run went: a sweep's job, a config's hydra.run.dir
-    if not _elsewhere and _run_dir is not None and _run_dir.resolve() != run_dir.resolve():
+    if not _launch.elsewhere and _launch.run_dir is not None and _launch.run_dir.resolve() != run_dir.resolve():
         # a config's hydra.run.dir replaced the directory claimed here: give that back, and take
         # Hydra's as found (its start-up files aside), never removing it
-        if rundir.release(_run_dir):
-            remove_empty_dirs(_new_parents)
+        if rundir.release(_launch.run_dir):
+            remove_empty_dirs(_launch.new_parents)
         rundir.claim(run_dir, cfg.train.overwrite, made=False,
                      before=frozenset(p.name for p in run_dir.iterdir()) - {".hydra", "train.log"})
     try:
-        summary = run(cfg, None if _elsewhere else run_dir)  # None: rank 0's, told when the ranks meet
+        summary = run(cfg, None if _launch.elsewhere else run_dir)  # None: rank 0's, told when the ranks meet
     except TgdistError as e:
         _remove_if_empty_run(run_dir)
         print(f"{who}: error: {e}{_sweep_job_note()}", file=sys.stderr)
@@ -116,7 +145,7 @@ def _hydra_main(cfg: DictConfig) -> None:
                 _exit(1, world)
             raise
         _remove_if_empty_run(run_dir)
-        where = (_run_dir or run_dir) if _elsewhere else run_dir  # ranks but 0: rank 0's directory
+        where = (_launch.run_dir or run_dir) if _launch.elsewhere else run_dir  # ranks but 0: rank 0's directory
         ckpt = where / "checkpoints" / "last.pt"
         kept = (f"; {ckpt} holds the last checkpoint, continue with {resume_override(where)}" if ckpt.exists()
                 else "; no checkpoint had been written")
@@ -128,7 +157,7 @@ def _hydra_main(cfg: DictConfig) -> None:
     elif "run_dir" not in summary or Path(summary["run_dir"]).resolve() != run_dir.resolve():  # (a stopped run: none)
         _remove_if_empty_run(run_dir)  # rank 0's run directory holds the results
     # a signal from here on (Hydra's teardown) is not "before the run started"; a stopped run has no run_dir key
-    _finished.append(summary.get("run_dir", str(run_dir)))
+    _launch.finished.append(summary.get("run_dir", str(run_dir)))
 
 
 def resume_override(run_dir: Path) -> str:
@@ -234,6 +263,7 @@ def main() -> None:
     from tgdist.cli import numba_threads_error, standard_streams
 
     standard_streams()  # python -m tgdist.train (torchrun) does not pass through tgdist.cli.main
+    _launch.reset()
     if (why := numba_threads_error()) is not None:
         print(f"tgdist train: error: {why}", file=sys.stderr)
         sys.exit(2)
@@ -246,43 +276,30 @@ def main() -> None:
         try:
             _main()
         finally:
-            while _held:  # the run directory's lock (for callers in one process, such as tests)
-                os.close(_held.pop())
+            while _launch.held:  # the run directory's lock (for callers in one process, such as tests)
+                os.close(_launch.held.pop())
     except TgdistError as e:  # the launcher's environment (MASTER_PORT=abc), a directory that cannot be made
         print(f"tgdist train: error: {e}", file=sys.stderr)
         sys.exit(getattr(e, "exit_code", 2))
     except KeyboardInterrupt as e:
         from tgdist.kernels.interrupts import stopped
 
-        if _run_dir is not None:
-            _remove_if_empty_run(_run_dir)
-            remove_empty_dirs(([_run_dir] if _claimed else []) + _new_parents)  # claimed, Hydra not started in it
-        elif _sweep_dir is not None:
-            remove_empty_dirs([_sweep_dir, *_new_parents])
+        if _launch.run_dir is not None:
+            _remove_if_empty_run(_launch.run_dir)
+            # the directory itself when it was claimed here and Hydra had not started in it
+            remove_empty_dirs(([_launch.run_dir] if _launch.claimed else []) + _launch.new_parents)
+        elif _launch.sweep_dir is not None:
+            remove_empty_dirs([_launch.sweep_dir, *_launch.new_parents])
         rank = os.environ.get("RANK", "0") if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None
         words, code = stopped(e)
-        when = (f"after its run finished (its results are in {_finished[-1]})" if _finished
+        when = (f"after its run finished (its results are in {_launch.finished[-1]})" if _launch.finished
                 else "before the run started")
         print(f"tgdist train{f' [rank {rank}]' if rank is not None else ''}: {words} {when}", file=sys.stderr)
         sys.exit(code)
 
 
-# The run directory of a run checked before Hydra starts (None for sweeps and other flags), and
-# whether this process made it (a default name, claimed before Hydra starts).
-_run_dir: Path | None = None
-_claimed = False
-# Ranks but 0 of a parallel run have Hydra write nothing (its run directory is the temp folder,
-# with no .hydra/ and the log file on the null device; a killed rank leaves nothing behind): only
-# rank 0 writes the run directory's start-up files, so it alone can take them back.
-_elsewhere = False
-# The entries of an existing sweep directory's job folders before the sweep (a job folder not
-# listed is made by the sweep).
-_sweep_jobs_before: dict[str, frozenset[str]] = {}
-
-
 def _main() -> None:
     """Check the overrides (and the run directory) before Hydra starts, then hand over to it."""
-    global _sweep_dir, _sweep_size, _swept, _run_dir, _claimed, _elsewhere
     from tgdist.config.overrides import override_value, quoted
     from tgdist.distributed.world import detect
     from tgdist.runtime.rundir import claim_directory
@@ -304,17 +321,20 @@ def _main() -> None:
         print("tgdist train: error: --multirun inside a parallel job runs the sweep in every rank; sweep with "
               "tgdist launch -- --multirun ... (one launch per job)", file=sys.stderr)
         sys.exit(2)
+    # composed and checked here, before Hydra writes anything into the run directory; @hydra.main
+    # then composes its own copy (Hydra forces the second composition; validate remembers the first)
     args, cfg, sweep = precheck_command("tgdist train", "train", sys.argv[1:], precheck, __file__)
     if sweep is not None:  # every job's settings are valid; Hydra gets the directory checked here
-        _sweep_dir = Path(sweep.dir).absolute()
-        _sweep_size, _swept = len(sweep.jobs), sweep.swept
-        _check_sweep_dir(_sweep_dir, all(str(override_value(job, "train.overwrite")).lower() == "true"
-                                         for job in sweep.jobs))
-        _new_parents[:] = [p for p in (_sweep_dir, *_sweep_dir.parents) if not p.exists()]
+        _launch.sweep_dir = Path(sweep.dir).absolute()
+        _launch.sweep_size, _launch.swept = len(sweep.jobs), sweep.swept
+        _check_sweep_dir(_launch.sweep_dir, all(str(override_value(job, "train.overwrite")).lower() == "true"
+                                                for job in sweep.jobs))
+        _launch.new_parents[:] = [p for p in (_launch.sweep_dir, *_launch.sweep_dir.parents) if not p.exists()]
         if override_value(args.overrides, "hydra.sweep.dir") is None:
-            _sweep_dir = claim_directory(_sweep_dir)  # a sweep started in the same second has its own
-            _new_parents[:] = [_sweep_dir, *(p for p in _new_parents if p in _sweep_dir.parents)]
-            sys.argv.append(f"hydra.sweep.dir={quoted(str(_sweep_dir))}")
+            _launch.sweep_dir = claim_directory(_launch.sweep_dir)  # a sweep started in the same second has its own
+            _launch.new_parents[:] = [_launch.sweep_dir,
+                                      *(p for p in _launch.new_parents if p in _launch.sweep_dir.parents)]
+            sys.argv.append(f"hydra.sweep.dir={quoted(str(_launch.sweep_dir))}")
     elif cfg is not None and not (args.cfg or args.help or args.hydra_help or args.info):  # a run
         given = override_value(args.overrides, "run_dir") is not None
         resumed = _resumed_run_dir(cfg.train.resume)
@@ -322,7 +342,7 @@ def _main() -> None:
             sys.argv.append(f"run_dir={quoted(str(resumed))}")
             cfg.run_dir, given = str(resumed), True
         run_dir = Path(cfg.run_dir).absolute()
-        _new_parents[:] = [p for p in run_dir.parents if not p.exists()]
+        _launch.new_parents[:] = [p for p in run_dir.parents if not p.exists()]
         _check_run_parent(run_dir)
         _check_resume(cfg)
         try:  # every rank: each says it in one line
@@ -332,21 +352,21 @@ def _main() -> None:
             sys.exit(2)
         # a name that holds the time (the default) is resolved once, here: Hydra would resolve it again
         timed = not given or "${" in str(override_value(args.overrides, "run_dir"))
-        _run_dir = run_dir
+        _launch.run_dir = run_dir
         rank = detect().rank
         if rank > 0:  # writes into rank 0's directory, told when the ranks meet: each rank has its own clock
-            _run_dir = None if timed else run_dir  # (known here only to name it when stopped)
-            _elsewhere = True  # Hydra writes nothing: no .hydra/, its log file is the null device
+            _launch.run_dir = None if timed else run_dir  # (known here only to name it when stopped)
+            _launch.elsewhere = True  # Hydra writes nothing: no .hydra/, its log file is the null device
             _set_override("hydra.run.dir", quoted(tempfile.gettempdir()))
             _set_override("hydra.output_subdir", "null")
             _set_override("hydra.job_logging.handlers.file.filename", quoted(os.devnull))
         else:
             if not given:  # the default name: NAME-2 where a run of the same second has NAME
-                _run_dir, _claimed = claim_directory(run_dir), True
+                _launch.run_dir, _launch.claimed = claim_directory(run_dir), True
             if timed:
-                _set_override("run_dir", quoted(str(_run_dir)))
-            rundir.claim(_run_dir, cfg.train.overwrite, made=True if _claimed else None)
-            _hold_run_dir(_run_dir)
+                _set_override("run_dir", quoted(str(_launch.run_dir)))
+            rundir.claim(_launch.run_dir, cfg.train.overwrite, made=True if _launch.claimed else None)
+            _hold_run_dir(_launch.run_dir)
     _hydra_main()
 
 
@@ -367,12 +387,8 @@ def _check_sweep_dir(sweep_dir: Path, overwrite: bool) -> None:
               f"({', '.join(others[:4])}{' ...' if len(others) > 4 else ''}); give a new or empty directory, or "
               f"train.overwrite=true to write into it", file=sys.stderr)
         sys.exit(2)
-    _sweep_jobs_before.update({p.name: frozenset(q.name for q in p.iterdir())
-                               for p in sweep_dir.iterdir() if p.is_dir()})
-
-
-# The open run directory whose lock this process holds until it ends (``_hold_run_dir``).
-_held: list[int] = []
+    _launch.sweep_jobs_before.update({p.name: frozenset(q.name for q in p.iterdir())
+                                      for p in sweep_dir.iterdir() if p.is_dir()})
 
 
 def _hold_run_dir(run_dir: Path) -> None:
@@ -394,7 +410,7 @@ def _hold_run_dir(run_dir: Path) -> None:
     except OSError:
         os.close(fd)
         return
-    _held.append(fd)
+    _launch.held.append(fd)
 
 
 def _resumed_run_dir(resume: str | None) -> Path | None:

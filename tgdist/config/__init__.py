@@ -139,9 +139,6 @@ ModelName = _choice("ModelName", "tgn jodie apan")  # model.name: what tgdist.mo
 Task = _choice("Task", "link node edge")  # train.task
 LrScaling = _choice("LrScaling", "linear sqrt none")  # train.lr_scaling: tgdist.distributed.schedule.LR_SCALING_MODES
 Select = _choice("Select", "best_val last")  # train.select: which epoch a run reports and hands on
-# memory.backend: auto, or a store of the registry (tgdist.memory); a value listed here whose store
-# is not registered composes, and a run refuses it (docs/architecture.md, "Memory stores")
-MemoryBackend = _choice("MemoryBackend", "auto local depcache daemon depcomm sven")
 Mitigation = _choice("Mitigation", "none similarity")  # pipeline.mitigation: MSPipe-S or none
 # memory.remote_dispatch: what depcomm's owners send each requester (tgdist.memory.depcomm)
 RemoteDispatch = _choice("RemoteDispatch", "occurrences distinct")
@@ -318,7 +315,9 @@ class MemoryConfig:
     """Where node memory lives. ``auto``: in the process for one trainer per memory copy
     (i * j = 1), ``depcache`` otherwise."""
 
-    backend: MemoryBackend = MemoryBackend.auto  # auto | local | depcache | daemon | depcomm | sven
+    # auto, or a store registered in tgdist.memory (local, depcache, daemon, depcomm, sven, or one of
+    # yours: tgdist.memory.register), checked before training as pipeline.mode is
+    backend: str = "auto"
     max_ids: Optional[int] = None  # daemon: rows per read slot (null: bounded from batch and fanouts)
     timeout: float = 120.0  # daemon: seconds a trainer waits for it before failing
     num_threads: int = 1  # daemon: torch threads of the daemon process

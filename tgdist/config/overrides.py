@@ -400,7 +400,7 @@ def _hydra_error_line(e: Exception, config_name: str) -> str:
 
 
 def choice_error(text: str, config_name: str) -> str | None:
-    """``memory.backend=foo: choose one of auto, local, ...`` when ``text`` (OmegaConf's report,
+    """``model.name=gat: choose one of tgn, jodie, apan`` when ``text`` (OmegaConf's report,
     with its ``full_key:`` line) refuses the value of a ``Choice`` key of the schema, else None."""
     key = re.search(r"full_key: (\S+)", text)
     options = choice_of(key.group(1), config_name) if key else None
@@ -413,7 +413,7 @@ def choice_error(text: str, config_name: str) -> str | None:
 
 
 def choice_of(key: str, config_name: str) -> type[schema.Choice] | None:
-    """The ``Choice`` type of ``key`` (``memory.backend`` -> ``MemoryBackend``) in the command's
+    """The ``Choice`` type of ``key`` (``model.name`` -> ``ModelName``) in the command's
     schema, or None for a key of another type (or not in the schema)."""
     import dataclasses
     import typing

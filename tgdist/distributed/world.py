@@ -369,7 +369,7 @@ def _check_world_size(layout: Layout, world: WorldInfo) -> None:
 def validate(
     layout: Layout,
     world: WorldInfo,
-    memory_backend: str = "daemon",
+    memory_backend: str = "auto",
     *,
     placement: str = "host_shared",
     num_train_events: int | None = None,
@@ -390,7 +390,8 @@ def validate(
     if kind == "process" and layout.group_size > 1:
         raise ConfigError(
             f"memory.backend={memory_backend} keeps node memory inside one process, but parallel.i x parallel.j "
-            f"= {i} x {j} trainers share each memory copy; use memory.backend=daemon"
+            f"= {i} x {j} trainers share each memory copy; leave memory.backend=auto, which picks a store for a "
+            f"group, or name one that keeps a copy for several trainers"
         )
     if kind == "host_shared":
         if k < world.num_nodes:

@@ -248,7 +248,8 @@ def _check_world(args: argparse.Namespace, cfg, nproc: int) -> None:
         finally:
             quiet.setLevel(level)
         train_end = chronological_split(graph, cfg.data.val_frac, cfg.data.test_frac).train_end
-        validate_world(layout, world, backend, num_train_events=train_end, batch_size=cfg.train.batch_size)
+        validate_world(layout, world, backend, placement=memory.store_class(backend).placement,
+                       num_train_events=train_end, batch_size=cfg.train.batch_size)
 
 
 def _check_flags(overrides: list[str]) -> None:

@@ -57,7 +57,7 @@ class Plan:
         out = [f"parallel.i={self.i}", f"parallel.j={self.j}", f"parallel.k={self.k}",
                f"train.batch_size={self.local_batch}"]
         if self.world_size > 1:  # DistTGL's memory daemon per group; one trainer keeps its memory local
-            out.append("memory.backend=daemon")
+            out.append(f"memory.backend={host_shared_store()}")
         m = self.epochs_multiple_of
         if m > 1:
             from tgdist.config import TrainConfig
@@ -200,3 +200,14 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def host_shared_store() -> str:
+    """The registered store that keeps each copy in its machine's host memory for a group of
+    trainers (the memory daemon, DistTGL 3.2.4): what the plan's copies per machine assume."""
+    from tgdist import memory
+
+    found = [n for n in memory.names() if memory.store_class(n).placement == "host_shared"]
+    if not found:
+        raise ConfigError("no registered memory store keeps its copy in host memory (placement host_shared)")
+    return found[0]

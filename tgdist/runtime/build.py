@@ -13,7 +13,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from tgdist import memory, version_line, wait_policy
-from tgdist.config import MemoryBackend, check_data_source, load_data, model_tag
+from tgdist.config import check_data_source, load_data, model_tag
 from tgdist.config.overrides import checked_compose
 from tgdist.data.graph import (
     TIME_UNITS,
@@ -84,10 +84,30 @@ def validate_pipeline(pipe, parallel=None, backend: str = "auto") -> None:
     strategy.validate(pipe, parallel, backend)
 
 
+# Configs that passed ``validate`` in this process, by content (``run_dir`` aside, which no check
+# reads) and the registries' names: the command line checks its config before Hydra composes its
+# own copy, and the run and its trainer are built from that one, so each setting is checked once.
+_VALIDATED: set[tuple] = set()
+
+
 def validate(cfg: DictConfig) -> None:
-    """Reject invalid settings (and a resume checkpoint that is not there) before any data is read.
-    A value outside a key's options (``model.name``, ``memory.backend``, ...) is refused earlier,
-    when the config is composed (``tgdist.config.Choice``)."""
+    """Reject invalid settings (and a resume checkpoint that is not there) before any data is read,
+    once per config and process (``_VALIDATED``). A value outside a key's fixed options
+    (``model.name``, ...) is refused earlier, when the config is composed (``tgdist.config.Choice``);
+    ``memory.backend`` and ``pipeline.mode`` name registered strategies, checked here."""
+    try:
+        text = OmegaConf.to_yaml({k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "run_dir"})
+        key = (text, tuple(memory.names()), tuple(pipelines.names()))
+    except Exception:  # noqa: BLE001 - an interpolation that resolves only inside Hydra: checked every time
+        key = None
+    if key is not None and key in _VALIDATED:
+        return
+    _validate(cfg)
+    if key is not None:
+        _VALIDATED.add(key)
+
+
+def _validate(cfg: DictConfig) -> None:
     t, m = cfg.train, cfg.model
     if t.tensorboard and (why := tensorboard.missing()) is not None:
         raise ConfigError(why)
@@ -129,10 +149,8 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"memory.timeout={cfg.memory.timeout}: give a positive, finite number of seconds")
     if cfg.memory.max_ids is not None and cfg.memory.max_ids < 1:
         raise ConfigError(f"memory.max_ids={cfg.memory.max_ids}: give a positive row count, or null")
-    built = [b for b in MemoryBackend if b == "auto" or b in memory.names()]
-    if cfg.memory.backend not in built:  # an option of the schema whose store is not registered yet
-        raise ConfigError(f"memory.backend={cfg.memory.backend} is not built yet (planned, docs/architecture.md); "
-                          f"choose one of {', '.join(built)}")
+    if cfg.memory.backend != "auto" and cfg.memory.backend not in memory.names():  # a registered store, or auto
+        raise ConfigError(f"memory.backend={cfg.memory.backend}: choose one of auto, {', '.join(memory.names())}")
     layout = Layout(cfg.parallel.i, cfg.parallel.j, cfg.parallel.k)  # each a positive integer
     store = memory.store_class(memory.resolve(cfg.memory.backend, layout.group_size))
     if store.partitioned:  # epoch parallelism, partition.* settings

@@ -504,10 +504,11 @@ class MSPipe(Pipeline):
             # its stage threads read memory while the main thread runs the run's collectives: a
             # store whose reads are collectives (sven, depcomm) would need them in one order on
             # every rank, and a daemon serves its group's reads and writes strictly in stream order
+            staged = [n for n in memory.names() if memory.store_class(n).staged_reads]
             raise ConfigError(f"pipeline.mode=mspipe runs in one process or on memory in the trainers "
-                              f"(memory.backend=auto, depcache or local): parallel.i*j*k={world} "
+                              f"(memory.backend=auto, {' or '.join(staged)}): parallel.i*j*k={world} "
                               f"({parallel.i}x{parallel.j}x{parallel.k}) with memory.backend={backend} is not "
-                              f"supported with it")  # (names the built stores whose reads may be staged)
+                              f"supported with it")  # (the registered stores whose reads may be staged)
 
     # -- the loop's hooks ---------------------------------------------------------------------------
 
