@@ -322,6 +322,25 @@ def test_bad_pipeline_settings_are_refused_in_one_line(bad, message):
         validate(compose(SMALL + [bad]))
 
 
+@pytest.mark.parametrize("bad, message", [
+    ("pipeline.micro_batches=many", "^pipeline.micro_batches=many: give a number of micro-batches per batch "
+                                    r"\(1: none\) or auto$"),
+    ("pipeline.micro_batches=0", "^pipeline.micro_batches=0: give"),
+    ("pipeline.staleness=soon", r"^pipeline.staleness=soon: give the iterations of writes a read may miss \(0: none\) "
+                                "or auto$"),
+    ("pipeline.staleness=-1", "^pipeline.staleness=-1: give")])
+def test_a_count_or_auto_key_is_checked_when_the_config_is_composed(bad, message):
+    """OmegaConf cannot type "a count or auto" (a Union[int, Enum] refuses the word from YAML);
+    the schema's field carries the rule and composing applies it, before any validation."""
+    from tgdist.config.overrides import checked_compose
+    from tgdist.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        checked_compose([bad])
+    for good in ("pipeline.micro_batches=auto", "pipeline.micro_batches=3", "pipeline.staleness=0", "pipeline=mspipe"):
+        checked_compose([good])
+
+
 def test_ctrl_c_during_a_prefetching_run_leaves_no_thread(tmp_path):
     """Ctrl-C (KeyboardInterrupt in the loop) while the worker samples ahead: the run closes, the
     worker is stopped and joined."""

@@ -127,6 +127,31 @@ class Choice(str, Enum):
         return format(self.value, spec)
 
 
+def count_or_auto(least: int, what: str, default: str):
+    """A key that is a count of at least ``least`` or the word ``auto``. OmegaConf cannot type it
+    (a ``Union[int, Enum]`` refuses the string ``auto`` from YAML and the command line, and
+    ``Union[int, str]`` takes any word), so it is a ``str`` whose field carries the rule, which
+    ``checked_compose`` applies when the config is composed (``parse_count_or_auto``)."""
+    return field(default=default, metadata={"count_or_auto": (least, what)})
+
+
+def parse_count_or_auto(value, key: str, least: int, what: str) -> int | None:
+    """A count-or-auto value as a count, or None for ``auto``; another value is a ``ConfigError``
+    naming ``key`` and what a count means."""
+    from tgdist.errors import ConfigError
+
+    text = str(value).strip().lower()
+    if text == "auto":
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        n = least - 1
+    if n < least:
+        raise ConfigError(f"{key}={value}: give {what} or auto")
+    return n
+
+
 def _choice(name: str, options: str) -> type[Choice]:
     return Choice(name, options, module=__name__, qualname=name)  # importable: configs pickle
 
@@ -348,7 +373,7 @@ class PipelineConfig:
 
     prefetch: int = 0  # batches sampled ahead by a background thread (0: none); bit-identical results
     # micro-batches per batch (Sven 3.3.2): 1 (none), N, or auto (eq. (12) fitted over the first iterations)
-    micro_batches: str = "1"
+    micro_batches: str = count_or_auto(1, "a number of micro-batches per batch (1: none)", "1")
     async_allreduce: bool = False  # gradient all-reduce overlapping the next iteration (staleness 1, eq. (13))
     profile_iterations: int = 6  # micro_batches=auto: iterations measured before n is chosen
     max_micro_batches: int = 8  # micro_batches=auto: the largest n it may choose
@@ -358,7 +383,7 @@ class PipelineConfig:
     mode: str = "plain"
     # mspipe's K: a count (0: the plain loop), or auto (the minimal stall-free bound from stage times
     # measured over profile_iterations iterations, constraints C1-C3)
-    staleness: str = "auto"
+    staleness: str = count_or_auto(0, "the iterations of writes a read may miss (0: none)", "auto")
     max_stale_fraction: float = 0.5  # staleness=auto, C3: at most this share of the nodes read may be stale
     # mspipe: none, or similarity (MSPipe-S, 3.3): a read node whose memory is older than gamma (the
     # mitigation_quantile of the time between a node's events) gets lambda s_v + (1 - lambda) * the

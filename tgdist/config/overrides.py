@@ -307,7 +307,23 @@ def checked_compose(overrides: list[str], config_name: str = "train", return_hyd
     unresolved = _unresolvable(cfg, config_name)
     if unresolved:
         raise ConfigError(unresolved)
+    for key, (least, what) in counts_or_auto(_schema_for(config_name)):  # the keys OmegaConf cannot type
+        schema.parse_count_or_auto(OmegaConf.select(cfg, key), key, least, what)
     return cfg
+
+
+def counts_or_auto(root: type, prefix: str = "") -> list[tuple[str, tuple[int, str]]]:
+    """The count-or-auto keys of a schema dataclass (``config.count_or_auto``) with their rules."""
+    import dataclasses
+
+    found = []
+    for f in dataclasses.fields(root):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if dataclasses.is_dataclass(default):
+            found += counts_or_auto(type(default), f"{prefix}{f.name}.")
+        elif "count_or_auto" in f.metadata:
+            found.append((prefix + f.name, f.metadata["count_or_auto"]))
+    return found
 
 
 def _start_hydra(source: ConfigSource) -> None:

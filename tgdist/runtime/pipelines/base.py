@@ -18,6 +18,7 @@ pipeline does alike lives here:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import threading
@@ -29,9 +30,9 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
+from tgdist.config import PipelineConfig, parse_count_or_auto
 from tgdist.distributed import collectives
 from tgdist.distributed.schedule import Layout
-from tgdist.errors import ConfigError
 from tgdist.memory.store import MemoryRead
 from tgdist.runtime.trainer import GradientHooks, StepHooks, Trainer
 
@@ -40,19 +41,11 @@ log = logging.getLogger(__name__)
 __all__ = ["GradientHooks", "GradientSync", "Pipeline", "PipelineContext", "Prefetcher", "StepHooks"]
 
 
-def count_or_auto(value, key: str, least: int, what: str) -> int | None:
-    """A ``pipeline.*`` setting that is a count of at least ``least`` or ``auto`` (None); another
-    value is a ``ConfigError`` naming ``key`` and ``what`` a count means."""
-    text = str(value).strip().lower()
-    if text == "auto":
-        return None
-    try:
-        n = int(text)
-    except ValueError:
-        n = least - 1
-    if n < least:
-        raise ConfigError(f"{key}={value}: give {what} or auto")
-    return n
+def count_of(pipe, key: str) -> int | None:
+    """``pipeline.KEY``, a count-or-auto key of the schema (``config.count_or_auto``), as a count,
+    or None for ``auto``; a bad value (set after composition) is the ConfigError composing gives."""
+    least, what = next(f for f in dataclasses.fields(PipelineConfig) if f.name == key).metadata["count_or_auto"]
+    return parse_count_or_auto(pipe[key], f"pipeline.{key}", least, what)
 
 
 @dataclass

@@ -47,7 +47,7 @@ from tgdist.distributed import collectives
 from tgdist.errors import ConfigError
 from tgdist.kernels import graph as kernels
 from tgdist.memory.store import MemoryRead
-from tgdist.runtime.pipelines.base import Pipeline, PipelineContext, StepHooks, count_or_auto
+from tgdist.runtime.pipelines.base import Pipeline, PipelineContext, StepHooks, count_of
 from tgdist.runtime.pipelines.plain import micro_batches
 from tgdist.runtime.pipelines.registry import register
 from tgdist.runtime.trainer import STAGES  # MSPipe's stages 1..5, in its order
@@ -427,7 +427,7 @@ def update_gaps(src: np.ndarray, dst: np.ndarray, t: np.ndarray) -> np.ndarray:
 
 def staleness(pipe) -> int | None:
     """``pipeline.staleness`` as a count, or None for ``auto``; a bad value is a ConfigError."""
-    return count_or_auto(pipe.staleness, "pipeline.staleness", 0, "the iterations of writes a read may miss (0: none)")
+    return count_of(pipe, "staleness")
 
 
 class MSPipeHooks(StepHooks):

@@ -29,7 +29,7 @@ import numpy as np
 
 from tgdist.distributed import collectives
 from tgdist.errors import ConfigError
-from tgdist.runtime.pipelines.base import Pipeline, PipelineContext, StepHooks, count_or_auto
+from tgdist.runtime.pipelines.base import Pipeline, PipelineContext, StepHooks, count_of
 from tgdist.runtime.pipelines.registry import register
 from tgdist.runtime.trainer import SIDE_STREAMS, micro_bounds
 
@@ -38,8 +38,7 @@ log = logging.getLogger(__name__)
 
 def micro_batches(pipe) -> int | None:
     """``pipeline.micro_batches`` as a count, or None for ``auto``; a bad value is a ConfigError."""
-    return count_or_auto(pipe.micro_batches, "pipeline.micro_batches", 1,
-                         "a number of micro-batches per batch (1: none)")
+    return count_of(pipe, "micro_batches")
 
 
 class PlainHooks(StepHooks):
