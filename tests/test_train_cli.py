@@ -377,6 +377,22 @@ def test_a_plus_key_that_is_not_in_the_schema_is_a_typo(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("added, line", [
+    ("+epochs=1", "+epochs: not a key of tgdist's config (a leading + adds a key, and the config has every key it "
+                  "reads); did you mean 'train.epochs'?"),
+    ("+foo=1", "+foo: not a key of tgdist's config (a leading + adds a key, and the config has every key it reads)")])
+def test_a_plus_key_at_the_top_that_is_no_config_group_is_a_typo(added, line):
+    """``+epochs=1`` was added silently at the top of the config (no group is called epochs) and the
+    run trained the default 5 epochs; ``+group=option`` of a real group still selects it."""
+    from tgdist.config.overrides import checked_compose, unknown_added_key
+    from tgdist.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        checked_compose([added, *QUICK])
+    assert str(e.value) == line
+    assert unknown_added_key(["+experiment=mine", "+cache=freshgnn", "+hydra/launcher=basic"], "train") is None
+
+
 @pytest.mark.parametrize("bad, message", [("sampler.strategy=recent,random",
                                            "sampler.strategy=random: choose one of recent, uniform"),
                                           ("data.format=auto,bogus", "data.format=bogus: choose one of auto, edgelist"),

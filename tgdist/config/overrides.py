@@ -10,6 +10,7 @@ import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -284,7 +285,8 @@ def checked_compose(overrides: list[str], config_name: str = "train", return_hyd
     from tgdist.errors import ConfigError
 
     overrides = list(overrides or [])
-    added = unknown_added_key(overrides, config_name)
+    source = source or ConfigSource(config_name, config_dir())
+    added = unknown_added_key(overrides, config_name, [r for r in (source.primary, source.extra) if r])
     if added:
         guesses = closest_keys(added, config_name)
         hint = f"; did you mean '{guesses[0]}'?" if guesses else ""
@@ -295,7 +297,6 @@ def checked_compose(overrides: list[str], config_name: str = "train", return_hyd
     if deleted:
         raise ConfigError(f"~{deleted}: tgdist reads every key of its config, so none can be deleted; set a value "
                           f"instead")
-    source = source or ConfigSource(config_name, config_dir())
     GlobalHydra.instance().clear()
     try:
         _start_hydra(source)
@@ -461,18 +462,23 @@ def unreadable_override(e: Exception, config_name: str) -> str:
     return first if override in first else f"cannot read the override {override!r}: {first}"
 
 
-def unknown_added_key(overrides: list[str], config_name: str) -> str | None:
+def unknown_added_key(overrides: list[str], config_name: str, roots: list[str] | None = None) -> str | None:
     """The key of the first ``+key=value`` (or ``++``) override that is not in the schema: Hydra
-    adds it silently, so ``+train.epoch=1`` would train the default epochs without a word. Keys
-    under a free-form (non-group) key and Hydra's own are left alone."""
+    adds it silently, so ``+train.epoch=1`` would train the default epochs without a word, and
+    ``+epochs=1`` too unless ``epochs`` is a config group (a folder of ``roots``, the config
+    directories searched: tgdist's ``configs/`` by default, and a user's). Keys under a free-form
+    (non-group) key and Hydra's own are left alone."""
     keys = set(schema_keys(_schema_for(config_name)))
     groups = {k.rpartition(".")[0] for k in keys}
+    folders = [Path(r) for r in (roots or [config_dir()]) if not str(r).startswith("pkg://")]
     for override in overrides:
         if not override.startswith("+") or "=" not in override:
             continue
         key = override.lstrip("+").partition("=")[0].strip()
-        if "." not in key or key.startswith("hydra.") or key in keys:
-            continue  # +group=option selects a config; hydra.* is Hydra's
+        if key.startswith("hydra.") or key in keys:
+            continue  # hydra.* is Hydra's
+        if "." not in key and (key.startswith("hydra") or any((r / key).is_dir() for r in folders)):
+            continue  # +group=option selects a config of a group
         parts = key.split(".")
         if any(".".join(parts[:i]) in keys and ".".join(parts[:i]) not in groups for i in range(1, len(parts))):
             continue  # inside a key that holds a free-form value
