@@ -919,7 +919,11 @@ def test_bad_paths_and_options(tmp_path, cache_dir):
     path = write(tmp_path / "a.txt", "1 2 3\n")
     bad(cache_dir, "unknown data format 'parquet'", path, format="parquet")
     bad(cache_dir, r"unknown field name\(s\) \['time'\]", path, columns="src,dst,time")
-    bad(cache_dir, "must name src, dst and t", path, columns="src,dst,feat")
+    bad(cache_dir, r"^data.columns='src,dst,feat' names no t \(time\) column: name src, dst and t", path,
+        columns="src,dst,feat")
+    # a good file whose columns name no time: the columns are at fault, not the file's second line
+    bad(cache_dir, r"^data.columns='src,dst' names no t \(time\) column", write(tmp_path / "g.csv", "1,2,3\n2,3,4\n"),
+        columns="src,dst")
     npz = write(tmp_path / "broken.npz", "not a zip")
     bad(cache_dir, loc(npz) + "not a readable tgdist .npz graph", npz)
     np.savez(tmp_path / "plain.npz", src=np.arange(3), times=np.arange(3))

@@ -620,6 +620,11 @@ def _read_edgelist(path: Path, data: bytes, columns: str | None, strict_columns:
     twice = sorted(r for r in ("src", "dst", "t", "label") if spec.count(r) > 1)
     if twice:
         raise DataError(f"data.columns={columns!r} names {' and '.join(twice)} more than once; feat and _ may repeat")
+    missing = [r for r in ("src", "dst", "t") if r not in spec]
+    if columns and missing:  # before the file is read: the file is not at fault
+        names = {"src": "src (source)", "dst": "dst (destination)", "t": "t (time)"}
+        raise DataError(f"data.columns={columns!r} names no {' and no '.join(names[m] for m in missing)} column: name "
+                        f"src, dst and t, e.g. 'src,dst,t'")
     usecols = [i for i, c in enumerate(spec) if c != "_"] if columns else None
     if columns:
         spec = [c for c in spec if c != "_"]
