@@ -893,6 +893,11 @@ def test_bad_tgl_files(tmp_path, cache_dir):
     d.mkdir()
     write(d / "edges.csv", ",a,b,c\n0,1,2,3\n")
     bad(cache_dir, loc(d / "edges.csv", 1) + "TGL edges.csv needs columns", d)
+    d = tmp_path / "narrow"  # a header of 5 names over rows of 3 fields: it was an IndexError traceback
+    d.mkdir()
+    write(d / "edges.csv", ",src,dst,time,ext_roll\n0,1,2\n1,2,3\n")
+    bad(cache_dir, loc(d / "edges.csv", 2) + "the header names 5 columns \\(',src,dst,time,ext_roll'\\) but the rows "
+        "have 3 fields", d)
     d = tmp_path / "roll"
     d.mkdir()
     write(d / "edges.csv", ",src,dst,time,ext_roll\n0,1,2,3,0\n1,1,2,4,7\n")

@@ -852,6 +852,10 @@ def _tgl_columns(path: Path, table, need: tuple, layout: str) -> dict:
     for name in need:
         if name not in col:
             raise DataError(f"{path}:1: TGL {path.name} needs columns {layout}; header is {','.join(header)!r}")
+    width = table.values.shape[1] if table.values.ndim == 2 else 0
+    if len(header) != width and table.values.shape[0]:  # rows of another width than the header names
+        raise DataError(f"{path}:{table.lines[0]}: the header names {len(header)} columns "
+                        f"({','.join(header)!r}) but the rows have {width} fields")
     return col
 
 
