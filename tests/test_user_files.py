@@ -283,8 +283,12 @@ QUOTED_RUN_DIR = "run_dir='runs/\u00f1and\u00fa'"
      "cannot read the override 'tra\u00f1n.epochs=1': 'tra\u00f1n.epochs' is not a key of tgdist's config; did you "
      "mean 'train.epochs'?"),
     (["run_dir=x'\u00f1'", "train.epochs=1=2"], "Error parsing override 'run_dir=x'\u00f1''"),
+    # a path with a space that the shell split: the word after it is no override
+    (["data.path=/tmp/my", "space/file.csv"],
+     "cannot read the override 'space/file.csv': an override is KEY=VALUE; if it is the rest of a value with "
+     "spaces that the shell split, quote the whole override, e.g. \"data.path='/my data/x.csv'\""),
 ], ids=["bad-value", "non-ascii-key-after-double-quoted", "multirun", "typo", "wrong-type", "unquoted",
-        "non-ascii-key-first", "broken-quotes"])
+        "non-ascii-key-first", "broken-quotes", "split-path"])
 def test_the_error_names_the_argument_at_fault(tmp_path, args, line):
     (tmp_path / "keep.txt").write_text("the user's file\n")
     before = tree_misc(tmp_path)

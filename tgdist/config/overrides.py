@@ -458,6 +458,9 @@ def unreadable_override(e: Exception, config_name: str) -> str:
     if eq and "'" not in value and not value.startswith('"') and re.search(r"[=~\s\"()<>;&|]|[^\x00-\x7f]", value):
         return (f"cannot read the override {override!r}: Hydra reads = ~ spaces, quotes and non-ASCII letters in "
                 f"a value only inside quotes: \"{key}='{value}'\"")
+    if not eq and not override.startswith(("+", "~")):  # a word of a value the shell split at a space
+        return (f"cannot read the override {override!r}: an override is KEY=VALUE; if it is the rest of a value "
+                f"with spaces that the shell split, quote the whole override, e.g. \"data.path='/my data/x.csv'\"")
     first = str(e).strip().splitlines()[0].rstrip(".")
     return first if override in first else f"cannot read the override {override!r}: {first}"
 
