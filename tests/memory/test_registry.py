@@ -92,3 +92,18 @@ def test_a_store_registered_from_a_test_module_trains_when_the_config_names_it(t
         memory.STORES.pop("counting")
     assert toy["memory_backend"] == "counting" and Counting.writes > 0
     assert metrics(toy) == metrics(local)
+
+
+def test_a_partitioned_store_with_one_trainer_per_copy_says_it_partitions_nothing(caplog):
+    """``parallel.k=2 memory.backend=sven``: each memory copy has one trainer, so nothing is
+    partitioned; the run says so instead of saying nothing."""
+    from tgdist.runtime.build import compose, validate
+
+    with caplog.at_level("WARNING", logger="tgdist.runtime.build"):
+        validate(compose(["parallel.k=2", "memory.backend=sven", "train.epochs=4", "train.seed=99"]))
+    assert any("memory.backend=sven with one trainer per memory copy" in r.getMessage() and "partitions nothing"
+               in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tgdist.runtime.build"):
+        validate(compose(["parallel.i=2", "memory.backend=sven", "train.seed=99"]))
+    assert not [r for r in caplog.records if "partitions nothing" in r.getMessage()]

@@ -314,6 +314,9 @@ def test_micro_batches_auto_measures_then_chooses_and_reports(tmp_path, caplog):
 
 @pytest.mark.parametrize("bad, message", [("pipeline.micro_batches=0", "pipeline.micro_batches=0"),
                                           ("pipeline.micro_batches=many", "or auto"),
+                                          ("pipeline.micro_batches=101", "^pipeline.micro_batches=101 cuts each "
+                                           "batch of train.batch_size=100 events \\(per trainer\\) into more "
+                                           "micro-batches than it has events: give at most 100$"),
                                           ("pipeline.prefetch=-1", "pipeline.prefetch=-1")])
 def test_bad_pipeline_settings_are_refused_in_one_line(bad, message):
     from tgdist.errors import ConfigError

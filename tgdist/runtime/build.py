@@ -155,6 +155,14 @@ def _validate(cfg: DictConfig) -> None:
     store = memory.store_class(memory.resolve(cfg.memory.backend, layout.group_size))
     if store.partitioned:  # epoch parallelism, partition.* settings
         check_settings(store, cfg.parallel.j, cfg.partition)
+        if layout.group_size == 1 and layout.world_size > 1:
+            log.warning("memory.backend=%s with one trainer per memory copy (parallel.i x parallel.j = 1) partitions "
+                        "nothing: each copy is whole in its trainer, as local memory is; partitioning needs "
+                        "parallel.i x parallel.j > 1", cfg.memory.backend)
+    micro = str(cfg.pipeline.micro_batches).strip()
+    if micro.isdigit() and int(micro) > t.batch_size:
+        raise ConfigError(f"pipeline.micro_batches={micro} cuts each batch of train.batch_size={t.batch_size} events "
+                          f"(per trainer) into more micro-batches than it has events: give at most {t.batch_size}")
     if m.num_layers not in (1, 2):
         raise ConfigError(f"model.num_layers={m.num_layers}: 1 or 2 attention layers are supported")
     if m.name != "tgn" and m.num_layers != 1:
