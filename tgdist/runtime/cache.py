@@ -274,6 +274,31 @@ class EmbeddingCache:
         self.iteration += 1
         self.stats.iterations += 1
 
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps so that a resumed run serves and admits as the uninterrupted one
+        does: the table, the id map, each row's pair, iteration and batch start, the ring head,
+        the iteration count, and the statistics of the epoch so far (tensors: checkpoints are
+        read with ``weights_only``)."""
+        return {"table": self.table.detach().cpu().clone(), "id_map": torch.from_numpy(self.id_map.copy()),
+                "row_key": torch.from_numpy(self.row_key.copy()),
+                "row_iteration": torch.from_numpy(self.row_iteration.copy()),
+                "row_lo": torch.from_numpy(self.row_lo.copy()), "head": self.head, "iteration": self.iteration,
+                "stats": dict(vars(self.stats))}
+
+    def load_state_dict(self, state: dict) -> None:
+        """``state_dict``'s state, of a cache of the same size and dimension over the same events
+        (the run's config and data are checked before this)."""
+        if tuple(state["table"].shape) != tuple(self.table.shape) or state["id_map"].shape[0] != self.id_map.shape[0]:
+            raise ValueError(f"embedding cache state of table {tuple(state['table'].shape)} and {state['id_map'].shape[0]} "
+                             f"pair keys does not fit this cache ({tuple(self.table.shape)}, {self.id_map.shape[0]})")
+        self.table.copy_(state["table"].to(self.device))
+        self.id_map = state["id_map"].numpy().astype(self.id_map.dtype, copy=True)
+        self.row_key = state["row_key"].numpy().copy()
+        self.row_iteration = state["row_iteration"].numpy().copy()
+        self.row_lo = state["row_lo"].numpy().copy()
+        self.head, self.iteration = int(state["head"]), int(state["iteration"])
+        self.stats = CacheStats(**state["stats"])
+
     def take_stats(self) -> dict:
         """The counters since the last call, and a fresh set."""
         out, self.stats = self.stats.as_dict(), CacheStats()
