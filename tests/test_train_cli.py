@@ -831,3 +831,58 @@ def test_a_full_file_system_is_one_line_before_hydra_writes(tmp_path, monkeypatc
     assert stop.value.code == 1 and capsys.readouterr().err == (
         f"tgdist train: error: run_dir={tmp_path / 'r'}: no space left on its file system (12 KiB free)\n")
     assert list(tmp_path.iterdir()) == []
+
+
+def folder_hash(root: Path) -> dict[str, str]:
+    """Every file under ``root`` with the SHA-256 of its bytes."""
+    import hashlib
+
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_a_resume_refused_inside_the_run_leaves_the_folder_byte_identical(tmp_path):
+    """The data file changed under its run: the settings match, so the command line's check lets
+    the resume through and the run refuses it once it has read the data, after Hydra rewrote
+    .hydra/ and config.yaml and appended to train.log. A refusal puts them back."""
+    data = tmp_path / "events.csv"
+    data.write_text("".join(f"{i % 7},{7 + i % 5},{i}\n" for i in range(400)))
+    run = tmp_path / "r"
+    common = [f"data.path={data}", "model.mem_dim=8", "model.time_dim=4", "train.batch_size=50",
+              "train.num_neg_eval=2", "train.progress=false"]
+    assert tgdist("train", *common, "train.epochs=1", f"run_dir={run}", cwd=tmp_path).returncode == 0
+    data.write_text("".join(f"{i % 7},{7 + i % 5},{i}\n" for i in range(401)))  # one event more
+    before = folder_hash(run)
+    r = tgdist("train", *common, "train.epochs=2", f"train.resume={run}", cwd=tmp_path)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "tgdist train: error: " in r.stderr and "data" in r.stderr
+    assert folder_hash(run) == before
+
+
+def test_a_claimed_folder_is_put_back_as_it_was(tmp_path):
+    """``rundir.restore``: the earlier run's files byte for byte, logs cut back to their length,
+    no .hydra/ file or run file the refused run added; nothing once a checkpoint was written."""
+    from tgdist.runtime import rundir
+
+    run = tmp_path / "run"
+    rundir.claim(run)  # an earlier run's folder
+    (run / ".hydra").mkdir()
+    for name, text in (("config.yaml", "lr: 1\n"), (".hydra/config.yaml", "a\n"), ("train.log", "line\n" * 3),
+                       ("metrics.jsonl", '{"epoch": 0}\n')):
+        (run / name).write_text(text)
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints" / "last.pt").write_bytes(b"ckpt")
+    rundir._claims.clear()  # this process's run starts: it claims the earlier run's folder
+    before = folder_hash(run)
+    rundir.claim(run)
+    (run / "config.yaml").write_text("lr: 2\n")
+    (run / ".hydra" / "config.yaml").write_text("b\n")
+    (run / ".hydra" / "overrides.yaml").write_text("- x\n")
+    with open(run / "train.log", "a") as f:
+        f.write("refused\n")
+    (run / "summary.json").write_text("{}")
+    assert rundir.restore(run) and folder_hash(run) == before
+    (run / "config.yaml").write_text("lr: 3\n")
+    (run / "checkpoints" / "last.pt").write_bytes(b"a newer checkpoint")
+    assert not rundir.restore(run) and (run / "config.yaml").read_text() == "lr: 3\n"
+    rundir._claims.clear()

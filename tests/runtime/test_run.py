@@ -979,3 +979,26 @@ def test_a_checkpoint_keeps_the_gpu_generator_and_resume_restores_it(tmp_path, m
         assert gen["cuda"].tolist() == [7, 7]
     finally:
         r.close()
+
+
+def test_a_resume_into_a_store_that_reads_other_files_is_refused_naming_both():
+    """A sven checkpoint (a shard per trainer) resumed with depcache (a copy per group) said one of
+    its valid files was missing; now the check before any process starts names both stores. Stores
+    that keep a whole copy per group read each other's files; a partitioned store's shards hold the
+    nodes its placement settings gave them."""
+    par = ["parallel.i=2", "train.epochs=2"]
+    state = {"memory_backend": "sven", "placement": checkpoint.settings(
+        compose([*par, "memory.backend=sven"]), ("partition",), set())}
+    with pytest.raises(ConfigError) as e:
+        checkpoint.check_store("last.pt", state, compose([*par, "memory.backend=depcache"]))
+    assert str(e.value) == ("last.pt: written with memory.backend=sven, which keeps node memory sharded over the "
+                            "trainers of each memory group, and this run's memory.backend=depcache keeps it a whole "
+                            "copy per memory group; resume with memory.backend=sven")
+    with pytest.raises(ConfigError) as e:
+        checkpoint.check_store("last.pt", state, compose([*par, "memory.backend=sven", "partition.method=range"]))
+    assert str(e.value) == ("last.pt: its memory shards were placed with partition.method=reflexbicut, and this run's "
+                            "is partition.method=range; resume with the placement it was written under")
+    checkpoint.check_store("last.pt", state, compose([*par, "memory.backend=sven"]))
+    checkpoint.check_store("last.pt", {"memory_backend": "depcache", "placement": None},
+                           compose([*par, "memory.backend=daemon"]))  # a whole copy per group, both
+    checkpoint.check_store("last.pt", {}, compose([*par, "memory.backend=depcache"]))  # an older checkpoint

@@ -123,8 +123,11 @@ def _hydra_main(cfg: DictConfig) -> None:
         summary = run(cfg, None if _launch.elsewhere else run_dir)  # None: rank 0's, told when the ranks meet
     except TgdistError as e:
         _remove_if_empty_run(run_dir)
+        code = getattr(e, "exit_code", 2)  # 2: bad input; 1: a process of the run failed
+        if code == 2:  # refused before training (a resume checked inside the ranks): the folder as it was
+            rundir.restore(run_dir)
         print(f"{who}: error: {e}{_sweep_job_note()}", file=sys.stderr)
-        _exit(getattr(e, "exit_code", 2), world)  # 2: bad input; 1: a process of the run failed
+        _exit(code, world)
     except OSError as e:  # a full disk, say: one line, exit 1 (the input was not at fault)
         if write_failure(e) is None:
             raise

@@ -237,6 +237,41 @@ def check_layout(path, state: dict, cfg: DictConfig) -> None:
                           f"resumes only with it (train.epochs={cfg.train.epochs} changes every rank's schedule)")
 
 
+def check_store(path, state: dict, cfg: DictConfig) -> None:
+    """The node memory resumes into a store that reads the files it was written as: stores that
+    keep a whole copy per memory group (``memory-K.pt``) read each other's, and a partitioned
+    store (a shard per trainer) reads its own only. A checkpoint of an older tgdist names no store
+    (``memory_backend``): its files are checked when they are read."""
+    from tgdist import memory
+    from tgdist.distributed.schedule import Layout
+
+    written = state.get("memory_backend")
+    if written is None:
+        return
+    now = memory.resolve(str(cfg.memory.backend), Layout(cfg.parallel.i, cfg.parallel.j, cfg.parallel.k).group_size)
+    if now == written:
+        placed = state.get("placement")  # a partitioned store's shards hold the nodes these settings placed
+        if placed:
+            here = settings(cfg, ("partition",), set())
+            differ = [k for k in sorted(set(placed) | set(here)) if placed.get(k) != here.get(k)]
+            if differ:
+                k = differ[0]
+                raise ConfigError(f"{path}: its memory shards were placed with {k}={_plain(placed.get(k))}, and this "
+                                  f"run's is {k}={_plain(here.get(k))}; resume with the placement it was written under")
+        return
+    a, b = memory.store_class(written), memory.store_class(now)
+    if a.partitioned or b.partitioned:
+        how = {True: "sharded over the trainers of each memory group", False: "a whole copy per memory group"}
+        raise ConfigError(f"{path}: written with memory.backend={written}, which keeps node memory {how[a.partitioned]}, "
+                          f"and this run's memory.backend={now} keeps it {how[b.partitioned]}; resume with "
+                          f"memory.backend={written}")
+
+
+def _plain(text: str | None) -> str:
+    """A ``settings`` value (its ``repr``) as the command line writes it."""
+    return "null" if text in (None, "None") else text.strip("'")
+
+
 def check_resume(cfg: DictConfig) -> tuple[Path, dict]:
     """What resuming from ``train.resume`` checks, without building anything (the data is
     checked by ``check_data`` once it is read): ``tgdist launch`` runs it before starting any
@@ -248,6 +283,7 @@ def check_resume(cfg: DictConfig) -> tuple[Path, dict]:
         raise ConfigError(f"{path}: the best validated epoch's model and memory, to use (checkpoint.load), not to "
                           f"resume from; resume with the run directory or its checkpoints/last.pt")
     check_layout(path, state, cfg)
+    check_store(path, state, cfg)
     check_config(path, state.get("config", {}), cfg, content_checked="data" in state)
     for part in parts(path, state):
         verify_part(part)

@@ -586,6 +586,9 @@ class Run:
             checkpoint.atomic_save({"format": checkpoint.FORMAT, "config": checkpoint.identity(self.cfg),
                                     "data": checkpoint.data_identity(tr.g), "layout": str(self.layout),
                                     "iteration": iteration, "epochs": self.cfg.train.epochs, "dir": d.name,
+                                    "memory_backend": self.backend,
+                                    "placement": checkpoint.settings(self.cfg, ("partition",), set())
+                                    if self.store.partitioned else None,
                                     "parts": [r for r, _ in files] + [m for _, m in files if m is not None],
                                     "model": tr.model.state_dict(), "optimizer": tr.optimizer.state_dict(),
                                     "pending_gradients": pending,
@@ -620,6 +623,10 @@ class Run:
         checkpoint.restore(path, tr.model, state["model"], "model")
         checkpoint.restore(path, tr.optimizer, state["optimizer"], "optimizer state")
         name, writes = tr.memory.checkpoint_part(self.ii, self.jj, self.kk)
+        if name not in state["parts"]:  # (an older checkpoint names no store: check_store could not tell)
+            held = ", ".join(p for p in state["parts"] if p.startswith("memory")) or "none"
+            raise ConfigError(f"{path}: its node memory is in {held}, and this run's memory.backend={self.backend} "
+                              f"reads {name}; resume with the memory.backend the run was written with")
         shared = tr.memory.one_copy_per_group  # (a daemon's): its writer loads it
         if not shared or writes:
             checkpoint.restore(d / name, tr.memory, checkpoint.read_part(d / name), "node memory")

@@ -39,6 +39,9 @@ class Claim:
     path: Path
     made: bool
     before: frozenset[str]
+    # the run files an earlier run left (``snapshot``), put back by ``restore`` when this run is
+    # refused before it trains: a resume refused inside the ranks rewrote config.yaml and .hydra/
+    files: tuple = ()
 
 
 # The directories this process claimed, by resolved path.
@@ -102,7 +105,7 @@ def claim(path: str | Path, overwrite: bool = False, made: bool | None = None,
     if made is None:
         made = not exists
     path.mkdir(parents=True, exist_ok=True)
-    c = Claim(path, made, before)
+    c = Claim(path, made, before, snapshot(path) if exists and not made else ())
     _claims[path.resolve()] = c
     if not (path / MARKER).exists():
         _write_marker(path, made)
@@ -146,6 +149,66 @@ def release(path: Path) -> bool:
             return False
         return True
     return False
+
+
+# Files a refused run may have rewritten, and up to what size their bytes are kept (a longer one,
+# train.log say, is appended to only: it is cut back to its length).
+_REWRITTEN = ("config.yaml", "train.log", "metrics.jsonl", "summary.json", MARKER)
+_KEEP_BYTES = 1 << 20
+
+
+def snapshot(path: Path) -> tuple:
+    """The run files of ``path`` as they are: ``(relative name, bytes or length)`` for the files a
+    run rewrites and every file of ``.hydra/``, and ``checkpoints/last.pt``'s size and time (a
+    run that wrote a checkpoint is never put back)."""
+    names = [n for n in _REWRITTEN if (path / n).is_file()]
+    if (path / ".hydra").is_dir():
+        names += [f".hydra/{p.name}" for p in sorted((path / ".hydra").iterdir()) if p.is_file()]
+    out = []
+    for name in names:
+        f = path / name
+        size = f.stat().st_size
+        out.append((name, f.read_bytes() if size <= _KEEP_BYTES else size))
+    last = path / "checkpoints" / "last.pt"
+    if last.is_file():
+        st = last.stat()
+        out.append(("checkpoints/last.pt", (st.st_size, st.st_mtime_ns)))
+    return tuple(out)
+
+
+def restore(path: Path) -> bool:
+    """Put the run files of a directory this process claimed back as they were before its run
+    (``Claim.files``), for a run refused before it trained: each file's bytes (or its length, cut
+    back to), and no ``.hydra/`` file it did not hold. Nothing is put back once the run has
+    written a checkpoint. True when the files were put back."""
+    c = claimed(path)
+    if c is None or c.made or not c.files:
+        return False
+    kept = dict(c.files)
+    last = c.path / "checkpoints" / "last.pt"
+    if last.is_file():
+        st = last.stat()
+        if kept.get("checkpoints/last.pt") != (st.st_size, st.st_mtime_ns):
+            return False
+    for name, was in kept.items():
+        f = c.path / name
+        if name.startswith("checkpoints/"):
+            continue
+        if isinstance(was, bytes):
+            if not f.is_file() or f.read_bytes() != was:
+                f.parent.mkdir(parents=True, exist_ok=True)
+                f.write_bytes(was)
+        elif f.is_file() and f.stat().st_size > was:
+            os.truncate(f, was)
+    hydra = c.path / ".hydra"
+    if hydra.is_dir():
+        for p in hydra.iterdir():
+            if p.is_file() and f".hydra/{p.name}" not in kept:
+                p.unlink()
+    for name in _REWRITTEN:  # a run file this run created beside the earlier run's
+        if name not in kept and name not in c.before and (c.path / name).is_file():
+            (c.path / name).unlink()
+    return True
 
 
 def _has_checkpoint(folder: Path | None) -> bool:
