@@ -123,3 +123,30 @@ def test_a_failing_slurm_point_is_named_and_the_others_keep_their_results(slurm_
     pytest.importorskip("matplotlib", reason="tgdist report draws with matplotlib")
     assert cli_main(["report", str(tmp_path / "sweep")]) == 0  # the failed point is named there too
     assert "Without a summary (failed, stopped or still running): `#1 2x1x1`" in (tmp_path / "sweep" / "report.md").read_text()
+
+
+def test_a_sweep_that_sbatch_refuses_is_one_line_and_leaves_no_submitit_folder(tmp_path):
+    """No reachable slurmctld, a wrong partition or account: sbatch refuses the first job. That was
+    a 48-line submitit traceback that left the sweep's .submitit/ folder behind."""
+    import os
+    import stat
+    import subprocess
+
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="needs the slurm extra (hydra-submitit-launcher)")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    sbatch = bin_dir / "sbatch"  # what sbatch says of a partition the cluster does not have
+    sbatch.write_text("#!/bin/sh\necho 'sbatch: error: Batch job submission failed: Invalid partition name "
+                      "specified' >&2\nexit 1\n")
+    sbatch.chmod(sbatch.stat().st_mode | stat.S_IXUSR)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
+    work = tmp_path / "work"
+    work.mkdir()
+    res = subprocess.run([sys.executable, "-m", "tgdist", "launch", "--", "-m", "parallel.i=1,2",
+                          "hydra/launcher=submitit_slurm", "hydra.launcher.partition=nope", *SMALL,
+                          f"run_dir={work / 'sweep'}"], env=env, cwd=work, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2, res.stderr[-3000:]
+    assert res.stderr.strip().splitlines() == [
+        "tgdist launch: error: sweep job #0 (parallel.i=1): sbatch refused it: Batch job submission failed: Invalid "
+        "partition name specified"]
+    assert not list(work.rglob(".submitit"))

@@ -17,9 +17,12 @@ directories keep their results. Exit code 0 when every point finished, else 1.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -159,12 +162,33 @@ def run_sweep(points: list[tuple[list[str], dict[str, int], str]], launcher: dic
     for num, ((overrides, _, where), res) in enumerate(zip(points, jobs_res)):
         executor.update_parameters(**executor_parameters(launcher, res, f"{prefix}-{num}"))
         run_dir = next(o.partition("=")[2] for o in reversed(overrides) if o.startswith("run_dir="))
-        job = executor.submit(TrainPoint(overrides, run_dir))
+        said = io.StringIO()  # submitit prints sbatch's stderr before it raises: the one line below says it
+        try:
+            with contextlib.redirect_stderr(said):
+                job = executor.submit(TrainPoint(overrides, run_dir))
+        except Exception as e:  # noqa: BLE001 - sbatch refused it: submitit's FailedJobError, with sbatch's output
+            for earlier in submitted:  # a sweep runs whole or not at all
+                earlier.cancel(check=False)
+            logs = Path(folder.split("%")[0])  # the jobs' pickles and logs (.submitit/ of the sweep, by default)
+            if logs.resolve().is_relative_to(Path(base).resolve()) and logs.resolve() != Path(base).resolve():
+                shutil.rmtree(logs, ignore_errors=True)  # inside this sweep's directory: this sweep's alone
+            raise ConfigError(f"sweep job #{num} ({where or 'no swept keys'}): sbatch refused it: {sbatch_reason(e)}"
+                              + (f"; the {len(submitted)} job(s) submitted before it were cancelled" if submitted
+                                 else "")) from None
         gpus = f", {res.gpus_per_node} GPU(s) per node" if res.gpus_per_node else ""
         _say(f"sweep job #{num} ({where or 'no swept keys'}): SLURM job {job.job_id}, {res.nodes} node(s) x "
              f"{res.tasks_per_node} task(s){gpus}")
         submitted.append(job)
     return _wait(submitted, points)
+
+
+def sbatch_reason(e: BaseException) -> str:
+    """sbatch's own error line in submitit's report of a failed submission ("sbatch: error: Batch
+    job submission failed: Invalid partition name specified"), else the report's first line."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    said = [ln for ln in lines if "error" in ln.lower() and "sbatch" in ln.lower()]
+    text = (said[-1] if said else lines[0] if lines else type(e).__name__)
+    return text.removeprefix("sbatch: error: ")
 
 
 def _wait(jobs, points) -> int:
