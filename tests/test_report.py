@@ -140,3 +140,98 @@ def test_a_sweep_record_names_the_points_that_left_no_directory(tmp_path):
     rows = md_table(text)[1:]
     assert [r[:4] for r in rows] == [["0", "model=tgn", "1 x 1 x 1", "1"], ["1", "model=jodie", "2 x 1 x 1", "2"]]
     assert rows[1][6:10] == ["-"] * 4 and "Without a summary (failed, stopped or still running): `#1 2x1x1 model=jodie`" in text
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """The figures tgdist report saves, by file name (still inspectable after they are closed)."""
+    from tgdist.cli import report
+
+    figures, save = {}, report._save
+
+    def keep(plt, fig, path):
+        fig.canvas.draw()  # ticks and labels as they are in the PNG
+        figures[path.name] = fig
+        save(plt, fig, path)
+
+    monkeypatch.setattr(report, "_save", keep)
+    return figures
+
+
+def test_compile_time_is_its_own_part_of_the_stages(tmp_path, drawn):
+    """Epoch 0's stage seconds hold numba's compiling, nearly all in compute: stages.png draws it
+    apart, taken from each stage in proportion to its time over an epoch that compiled nothing."""
+    from tgdist.cli import report
+    from tgdist.runtime import results
+
+    run = make_run(tmp_path / "run", epochs=3)
+    lines = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    # over the smallest of the epochs that compiled nothing (compute 2.0 s, sample 0.1 s): 2.7 s and 0.6 s
+    lines[0]["stage_seconds"].update(compute=4.7, sample=0.7)
+    (run / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    series = dict(report.stage_series(results.read_run(run)))
+    assert series[0][report.COMPILE] == 3.0 and series[1][report.COMPILE] == series[2][report.COMPILE] == 0.0
+    assert series[0]["compute"] == pytest.approx(4.7 - 3.0 * 2.7 / 3.3)
+    assert series[0]["sample"] == pytest.approx(0.7 - 3.0 * 0.6 / 3.3)
+    assert series[0]["features"] == 0.2 and series[1]["compute"] == 2.0  # no excess, no compiling
+    for e, raw in results.stage_seconds(results.read_run(run)):
+        assert sum(series[e].values()) == pytest.approx(sum(raw.values()))
+    assert cli_main(["report", str(run)]) == 0
+    ax = drawn["stages.png"].axes[0]
+    parts = {c.get_label(): [b.get_height() for b in c] for c in ax.containers}
+    assert parts[report.COMPILE] == pytest.approx([3.0, 0.0, 0.0])
+    assert parts["compute"] == pytest.approx([series[e]["compute"] for e in range(3)])
+    assert report.COMPILE in [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "numba's compile time (compile s) is inside the stage seconds" in (run / "report.md").read_text()
+
+
+def test_compiling_more_than_the_stages_grew_comes_out_of_all_of_them(tmp_path):
+    """A run of one epoch has no epoch without compiling: the compile seconds come out of every
+    stage in proportion to its seconds, never below 0, and never more than the stages took."""
+    from tgdist.cli import report
+    from tgdist.runtime import results
+
+    run = make_run(tmp_path / "run", epochs=1)
+    (_, secs), = report.stage_series(results.read_run(run))
+    total = 0.1 + 0.2 + 0.05 + 1.0 + 0.03
+    assert secs[report.COMPILE] == pytest.approx(min(3.0, total)) and all(v >= 0 for v in secs.values())
+    assert sum(secs.values()) == pytest.approx(total)
+
+
+def test_a_sweep_of_one_epoch_runs_draws_points_over_whole_epochs(tmp_path, drawn):
+    sweep = tmp_path / "sweep"
+    make_run(sweep / "0", (1, 1, 1), ["model=tgn"], epochs=1)
+    make_run(sweep / "1", (1, 1, 1), ["model=jodie"], epochs=1)
+    assert cli_main(["report", str(sweep)]) == 0
+    for ax in drawn["curves.png"].axes:
+        lo, hi = ax.get_xlim()
+        assert hi - lo >= 1 and lo < 0 < hi
+        ticks = [t for t in ax.get_xticks() if lo <= t <= hi]
+        assert ticks == [0]
+        assert all(line.get_marker() == "o" for line in ax.get_lines())
+
+
+def test_test_ap_bars_start_at_0_with_their_values(tmp_path, drawn):
+    sweep = tmp_path / "sweep"
+    for n, ap in enumerate([0.81, 0.79, 0.77]):
+        make_run(sweep / str(n), (n + 1, 1, 1), test_ap=ap)
+    assert cli_main(["report", str(sweep)]) == 0
+    ax = drawn["test_ap.png"].axes[0]
+    assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] >= 1
+    assert [b.get_y() for b in ax.containers[0]] == [0, 0, 0]
+    assert [t.get_text() for t in ax.texts] == ["0.8100", "0.7900", "0.7700"]
+
+
+@pytest.mark.parametrize("sent, unit", [(390_000_000, "MB"), (2_500_000_000, "GB"), (185_088, "kB"), (512, "bytes")])
+def test_communication_is_drawn_in_a_unit_the_label_names(tmp_path, drawn, sent, unit):
+    sweep = tmp_path / "sweep"
+    make_run(sweep / "0", (1, 1, 1))
+    make_run(sweep / "1", (2, 1, 1), comm={"gradients": {"calls": 6, "bytes_sent": sent - sent // 3},
+                                           "aggregation.payload": {"calls": 6, "bytes_sent": sent // 3}})
+    assert cli_main(["report", str(sweep)]) == 0
+    ax = drawn["communication.png"].axes[0]
+    assert ax.get_ylabel() == f"{unit} sent by rank 0"
+    assert ax.yaxis.get_offset_text().get_text() == ""  # no "1e8" in the corner
+    scale = {"bytes": 1, "kB": 1e3, "MB": 1e6, "GB": 1e9}[unit]
+    top = sum(b.get_height() for c in ax.containers for b in c)
+    assert top == pytest.approx(sent / scale) and 1 <= top < 1000

@@ -25,7 +25,7 @@ from tgdist.errors import ConfigError
 from tgdist.runtime import results
 from tgdist.runtime.results import Point, Run
 
-__all__ = ["main", "write_report", "POINT_COLUMNS"]
+__all__ = ["POINT_COLUMNS", "byte_unit", "main", "stage_series", "write_report"]
 
 # the sweep table's columns: (header, how the cell is read from a point)
 POINT_COLUMNS = ("#", "settings", "layout", "processes", "memory backend", "epochs", "test AP", "val AP",
@@ -92,6 +92,11 @@ def _curves(plt, runs: list[tuple[str, Run]], path: Path) -> bool:
                        label=f"{label} {key[:-3]}" if label else key[:-3])
     ax_loss.set(xlabel="epoch", ylabel="training loss", title="loss")
     ax_ap.set(xlabel="epoch", ylabel="AP", title="validation and test AP")
+    epochs = [m["epoch"] for _, r in runs for m in r.metrics if m.get("epoch", -1) >= 0]
+    lo, hi = min(epochs), max(epochs)
+    if hi - lo < 1:  # runs of one epoch: matplotlib would spread a single x over -0.04 .. 0.04
+        for ax in (ax_loss, ax_ap):
+            ax.set_xlim(lo - 0.5, hi + 0.5)
     _finish_pair(plt, fig, ax_loss, ax_ap, len(runs) > 1, path)
     return True
 
@@ -101,16 +106,55 @@ def _finish_pair(plt, fig, left, right, left_legend: bool, path: Path) -> None:
     several series), saved to ``path``."""
     for ax in (left, right):
         ax.grid(alpha=0.3)
-        ax.xaxis.get_major_locator().set_params(integer=True)
+        # one tick is enough: an axis one epoch wide would otherwise get fractional epochs
+        ax.xaxis.get_major_locator().set_params(integer=True, min_n_ticks=1)
     right.legend(fontsize="small")
     if left_legend:
         left.legend(fontsize="small")
     _save(plt, fig, path)
 
 
-def _stages(plt, run: Run, path: Path) -> bool:
-    """Seconds per training stage, stacked, per epoch."""
+COMPILE = "numba compile"  # the stages plot's segment of kernel compilation
+
+
+def stage_series(run: Run) -> list[tuple[int, dict[str, float]]]:
+    """(epoch, seconds) of every epoch with stage times: the stages without numba's compile time,
+    which is a part of its own (``COMPILE``); an epoch's parts add up to its recorded stage seconds.
+
+    A kernel compiles inside the stage that first calls it (attention, time encoding and GRU in
+    ``compute``, the sampler in ``sample``, organise in ``features``), and only the epoch's total
+    (``compile_seconds``) is recorded. So it comes out of each stage in proportion to what the
+    stage took over its time in an epoch that compiled nothing (over 0 when every epoch compiled):
+    on a fresh install compiling is nearly all of epoch 0 (44 of 45 s on CollegeMsg), and compute
+    is left with about its later epochs' time, not with the compiles in it.
+    """
     rows = results.stage_seconds(run)
+    compiled = {int(m["epoch"]): max(float(m.get("compile_seconds") or 0.0), 0.0) for m in run.metrics
+                if isinstance(m.get("stage_seconds"), dict)}
+    plain = [secs for e, secs in rows if not compiled.get(e)]
+    out = []
+    for epoch, secs in rows:
+        total = sum(secs.values())
+        c = min(compiled.get(epoch, 0.0), total)  # compiles outside the timed stages are not drawn
+        excess = {k: max(v - min((q[k] for q in plain), default=0.0), 0.0) for k, v in secs.items()}
+        over = sum(excess.values())
+        if c <= over:
+            taken = {k: c * x / over if over else 0.0 for k, x in excess.items()}
+        else:  # more compiling than the excess: the rest in proportion to the remaining seconds
+            rest = {k: secs[k] - excess[k] for k in secs}
+            taken = {k: excess[k] + (c - over) * rest[k] / (total - over) for k in secs}
+        parts = {k: max(v - taken[k], 0.0) for k, v in secs.items()}
+        parts[COMPILE] = c
+        out.append((epoch, parts))
+    return out
+
+
+def _stages(plt, run: Run, path: Path) -> bool:
+    """Seconds per training stage, stacked, per epoch, with numba's compile time its own part on
+    top (hatched grey) and each epoch's total written over its bar: epoch 0 compiles for tens of
+    seconds on a fresh install, which would otherwise hide inside ``compute`` and flatten the
+    later epochs' bars to nothing."""
+    rows = stage_series(run)
     if not rows:
         return False
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -118,10 +162,17 @@ def _stages(plt, run: Run, path: Path) -> bool:
     bottom = [0.0] * len(rows)
     for stage in rows[0][1]:
         values = [secs[stage] for _, secs in rows]
-        ax.bar(epochs, values, bottom=bottom, label=stage)
+        if stage == COMPILE and not any(values):
+            continue
+        style = {"color": "0.7", "hatch": "//", "edgecolor": "0.4"} if stage == COMPILE else {}
+        ax.bar(epochs, values, bottom=bottom, label=stage, **style)
         bottom = [b + v for b, v in zip(bottom, values)]
+    for (e, secs), total in zip(rows, bottom):
+        note = f"{total:.3g} s" + (f" ({secs[COMPILE]:.3g} compiling)" if secs[COMPILE] else "")
+        ax.annotate(note, (e, total), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom",
+                    fontsize="x-small")
     ax.set(xlabel="epoch", ylabel="seconds", title="training time per stage")
-    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.xaxis.get_major_locator().set_params(integer=True, min_n_ticks=1)
     ax.legend(fontsize="small")
     _save(plt, fig, path)
     return True
@@ -158,11 +209,15 @@ def _test_ap(plt, points: list[Point], path: Path) -> bool:
     if not done:
         return False
     fig, ax = plt.subplots(figsize=(max(5, 0.9 * len(done) + 2), 4))
-    ax.bar(range(len(done)), [p.run.summary["test_ap"] for p in done])
+    bars = ax.bar(range(len(done)), [p.run.summary["test_ap"] for p in done])
+    # each bar's value written on it: the bars start at 0 (a bar's length is its value; an axis cut
+    # at 0.77 makes 0.78 look twice 0.775), so differences of a point show in the numbers
+    ax.bar_label(bars, fmt="%.4f", label_type="edge", padding=2, fontsize="x-small",
+                 rotation=90 if len(done) > 8 else 0)
     ax.set_xticks(range(len(done)), [p.label for p in done], rotation=30, ha="right", fontsize="small")
     ax.set(ylabel="test AP", title="test AP per point")
-    lo = min(p.run.summary["test_ap"] for p in done)
-    ax.set_ylim(max(0.0, lo - 0.1), 1.0)
+    ax.set_ylim(0.0, 1.1 if len(done) > 8 else 1.05)  # AP lies in [0, 1]; the margin holds the labels
+    ax.set_yticks([0.0, 0.2, 0.4, 0.6, 0.8, 1.0])
     _save(plt, fig, path)
     return True
 
@@ -173,17 +228,28 @@ def _communication(plt, points: list[Point], path: Path) -> bool:
     if not per_point:
         return False
     phases = sorted({name for _, c in per_point for name in c})
+    unit, scale = byte_unit(max(sum(c.values()) for _, c in per_point))
     fig, ax = plt.subplots(figsize=(max(5, 0.9 * len(per_point) + 3), 4))
-    bottom = [0] * len(per_point)
+    bottom = [0.0] * len(per_point)
     for phase in phases:
-        values = [c.get(phase, 0) for _, c in per_point]
+        values = [c.get(phase, 0) / scale for _, c in per_point]
         ax.bar(range(len(per_point)), values, bottom=bottom, label=phase)
         bottom = [b + v for b, v in zip(bottom, values)]
     ax.set_xticks(range(len(per_point)), [p.label for p, _ in per_point], rotation=30, ha="right", fontsize="small")
-    ax.set(ylabel="bytes sent by rank 0", title="communication per phase")
+    ax.ticklabel_format(axis="y", style="plain", useOffset=False)  # the unit is in the label, not a 1e8 corner
+    ax.set(ylabel=f"{unit} sent by rank 0", title="communication per phase")
     ax.legend(fontsize="x-small")
     _save(plt, fig, path)
     return True
+
+
+BYTE_UNITS = (("bytes", 1), ("kB", 10 ** 3), ("MB", 10 ** 6), ("GB", 10 ** 9), ("TB", 10 ** 12))
+
+
+def byte_unit(largest: float) -> tuple[str, int]:
+    """(name, bytes) of the largest decimal unit that ``largest`` bytes fill at least once, so an
+    axis reads 0 .. 390 MB rather than 0 .. 4 with a "1e8" in its corner."""
+    return next(((name, size) for name, size in reversed(BYTE_UNITS) if largest >= size), BYTE_UNITS[0])
 
 
 def _save(plt, fig, path: Path) -> None:
@@ -224,8 +290,9 @@ def _run_markdown(run: Run, images: list[str]) -> str:
         out += ["## Per epoch", "", _table(["epoch", "loss", "val AP", "test AP", "events/s", "compile s"]
                                           + [f"{n} s" for n in names], rows), ""]
         if any(m.get("compile_seconds") for m in run.metrics):
-            out += ["numba's compile time is part of the first epoch's `compute` stage and left out of its "
-                    "events/s.", ""]
+            out += ["numba's compile time (compile s) is inside the stage seconds of the epochs that compiled, "
+                    "nearly all of it in `compute`, and left out of their events/s; stages.png draws it as its own "
+                    "part.", ""]
     comm = (s or {}).get("communication") or {}
     if comm:
         out += ["## Communication (rank 0)", "",
