@@ -98,8 +98,11 @@ def save(out_dir: str | Path, *, maps: DualHashMap, metadata: dict, measures: di
         if residuals:
             try:
                 from tgdist.partition.plot import residual_heatmaps
-                title = f"{metadata['data']['name']}: residual R = C_max - C, M={metadata['num_parts']}"
-                residual_heatmaps(residuals, tmp / "residual.png", title=title)
+                weights = measures.get("weights") or metadata.get("weights")
+                title = (f"{metadata['data']['name']}, M={metadata['num_parts']}"
+                         + (f", {weights} weights" if weights else ""))
+                residual_heatmaps(residuals, tmp / "residual.png", title=title,
+                                  costs=_balance_costs(measures, weights, residuals))
             except ImportError:
                 if warn is not None:
                     warn("matplotlib is not installed (pip install 'tgdist[plot]'): no residual.png")
@@ -119,6 +122,16 @@ def save(out_dir: str | Path, *, maps: DualHashMap, metadata: dict, measures: di
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _balance_costs(measures: Mapping, weights: Optional[str], names) -> Optional[dict]:
+    """Method -> balance cost under ``weights``, from ``measures.json``'s method and baselines, for
+    the heatmaps' titles (the number tgdist partition ranks by); None when one of ``names`` has none."""
+    evals = {measures.get("method"): measures.get("measures"), **(measures.get("baselines") or {})}
+    try:
+        return {name: int(evals[name][weights]["balance_cost"]) for name in names}
+    except (KeyError, TypeError):
+        return None
 
 
 def load(path: str | Path, *, source_hash: Optional[str] = None, num_nodes: Optional[int] = None,
