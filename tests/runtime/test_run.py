@@ -960,11 +960,9 @@ def test_a_checkpoint_keeps_the_gpu_generator_and_resume_restores_it(tmp_path, m
     CUDA keeps that generator's state and a resume restores it (without it a run resumed on an H200
     drew other dropout masks than the uninterrupted run). A device shim: the run trains on the CPU,
     then says its device is CUDA, whose generator is a stand-in."""
-    import tgdist.runtime.run as R
-
     gen = {"cuda": torch.tensor([7, 7], dtype=torch.uint8)}
-    monkeypatch.setattr(R.torch.cuda, "get_rng_state", lambda device="cuda": gen[str(device)].clone())
-    monkeypatch.setattr(R.torch.cuda, "set_rng_state", lambda s, device="cuda": gen.update({str(device): s.clone()}))
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": gen[str(device)].clone())
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s, device="cuda": gen.update({str(device): s.clone()}))
     r = Run(compose(SMALL + ["train.epochs=1", f"run_dir={tmp_path}"]), tmp_path)  # set up, not trained
     try:
         r.save(5)  # on the CPU: no GPU state

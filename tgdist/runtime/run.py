@@ -39,7 +39,6 @@ import traceback
 from pathlib import Path
 
 import numpy as np
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from tgdist import memory
@@ -573,9 +572,8 @@ class Run:
         self.pipeline.settle()
         tr, d = self.trainer, self.ckpt_dir / f"it{iteration:08d}"
         world_group = self.groups.get("world")
-        cache = {} if tr.cache is None else {"embedding_cache": tr.cache.state_dict()}  # each trainer's own
-        checkpoint.atomic_save({"torch_rng": torch.get_rng_state(), **_cuda_rng(tr.device), "losses": self.losses,
-                                **cache, **self.pipeline.state()}, d / f"rank-{self.rank}.pt")
+        checkpoint.atomic_save({**checkpoint.trainer_state(tr), "losses": self.losses, **self.pipeline.state()},
+                               d / f"rank-{self.rank}.pt")
         pending = self.pipeline.grads.pending()  # asynchronous all-reduce: the averaged gradient not yet applied
         name, writes = tr.memory.checkpoint_part(self.ii, self.jj, self.kk)
         if writes:
@@ -633,20 +631,7 @@ class Run:
         if shared:
             collectives.barrier(self.groups.get("memory"), name="checkpoint")
         mine = checkpoint.read_part(d / f"rank-{self.rank}.pt")
-        torch.set_rng_state(mine["torch_rng"])
-        if torch.device(tr.device).type == "cuda":  # dropout on a GPU draws from the device's generator
-            if "cuda_rng" in mine:
-                torch.cuda.set_rng_state(mine["cuda_rng"], tr.device)
-            else:
-                log.warning("%s was saved by a run on the CPU: the GPU's dropout draws differ from an uninterrupted "
-                            "run's from here on", path)
-        if tr.cache is not None:
-            if "embedding_cache" in mine:
-                tr.cache.load_state_dict(mine["embedding_cache"])
-            else:  # a checkpoint written before caches were checkpointed: the cache starts empty
-                log.warning("%s holds no embedding cache (written by an older tgdist): the cache starts empty, so "
-                            "this run's results differ from an uninterrupted run's (test AP was seen 0.4-1 point "
-                            "apart)", path)
+        checkpoint.restore_trainer_state(path, tr, mine)
         self.losses, self._passes = [], {}
         for g, loss_sum, events in mine["losses"]:
             self._add_loss(int(g), float(loss_sum), int(events))
@@ -683,10 +668,3 @@ class _Stop(Exception):
         super().__init__(done)
         self.done = done
 
-
-def _cuda_rng(device) -> dict:
-    """``{"cuda_rng": state}`` of the CUDA generator of ``device`` (dropout on a GPU draws from it,
-    not from the CPU's), or nothing for a CPU run."""
-    if torch.device(device).type != "cuda":
-        return {}
-    return {"cuda_rng": torch.cuda.get_rng_state(device)}
