@@ -1,7 +1,8 @@
 """Part 3: single-device speed. One training epoch each of TGN, JODIE and APAN on all of Wikipedia
 (on a CPU, the dry run, its first events), then validation and test AP, and PyG's TGN
 (``benchmarks/vs_pyg_tgn.py``'s ``PygTGN``, the same data, split, batch size and device) in the
-same process.
+same process, for two epochs: its second is the timed one (the first holds CUDA's first-call
+costs, reported as ``first_epoch_seconds``), its AP after two epochs.
 
 Each tgdist model first trains a few batches (CUDA's and numba's first-call costs), then its model,
 optimizer and memory go back to where they were and one whole epoch is timed (the device
@@ -108,12 +109,15 @@ def pyg_epoch(g) -> dict:
     lo, hi = split.range("train")
     sync()
     t0 = time.perf_counter()
-    r = run_pyg(g, split, sizes()["speed_batch"], 1, 0, True, device())
+    # two epochs: the first holds CUDA's first-call costs (tgdist's epoch is timed after a warm-up),
+    # the second is the comparable one; AP after the second
+    r = run_pyg(g, split, sizes()["speed_batch"], 2, 0, True, device())
     wall = time.perf_counter() - t0
-    epoch_s = (hi - lo) / r["events_per_s"][0]
-    return {"epoch_seconds": epoch_s, "train_events": hi - lo, "events_per_s": r["events_per_s"][0],
-            "val_ap": r.get("val_ap"), "test_ap": r.get("test_ap"), "test_auc": r.get("test_auc"),
-            "wall_seconds_with_eval": wall, "batch": sizes()["speed_batch"]}
+    first, warm = ((hi - lo) / rate for rate in r["events_per_s"])
+    return {"epoch_seconds": warm, "first_epoch_seconds": first, "train_events": hi - lo,
+            "events_per_s": r["events_per_s"][1], "val_ap": r.get("val_ap"), "test_ap": r.get("test_ap"),
+            "test_auc": r.get("test_auc"), "epochs": 2, "wall_seconds_with_eval": wall,
+            "batch": sizes()["speed_batch"]}
 
 
 def good_ap(x) -> bool:
