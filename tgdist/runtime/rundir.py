@@ -201,7 +201,9 @@ def restore(path: Path) -> bool:
         elif f.is_file() and f.stat().st_size > was:
             os.truncate(f, was)
     hydra = c.path / ".hydra"
-    if hydra.is_dir():
+    if hydra.is_dir() and ".hydra" not in c.before:  # made by this run
+        shutil.rmtree(hydra, ignore_errors=True)
+    elif hydra.is_dir():
         for p in hydra.iterdir():
             if p.is_file() and f".hydra/{p.name}" not in kept:
                 p.unlink()
