@@ -20,7 +20,6 @@ Speeds are measurements: a line fails only when a run fails or trains to no fini
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 from pathlib import Path
@@ -34,6 +33,7 @@ from shared import (
     device,
     emit,
     events_override,
+    good_score,
     guarded,
     on_cuda,
     out_dir,
@@ -49,10 +49,6 @@ LADDER = {"none": [], "+prefetch": ["pipeline.prefetch=2"],
 MSPIPE = {"depcache none": ["memory.backend=depcache"],
           "depcache mspipe": ["memory.backend=depcache", "pipeline=mspipe"]}
 CACHE_SETTINGS = ("off", "0.9:20")
-
-
-def good(x) -> bool:
-    return x is not None and math.isfinite(x) and 0.0 < x <= 1.0
 
 
 def ladder(seconds: float) -> None:
@@ -89,7 +85,7 @@ def ladder(seconds: float) -> None:
                 why.append(f"{n}: {err}")
             else:
                 rows[n] = r
-                if not good(r["test_ap"]):
+                if not good_score(r["test_ap"]):
                     why.append(f"{n}: test AP {r['test_ap']}")
         b = rows.get(base_name)
         ratios = {n: (b["epoch_seconds"] / r["epoch_seconds"] if b and r["epoch_seconds"] else None)
@@ -118,7 +114,7 @@ def mspipe_single() -> None:
             rows[name] = {"train_events_per_s": summ.get("train_events_per_s"), "test_ap": summ.get("test_ap"),
                           "staleness": (summ.get("pipeline") or {}).get("staleness"),
                           "cuda_streams": rec.get("cuda_streams")}
-            if not good(summ.get("test_ap")):
+            if not good_score(summ.get("test_ap")):
                 why.append(f"{name}: test AP {summ.get('test_ap')}")
     except Exception:  # noqa: BLE001
         import traceback

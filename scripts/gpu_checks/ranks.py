@@ -129,22 +129,22 @@ def compare_rank(ref: dict, dev: dict, mem_ref: dict, mem_dev: dict, rank: int) 
                     out["ok"] = False
                     out["why"].append(f"rank {rank}: memory {k} (integer) differs after iteration {t}")
                 continue
-            if a.numel():
-                at = max(at, float((a.double() - b.double()).abs().nan_to_num(0.0).max()))
-            near = torch.isclose(b, a, rtol=TOL["memory_rtol"], atol=TOL["memory_atol"], equal_nan=True)
+            if not a.numel():
+                continue
+            d = (a.double() - b.double()).abs().nan_to_num(0.0).reshape(a.shape[0], -1)
+            at = max(at, float(d.max()))
+            off = ~torch.isclose(b, a, rtol=TOL["memory_rtol"], atol=TOL["memory_atol"], equal_nan=True)
+            off = off.reshape(a.shape[0], -1)
+            if not bool(off.any()):
+                continue
             judged = t < TOL["memory_judged_iterations"]  # later: reported (shared.TOL says why)
-            if not bool(near.all()) and first_bad is None:
-                off = (~near).reshape(near.shape[0], -1)
-                rows = torch.nonzero(off.any(1)).squeeze(1)
-                d = (a.double() - b.double()).abs().nan_to_num(0.0).reshape(a.shape[0], -1)
+            beyond = int(off.any(1).sum())
+            if first_bad is None:
                 r = int(d.max(1).values.argmax())
-                first_bad = {"iteration": t, "tensor": k, "rows_beyond": int(rows.numel()), "rows": int(a.shape[0]),
+                first_bad = {"iteration": t, "tensor": k, "rows_beyond": beyond, "rows": int(a.shape[0]),
                              "worst_row": r, "worst_row_columns_beyond": int(off[r].sum()),
-                             "worst_row_max_abs_diff": float(d[r].max())}
-                first_bad["judged"] = judged
-            if not bool(near.all()) and judged:
-                d = (a.double() - b.double()).abs().nan_to_num(0.0)
-                beyond = int((~near).reshape(near.shape[0], -1).any(1).sum())
+                             "worst_row_max_abs_diff": float(d[r].max()), "judged": judged}
+            if judged:
                 out["ok"] = False
                 out["why"].append(f"rank {rank}: memory {k} beyond rtol {TOL['memory_rtol']} atol {TOL['memory_atol']} "
                                   f"after iteration {t} ({beyond} of {a.shape[0]} rows, max abs diff {float(d.max()):.3g})")

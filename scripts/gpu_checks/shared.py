@@ -214,9 +214,13 @@ def compare_metrics(dev: dict, ref: dict) -> tuple[bool, dict]:
     return ok, {"metrics_dev_ref": got, "worst_metric_gap": worst}
 
 
+def good_score(x) -> bool:
+    """A metric that is there, finite and in (0, 1]."""
+    return x is not None and math.isfinite(x) and 0.0 < x <= 1.0
+
+
 def finite_metrics(summary: dict) -> bool:
-    vals = [summary.get(k) for k in ("test_ap", "test_auc")]
-    return all(v is not None and math.isfinite(v) and 0.0 < v <= 1.0 for v in vals)
+    return all(good_score(summary.get(k)) for k in ("test_ap", "test_auc"))
 
 
 # ------------------------------------------------------------------------------------------------

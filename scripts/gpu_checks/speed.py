@@ -27,6 +27,7 @@ from shared import (
     deadline_arg,
     device,
     emit,
+    good_score,
     guarded,
     on_cuda,
     say,
@@ -120,12 +121,6 @@ def pyg_epoch(g) -> dict:
             "batch": sizes()["speed_batch"]}
 
 
-def good_ap(x) -> bool:
-    import math
-
-    return x is not None and math.isfinite(x) and 0.0 < x <= 1.0
-
-
 def main() -> int:
     deadline_arg(sys.argv)  # (the shell's timeout bounds this part)
     t0 = time.perf_counter()
@@ -138,7 +133,7 @@ def main() -> int:
         try:
             r = tgdist_epoch(model, g)
             results[model] = r
-            ok, err = good_ap(r["test_ap"]), None if good_ap(r["test_ap"]) else f"test AP {r['test_ap']}"
+            ok, err = good_score(r["test_ap"]), None if good_score(r["test_ap"]) else f"test AP {r['test_ap']}"
         except Exception:  # noqa: BLE001 - one line per model
             import traceback
 
@@ -163,7 +158,7 @@ def main() -> int:
             note = "torch_geometric is not installed here: PyG's side skipped (dry run only; the GPU image has it)"
             figs = {"pyg": None}
         else:
-            ok, err, note = good_ap(p["test_ap"]), None if good_ap(p["test_ap"]) else f"test AP {p['test_ap']}", None
+            ok, err, note = good_score(p["test_ap"]), None if good_score(p["test_ap"]) else f"test AP {p['test_ap']}", None
             figs = dict(p)
             if "tgn" in results:
                 figs["pyg_over_tgdist_tgn_seconds"] = p["epoch_seconds"] / results["tgn"]["epoch_seconds"]

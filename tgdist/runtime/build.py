@@ -159,8 +159,8 @@ def _validate(cfg: DictConfig) -> None:
             log.warning("memory.backend=%s with one trainer per memory copy (parallel.i x parallel.j = 1) partitions "
                         "nothing: each copy is whole in its trainer, as local memory is; partitioning needs "
                         "parallel.i x parallel.j > 1", cfg.memory.backend)
-    micro = str(cfg.pipeline.micro_batches).strip()
-    if micro.isdigit() and int(micro) > t.batch_size:
+    micro = pipelines.count_of(cfg.pipeline, "micro_batches")  # None: auto, which stays within max_micro_batches
+    if micro is not None and micro > t.batch_size:
         raise ConfigError(f"pipeline.micro_batches={micro} cuts each batch of train.batch_size={t.batch_size} events "
                           f"(per trainer) into more micro-batches than it has events: give at most {t.batch_size}")
     if m.num_layers not in (1, 2):

@@ -5,12 +5,12 @@ Sven's levels, micro-batches among them; ``mspipe`` is MSPipe's stage pipeline w
 bound. A new strategy is one module that registers its ``Pipeline`` subclass (``registry.register``)
 and one file in ``configs/pipeline/``."""
 
-from tgdist.runtime.pipelines.base import GradientHooks, Pipeline, PipelineContext, StepHooks
+from tgdist.runtime.pipelines.base import GradientHooks, Pipeline, PipelineContext, StepHooks, count_of
 from tgdist.runtime.pipelines.registry import names, pipeline_class, register
 from tgdist.runtime.pipelines import mspipe, plain  # noqa: E402,F401  (the built-in strategies register themselves)
 
-__all__ = ["GradientHooks", "Pipeline", "PipelineContext", "StepHooks", "names", "pipeline_class", "register",
-           "create"]
+__all__ = ["GradientHooks", "Pipeline", "PipelineContext", "StepHooks", "count_of", "names", "pipeline_class",
+           "register", "create"]
 
 
 def create(ctx: PipelineContext) -> Pipeline:
