@@ -1,0 +1,212 @@
+"""The strategy advisor (``tgdist.launcher.advisor``): the model on the papers' worked examples, the
+cluster description, and the command line."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tgdist.errors import ConfigError
+from tgdist.launcher.advisor import cluster as clusters
+from tgdist.launcher.advisor import model
+from tgdist.launcher.advisor.cluster import Cluster
+from tgdist.launcher.advisor.profile import BatchProfile, PlacementShare, Profile, read, write
+
+ROW_BYTES = (4 * 100 + 8) + (4 * 372 + 8)  # mem_dim 100, mail_dim 372, one mail
+
+
+def batch(b: int, seconds: dict, eta1: float = 0.6, eta2: float = 0.2, rows_per_event: float = 12.0) -> BatchProfile:
+    return BatchProfile(b, {s: v * b for s, v in seconds.items()}, rows_per_event * b, rows_per_event * b * (1 - eta1),
+                        2.0 * b, 2.0 * b * (1 - eta2))
+
+
+def profile(sizes=(200, 600, 1600), per_event=None, num_nodes=10_000, events=100_000, **kw) -> Profile:
+    per_event = per_event or {"sample": 1e-5, "features": 1e-5, "memory_read": 2e-6, "compute": 5e-5,
+                              "memory_write": 2e-6}
+    return Profile(data={"num_nodes": num_nodes, "num_train_events": events, "mem_dim": 100, "mail_dim": 372,
+                         "mailbox_size": 1}, batches=[batch(b, per_event) for b in sizes],
+                   grad_bytes=kw.pop("grad_bytes", 1_200_000), **kw)
+
+
+# ------------------------------------------------------------------------------------------------
+# DistTGL 3.2.4
+
+
+def test_disttgl_worked_example():
+    """4 machines x 8 GPUs, L = 3200, S = 1600, host memory for two copies per machine: among the
+    daemon layouts the advisor's best is DistTGL's 2 x 2 x 8, k < machines and three copies per
+    machine are refused with their reasons, and i = 4 (global batch 6400 > L) is flagged."""
+    p = profile(num_nodes=2**20, sizes=(400, 1600), largest_batch=3200, saturation_batch=1600)
+    copy_gib = 2**20 * ROW_BYTES / 2**30
+    c = Cluster(name="paper", machines=4, trainers_per_machine=8, intra_link="nvlink", inter_link="ib100",
+                host_memory_gb=2.5 * copy_gib, device_memory_gb=40)
+    ranked = model.predict(p, c, backends=["daemon"], pipelines=["none"])
+    ok = [x for x in ranked if x.refused is None]
+    assert (ok[0].i, ok[0].j, ok[0].k, ok[0].batch_size) == (2, 2, 8, 1600)
+    assert {(x.i, x.j, x.k) for x in ok} == {(1, 4, 8), (2, 2, 8), (4, 1, 8), (1, 8, 4), (2, 4, 4), (4, 2, 4), (8, 1, 4)}
+    why = {(x.i, x.j, x.k): x.refused for x in ranked if x.refused}
+    assert "k >= machines" in why[(8, 4, 1)] and "DistTGL 3.2.4" in why[(8, 4, 1)]
+    assert "host memory" in why[(2, 1, 16)] and "4 memory copies" in why[(2, 1, 16)]
+    beyond = next(x for x in ok if (x.i, x.j, x.k) == (4, 1, 8))
+    assert beyond.risk_level == 2 and "6400 > L = 3200" in beyond.risk[0]
+    assert ok.index(beyond) > ok.index(next(x for x in ok if (x.i, x.j, x.k) == (1, 8, 4)))  # risk ranks after
+
+
+# ------------------------------------------------------------------------------------------------
+# Sven 3.2: volumes (7)-(9), eq. (10), eq. (12)
+
+
+@pytest.mark.parametrize("M", [2, 4, 8])
+def test_volumes_sum_to_sven_eq_8_and_9(M):
+    """Each trainer's busier direction, over M trainers sending and receiving it, is eq. (9) for
+    sven and eq. (8) for depcomm with the ideal placement (M - 1) / M; depcache's all-gather is
+    M / (M - 1) times eq. (7)."""
+    N1r, eta1, N2r, eta2, d_msg, d_mem = 1000.0, 0.8, 400.0, 0.5, 372, 100
+    paper = model.paper_volumes(M * N1r, eta1, M * N2r, eta2, d_msg, d_mem, M)
+    rb, mb = 4.0 * (d_msg + d_mem), 4.0 * d_mem
+    for backend in ("sven", "depcomm", "depcache"):
+        disp, agg = model.volumes(backend, N1r, N1r * (1 - eta1), N2r * (1 - eta2), rb, mb, 0.0, (M - 1) / M, M)
+        total = 2 * M * (disp + agg)
+        want = paper[backend] * (M / (M - 1) if backend == "depcache" else 1.0)
+        assert total == pytest.approx(want, rel=1e-12)
+
+
+def test_eq_10_sven_below_depcache_when_m_above_t_plus_2():
+    for T in (0.5, 1.5, 1.9, 2.7):  # off the boundary M = T + 2, where the two are equal
+        for M in range(2, 12):
+            N2, eta2 = 1000.0, 0.5
+            N1, eta1 = T * N2 * (1 - eta2) / (1 - 0.8), 0.8  # N1 (1 - eta1) = T N2 (1 - eta2)
+            v = model.paper_volumes(N1, eta1, N2, eta2, 372, 100, M)
+            assert (v["sven"] < v["depcache"]) == model.sven_beats_depcache(T, M), (T, M)
+
+
+def test_eq_12_row_fit_recovers_eta():
+    """eta1 = A + B / bs (Sven eq. (12)) fitted from profiled batches gives the rows at any batch."""
+    A, B = 0.55, 60.0
+    p = Profile(data={"num_nodes": 100, "num_train_events": 1000, "mem_dim": 8, "mail_dim": 16},
+                batches=[batch(b, {"compute": 1e-5}, eta1=A + B / b) for b in (200, 400, 1600)], grad_bytes=4)
+    rows = model.RowFit.of(p)
+    assert (rows.A1, rows.B1) == (pytest.approx(A), pytest.approx(B))
+    assert rows.distinct(800) == pytest.approx(12 * 800 * (1 - A - B / 800))
+
+
+def test_micro_count_is_what_auto_chooses():
+    """The model's n is the one ``micro_batches=auto`` fits (eq. (12) at the measured batch)."""
+    from tgdist.runtime.pipelines.plain import fit_granularity
+
+    for C, D, o in [(0.1, 0.05, 0.002), (0.02, 0.2, 0.001), (0.3, 0.3, 0.05), (0.01, 0.5, 0.02)]:
+        g = fit_granularity([100, 200, 400], [0.7, 0.6, 0.55], 400, C, D, o, 8)
+        assert model.micro_count(C, D, o) == g.n
+
+
+# ------------------------------------------------------------------------------------------------
+# Overlap: the pipeline levels and MSPipe's bound
+
+
+def one_gpu_profile(tau=(1.0, 1.0, 1.0, 3.0, 1.0)) -> Profile:
+    b = 100
+    secs = dict(zip(("sample", "features", "memory_read", "compute", "memory_write"), (t / b for t in tau)))
+    return profile(sizes=(b,), per_event=secs, events=100 * 400)
+
+
+def test_pipeline_levels_on_one_gpu():
+    """Stage times 1, 1, 1, 3, 1 (s): in turn 7 s an iteration; prefetch takes sampling and features
+    off (5 s); MSPipe's stall-free schedule runs at the slowest stage, 3 s, reading memory K = 1
+    iteration stale (eq. (3)-(4), C1-C3)."""
+    got = {c.pipeline: c for c in model.predict(one_gpu_profile(), clusters.preset("gpu-1"), batch_sizes=[100])
+           if c.refused is None}
+    assert got["none"].iteration_s == pytest.approx(7.0)
+    assert got["prefetch"].iteration_s == pytest.approx(5.0)
+    assert got["mspipe"].iteration_s == pytest.approx(3.0)
+    assert got["mspipe"].staleness == 1 and "K = 1" in got["mspipe"].risk[0]
+    assert got["none"].epoch_s == pytest.approx(400 * 7.0)
+
+
+def test_mspipe_bound_from_runtime():
+    """The staleness the model reports is the runtime's steady bound for the same stage times."""
+    from tgdist.runtime.pipelines.mspipe import staleness_bounds
+
+    tau = (0.5, 0.5, 2.0, 1.0, 2.5)
+    c = next(c for c in model.predict(one_gpu_profile(tau), clusters.preset("gpu-1"), batch_sizes=[100],
+                                      pipelines=["mspipe"]) if c.refused is None)
+    assert c.staleness == staleness_bounds(tau, 400).steady()
+    assert c.iteration_s == pytest.approx(2.5, rel=1e-6)  # the memory update, the slowest stage
+
+
+def test_shared_cores_bound_the_iteration():
+    """Four CPU ranks on two cores: an iteration takes at least 4 x the rank's CPU seconds / 2."""
+    p = profile(sizes=(600,))
+    cpu = sum(p.batches[0].seconds.values())
+    c = next(c for c in model.predict(p, clusters.preset("cpu-4-eth10"), batch_sizes=[600], backends=["local"],
+                                      pipelines=["none"]) if c.refused is None)
+    assert (c.i, c.j, c.k) == (1, 1, 4)
+    assert c.iteration_s == pytest.approx(4 * cpu / 2 + 0.0, rel=0.05)
+    assert any("core-bound" in n for n in c.notes)
+
+
+def test_placement_share_prices_the_dispatch():
+    """sven's dispatch time follows the placement's remote share and imbalance (profiled at M)."""
+    p = profile(sizes=(600,), placements=[PlacementShare("range", 4, 0.75, 2.0), PlacementShare("reflexbicut", 4, 0.3, 1.0)])
+    c = clusters.Cluster(name="x", machines=1, trainers_per_machine=4, intra_link="eth10", inter_link="eth10",
+                         host_memory_gb=64, device_memory_gb=16)
+    got = {x.placement: x for x in model.predict(p, c, batch_sizes=[600], backends=["sven"], pipelines=["none"])
+           if x.refused is None and x.i == 4}
+    link = 1.25e9
+    rows = 12 * 600 * 0.4
+    assert got["range"].stages["dispatch"] / got["range"].iterations == pytest.approx(2 * 50e-6 + rows * 0.75 * 2.0 * ROW_BYTES / link)
+    assert got["reflexbicut"].stages["dispatch"] < got["range"].stages["dispatch"]
+    assert got["reflexbicut"].epoch_s < got["range"].epoch_s
+
+
+# ------------------------------------------------------------------------------------------------
+# Refusals
+
+
+def test_refusals_name_the_reason():
+    p = profile(sizes=(600,))
+    c = clusters.Cluster(name="x", machines=1, trainers_per_machine=4, intra_link="nvlink", inter_link="nvlink",
+                         host_memory_gb=64, device_memory_gb=16)
+    ranked = model.predict(p, c, batch_sizes=[600])
+    why = {(x.layout, x.backend, x.pipeline): x.refused for x in ranked if x.refused}
+    assert "epoch parallelism" in why[("2x2x1", "depcomm", "none")]  # the runtime's own check
+    assert "pipeline.mode=mspipe" in why[("4x1x1", "sven", "mspipe")]
+    assert "local memory serves one trainer" in why[("4x1x1", "local", "none")]
+    # a device too small for a whole copy refuses the stores that hold one, not the partitioned ones
+    big = profile(sizes=(600,), num_nodes=8_000_000)
+    small = clusters.Cluster(name="s", machines=1, trainers_per_machine=4, intra_link="nvlink", inter_link="nvlink",
+                             host_memory_gb=512, device_memory_gb=12)
+    got = {(x.layout, x.backend, x.pipeline): x for x in model.predict(big, small, batch_sizes=[600])}
+    assert "GiB per trainer" in got[("4x1x1", "depcache", "none")].refused
+    assert got[("4x1x1", "sven", "none")].refused is None
+
+
+# ------------------------------------------------------------------------------------------------
+# The cluster description and the profile file
+
+
+def test_cluster_presets_and_yaml(tmp_path):
+    assert clusters.preset("gpu-4x8-ib100").trainers == 32
+    assert clusters.cluster_of("cpu-2-eth10").simulated
+    f = tmp_path / "mine.yaml"
+    f.write_text("machines: 2\ntrainers_per_machine: 4\nintra_link: nvlink\ninter_link: 25gbps:5us\n"
+                 "host_memory_gb: 256\ndevice_memory_gb: 24\n")
+    c = clusters.cluster_of(str(f))
+    assert (c.name, c.trainers, c.link(True).bandwidth) == ("mine", 8, 25e9 / 8)
+    f.write_text("machines: 2\ntrainers: 4\n")
+    with pytest.raises(ConfigError, match="unknown key"):
+        clusters.load(f)
+    with pytest.raises(ConfigError, match="unknown cluster"):
+        clusters.cluster_of("nosuch")
+    with pytest.raises(ConfigError, match="intra_link"):
+        Cluster(name="b", machines=1, trainers_per_machine=1, intra_link="fast", inter_link="eth10", host_memory_gb=1)
+
+
+def test_profile_round_trip(tmp_path):
+    p = profile(placements=[PlacementShare("range", 2, 0.5, 1.1)], largest_batch=1200)
+    write(p, tmp_path / "p.json")
+    q = read(tmp_path / "p.json")
+    assert q == p and math.isinf(q.collectives["bytes_per_s"])
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(ConfigError, match="not a profile"):
+        read(tmp_path / "bad.json")

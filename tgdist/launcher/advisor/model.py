@@ -1,0 +1,504 @@
+"""The advisor's prediction: for every allowed layout, memory store, pipeline level and placement, the
+epoch time stage by stage and the memory per rank, from a profile and a cluster (a pure function:
+``predict(profile, cluster)``; no measurement, no process).
+
+One iteration of one trainer at local batch b (DESIGN.md "One training iteration"), W = i j k
+trainers, memory groups of G = i j trainers (DistTGL 3.2), Q trainers per machine:
+
+- CPU stages, from the profile: sample, features, memory read, compute, memory write, each fitted
+  as ``a + c b`` over the profiled batch sizes (``StageFit``); the rows a batch reads, N1 (1 - eta1),
+  from Sven eq. (12)'s hypothesis eta = A + B / bs (``RowFit``, the fit ``fit_eta`` of
+  ``micro_batches=auto``).
+- Communication, per trainer and iteration, priced with ``parallel.link``'s alpha-beta model
+  (``link_seconds``) on the cluster's link (the inter-machine one when the collective's ranks span
+  machines). Memory bytes are Sven's volumes per trainer (``volumes``): eq. (9) for sven (dispatch
+  of the distinct rows + aggregation of the distinct roots), eq. (8) for depcomm (every sampled
+  occurrence's memory, its gradients back, then aggregation), and for depcache the all-gather of
+  the distinct roots' rows to the G - 1 others (eq. (7) counts (M-1)^2 / M per trainer where the
+  gather moves M - 1: see ``volumes``). The share of rows another trainer owns is the profile's
+  measure of the placement (``PlacementShare``) in place of the ideal (M - 1) / M, and the busiest
+  trainer's load over the mean scales the time. Gradients: a ring all-reduce over all W trainers.
+- Overlap by pipeline level (``pipeline`` overrides in ``PIPELINES``):
+  none: everything in turn, but the aggregation travels during the backward pass (the plain step
+  starts it after the write: ``BACKWARD_SHARE`` of compute hides it);
+  prefetch (Sven 3.3.1): sampling and features leave the critical path (a background thread);
+  micro-batches (Sven 3.3.2): n micro-batches, dispatch overlapping the memory update and the
+  aggregation overlapping the GNN layers, T(n) = max(C, D) + min(C, D) / n + n o, n from eq. (12)
+  as ``micro_batches=auto`` fits it (``fit_granularity``: n = sqrt(min(C, D) / o) at the batch);
+  asynchronous all-reduce (Sven eq. (13)): the all-reduce hides behind the next iteration's compute;
+  mspipe (MSPipe 3.2, eq. (3)-(4), C1-C3): the five stages overlap across iterations; the epoch is
+  the schedule of ``staleness_bounds`` (stall-free minimal staleness), whose steady K is the
+  staleness the table reports.
+- Shared cores (CPU trainers, ``Cluster.cores_per_machine``): the Q trainers of a machine, their
+  background threads and memory daemons share its cores, so an iteration takes at least the
+  machine's CPU seconds over its cores; a rank waiting on a (slept) link leaves its core to
+  another. The iteration is the larger of that and the rank's critical path.
+- Epoch: ceil(E / (W b)) iterations per trainer, plus j - 1 for the epoch-parallel subgroups' fill.
+
+Memory per rank: node memory and mails (num_nodes rows of mem_dim floats, a float64 time, the
+mailbox) where the store keeps them (a copy per trainer: local, depcache; 1/G of a copy, times the
+imbalance: sven, depcomm; one copy per group in host memory: daemon), parameters with Adam's two
+moments, and a working set of the batch's rows; the host also holds each rank's graph and T-CSR.
+
+A combination is refused with its reason when it does not fit memory, or when the runtime refuses
+it (the same checks: ``validate_pipeline``, ``check_settings``), or DistTGL 3.2.4's rules for
+memory in host memory (k >= machines, a memory group on one machine).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tgdist.distributed.link import link_seconds
+from tgdist.errors import ConfigError
+from tgdist.launcher.advisor.cluster import Cluster
+from tgdist.launcher.advisor.profile import STAGES, Profile
+
+__all__ = ["PIPELINES", "BACKWARD_SHARE", "DAEMON_FACTOR", "StageFit", "RowFit", "Candidate", "volumes",
+           "paper_volumes", "sven_beats_depcache", "micro_count", "predict", "layouts"]
+
+# pipeline level -> the overrides that run it (configs/pipeline/*.yaml)
+PIPELINES = {
+    "none": ["pipeline=none"],
+    "prefetch": ["pipeline=prefetch"],
+    "prefetch+micro": ["pipeline=prefetch", "pipeline.micro_batches=auto"],
+    "sven": ["pipeline=sven"],  # prefetch, micro-batches and asynchronous all-reduce
+    "mspipe": ["pipeline=mspipe"],
+}
+BACKWARD_SHARE = 0.5  # of the compute stage that runs after the write (the backward pass): hides the aggregation
+# the memory daemon's read + write over in-process memory's, measured (benchmarks/results/memory_daemon.md: 1.82-2.03)
+DAEMON_FACTOR = 1.9
+MAX_MICRO = 8  # pipeline.max_micro_batches' default
+COLLECTIVES = {"sven": (2, 1), "depcomm": (3, 1), "depcache": (0, 1), "daemon": (0, 0), "local": (0, 0)}
+# ^ collectives per iteration (dispatch side, aggregation side): each pays the link's latency once
+
+
+# ------------------------------------------------------------------------------------------------
+# Fits of the profile
+
+
+@dataclass(frozen=True)
+class StageFit:
+    """Seconds of each stage at local batch b: ``a[s] + c[s] * b`` (least squares over the profiled
+    sizes; one size: proportional), never below 0. ``a`` is the fixed part of an iteration, what
+    each micro-batch pays again."""
+
+    a: dict
+    c: dict
+
+    @classmethod
+    def of(cls, profile: Profile) -> "StageFit":
+        bs = np.array([b.batch_size for b in profile.batches], dtype=np.float64)
+        a, c = {}, {}
+        for s in STAGES:
+            y = np.array([float(b.seconds.get(s, 0.0)) for b in profile.batches])
+            if np.unique(bs).size < 2:
+                a[s], c[s] = 0.0, float(y.mean() / bs.mean())
+                continue
+            slope, icept = np.polyfit(bs, y, 1)
+            if icept < 0:  # a negative fixed cost: proportional instead
+                icept, slope = 0.0, float((y * bs).sum() / (bs * bs).sum())
+            if slope < 0:
+                icept, slope = float(y.mean()), 0.0
+            a[s], c[s] = float(icept), float(slope)
+        return cls(a, c)
+
+    def at(self, stage: str, b: float) -> float:
+        return max(self.a[stage] + self.c[stage] * b, 0.0)
+
+
+@dataclass(frozen=True)
+class RowFit:
+    """Rows of a batch of b events: ``sampled(b)`` = N1 (proportional to b), ``distinct(b)`` = N1 (1 - eta1)
+    with eta1 = A1 + B1 / b, and the roots N2 = 2 b with eta2 = A2 + B2 / b: Sven eq. (12)'s
+    hypothesis, fitted as ``micro_batches=auto`` fits it (``fit_eta``)."""
+
+    sampled_per_event: float
+    A1: float
+    B1: float
+    A2: float
+    B2: float
+
+    @classmethod
+    def of(cls, profile: Profile) -> "RowFit":
+        bs = [b.batch_size for b in profile.batches]
+        per_event = float(np.mean([b.rows_sampled / b.batch_size for b in profile.batches]))
+        if len(set(bs)) < 2:
+            b = profile.batches[0]
+            return cls(per_event, b.eta1, 0.0, b.eta2, 0.0)
+        A1, B1 = fit_eta(bs, [b.eta1 for b in profile.batches])
+        A2, B2 = fit_eta(bs, [b.eta2 for b in profile.batches])
+        return cls(per_event, A1, B1, A2, B2)
+
+    def sampled(self, b: float) -> float:
+        return self.sampled_per_event * b
+
+    def eta1(self, b: float) -> float:
+        return min(max(self.A1 + self.B1 / b, 0.0), 1.0)
+
+    def eta2(self, b: float) -> float:
+        return min(max(self.A2 + self.B2 / b, 0.0), 1.0)
+
+    def distinct(self, b: float) -> float:
+        return self.sampled(b) * (1.0 - self.eta1(b))
+
+    def roots_distinct(self, b: float) -> float:
+        return 2.0 * b * (1.0 - self.eta2(b))
+
+
+def fit_eta(sizes, eta) -> tuple[float, float]:
+    """Sven eq. (12) (Appendix D, eq. (22)): least squares of eta = A + B / bs."""
+    from tgdist.runtime.pipelines.plain import fit_eta as runtime_fit
+
+    return runtime_fit(sizes, eta)
+
+
+# ------------------------------------------------------------------------------------------------
+# Sven's volumes (3.2, eq. (7)-(10))
+
+
+def paper_volumes(N1: float, eta1: float, N2: float, eta2: float, d_msg: float, d_mem: float, M: int,
+                  C0: float = 4.0) -> dict:
+    """Eq. (7), (8), (9) as printed: the bytes one iteration moves over all M trainers (sent and
+    received), N1 / N2 the sampled / original vertices of the global batch."""
+    f = 2 * (M - 1) / M
+    agg = N2 * (1 - eta2) * (d_msg + d_mem) * f * C0
+    return {"depcache": N2 * (1 - eta2) * (d_msg + d_mem) * 2 * (M - 1) ** 2 / M * C0,  # (7)
+            "depcomm": N1 * d_mem * f * C0 + agg,  # (8)
+            "sven": N1 * (1 - eta1) * (d_msg + d_mem) * f * C0 + agg}  # (9)
+
+
+def sven_beats_depcache(T: float, M: int) -> bool:
+    """Eq. (10): with the redundancy-free dispatch T times the aggregation's vertices, Sven moves
+    less than DepCache when M > T + 2."""
+    return M > T + 2
+
+
+def volumes(backend: str, rows_sampled: float, rows_distinct: float, roots_distinct: float, row_bytes: float,
+            mem_bytes: float, grad_mem_bytes: float, remote: float, group: int) -> tuple[float, float]:
+    """Bytes on one trainer's link per iteration (its busier direction, as ``parallel.link`` charges
+    an all-to-all), as (dispatch, aggregation), of a trainer whose batch samples ``rows_sampled``
+    rows, ``rows_distinct`` of them distinct, with ``roots_distinct`` distinct roots to write back;
+    ``remote``: the share of rows another trainer of its group owns ((M - 1) / M for an ideal
+    placement, the profile's measure otherwise).
+
+    Over M trainers each sending and receiving this, sven's sum is eq. (9) and depcomm's eq. (8)
+    exactly (with N1 = M rows_sampled, N1 (1 - eta1) = M rows_distinct, N2 (1 - eta2) = M
+    roots_distinct, remote = (M - 1) / M); depcache's all-gather gives each trainer the others'
+    rows, (M - 1) roots_distinct rows per direction, which is M / (M - 1) times eq. (7)'s share."""
+    if backend == "sven":
+        return rows_distinct * remote * row_bytes, roots_distinct * remote * row_bytes
+    if backend == "depcomm":  # the memory of every sampled occurrence, and its gradient back
+        return rows_sampled * remote * (mem_bytes + grad_mem_bytes), roots_distinct * remote * row_bytes
+    if backend == "depcache":
+        return 0.0, (group - 1) * roots_distinct * row_bytes
+    return 0.0, 0.0
+
+
+def micro_count(compute_s: float, dispatch_s: float, overhead_s: float, n_max: int = MAX_MICRO) -> int:
+    """Micro-batches as ``micro_batches=auto`` chooses them (``fit_granularity``: the cost model's
+    n* = sqrt(min(C, D) / o), which eq. (12) reproduces at the measured batch)."""
+    hidden = max(min(compute_s, dispatch_s), 0.0)
+    n = math.sqrt(hidden / max(overhead_s, 1e-9))
+    return int(min(max(math.floor(n + 1e-9), 1), n_max))
+
+
+# ------------------------------------------------------------------------------------------------
+# Candidates
+
+
+@dataclass
+class Candidate:
+    """One combination and what the model predicts for it (``refused``: why it cannot run)."""
+
+    i: int
+    j: int
+    k: int
+    backend: str
+    pipeline: str
+    placement: str | None
+    batch_size: int
+    epoch_s: float = math.nan
+    iteration_s: float = math.nan
+    iterations: int = 0
+    stages: dict = field(default_factory=dict)  # stage -> epoch seconds on the critical path, unoverlapped
+    memory_per_rank_gb: float = 0.0
+    host_per_machine_gb: float = 0.0
+    bytes_per_epoch: float = 0.0
+    micro_batches: int = 1
+    staleness: int = 0
+    risk: list = field(default_factory=list)
+    risk_level: int = 0
+    refused: str | None = None
+    notes: list = field(default_factory=list)
+
+    @property
+    def layout(self) -> str:
+        return f"{self.i}x{self.j}x{self.k}"
+
+    @property
+    def world(self) -> int:
+        return self.i * self.j * self.k
+
+    def label(self) -> str:
+        place = f"/{self.placement}" if self.placement else ""
+        return f"{self.layout} {self.backend}{place} {self.pipeline} b={self.batch_size}"
+
+    def overrides(self, cluster: Cluster | None = None) -> list[str]:
+        out = [f"parallel.i={self.i}", f"parallel.j={self.j}", f"parallel.k={self.k}",
+               f"memory.backend={'auto' if self.backend == 'local' else self.backend}",
+               f"train.batch_size={self.batch_size}", *PIPELINES[self.pipeline]]
+        if self.placement:
+            out.append(f"partition.method={self.placement}")
+        if cluster is not None:
+            if cluster.simulated and self.world > 1:
+                out.append(f"parallel.link={cluster.intra_link}")
+            out.append(f"train.device={cluster.device}")
+        return out
+
+    def as_json(self) -> dict:
+        d = {k: v for k, v in self.__dict__.items()}
+        d["layout"] = self.layout
+        return d
+
+
+def layouts(world: int) -> list[tuple[int, int, int]]:
+    return [(i, j, world // (i * j)) for i in range(1, world + 1) if world % i == 0
+            for j in range(1, world // i + 1) if (world // i) % j == 0]
+
+
+def _store_class(backend: str):
+    from tgdist import memory
+
+    return memory.store_class(backend)
+
+
+def runtime_refusal(c: Candidate) -> str | None:
+    """What the runtime says of this combination before any data is read (the same checks)."""
+    from omegaconf import OmegaConf
+
+    from tgdist.config import ParallelConfig, PipelineConfig, PlacementConfig
+    from tgdist.runtime.build import validate_pipeline
+    from tgdist.memory.placement import check_settings
+
+    pipe = PipelineConfig()
+    for ov in PIPELINES[c.pipeline]:
+        key, value = ov.split("=", 1)
+        if key == "pipeline":
+            if value in ("prefetch", "sven", "mspipe"):
+                pipe.prefetch = 2
+            if value == "sven":
+                pipe.micro_batches, pipe.async_allreduce = "auto", True
+            if value == "mspipe":
+                pipe.mode, pipe.staleness = "mspipe", "auto"
+        else:
+            setattr(pipe, key.split(".", 1)[1], value)
+    backend = "auto" if c.backend == "local" else c.backend
+    try:
+        validate_pipeline(OmegaConf.structured(pipe), OmegaConf.structured(ParallelConfig(i=c.i, j=c.j, k=c.k)), backend)
+        store = _store_class(c.backend)
+        if store.partitioned:
+            check_settings(store, c.j, OmegaConf.structured(PlacementConfig(method=c.placement or "reflexbicut")))
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
+def _row_bytes(data: dict) -> tuple[float, float]:
+    """Bytes of one node's memory + mails (float32 vectors, float64 times) and of its memory alone."""
+    S = int(data.get("mailbox_size", 1))
+    mem = 4 * data["mem_dim"] + 8
+    return mem + S * (4 * data["mail_dim"] + 8), mem
+
+
+def _spans(first: int, size: int, per_machine: int) -> bool:
+    return first // per_machine != (first + size - 1) // per_machine
+
+
+def predict(profile: Profile, cluster: Cluster, *, batch_sizes: list[int] | None = None,
+            backends: list[str] | None = None, pipelines: list[str] | None = None,
+            placements: list[str] | None = None, check_runtime: bool = True) -> list[Candidate]:
+    """Every combination for ``cluster``'s trainers, ranked: the runnable ones by predicted epoch time
+    (accuracy risk beyond L last), then the refused ones. See the module docstring."""
+    stage = StageFit.of(profile)
+    rows = RowFit.of(profile)
+    W, Q, P = cluster.trainers, cluster.trainers_per_machine, cluster.machines
+    E = int(profile.data["num_train_events"])
+    num_nodes = int(profile.data["num_nodes"])
+    row_bytes, mem_bytes = _row_bytes(profile.data)
+    grad_mem_bytes = 4.0 * profile.data["mem_dim"]
+    copy_bytes = num_nodes * row_bytes
+    if batch_sizes is None:
+        batch_sizes = [profile.saturation_batch or profile.batch_sizes()[len(profile.batches) // 2]]
+    backends = backends or ["local", "daemon", "depcache", "depcomm", "sven"]
+    pipelines = pipelines or list(PIPELINES)
+    methods = placements or profile.methods() or ["reflexbicut"]
+    here = cluster.simulated  # the profile's machine: its collectives' own cost applies
+    coll = profile.collectives
+    L = profile.largest_batch
+    out: list[Candidate] = []
+    for (i, j, k) in layouts(W):
+        G = i * j
+        for b in batch_sizes:
+            for backend in backends:
+                partitioned = backend in ("sven", "depcomm")
+                for method in (methods if partitioned else [None]):
+                    for pipe in pipelines:
+                        c = Candidate(i, j, k, backend, pipe, method, int(b))
+                        out.append(c)
+                        why = _layout_refusal(c, G, P, Q, cluster)
+                        if why is None and check_runtime:
+                            why = runtime_refusal(c)
+                        if why is not None:
+                            c.refused = why
+                            continue
+                        _time(c, profile, cluster, stage, rows, G, W, Q, E, row_bytes, mem_bytes, grad_mem_bytes,
+                              here, coll)
+                        _memory(c, profile, cluster, rows, G, W, Q, P, copy_bytes, row_bytes)
+                        _risk(c, L)
+    ok = sorted((c for c in out if c.refused is None), key=lambda c: (c.risk_level >= 2, c.epoch_s))
+    return ok + [c for c in out if c.refused is not None]
+
+
+def _layout_refusal(c: Candidate, G: int, P: int, Q: int, cluster: Cluster) -> str | None:
+    if c.backend == "local" and G > 1:
+        return (f"local memory serves one trainer; a memory group of parallel.i x parallel.j = {G} trainers needs a "
+                f"shared store")
+    if c.backend != "local" and G == 1 and c.backend != "daemon":
+        return f"one trainer per memory copy: memory.backend={c.backend} would hold it whole, as local memory does"
+    if c.backend == "daemon":
+        if c.world == 1:
+            return "one trainer: local memory in the process, no daemon"
+        if c.k < P:
+            return (f"memory in host memory needs k >= machines ({c.k} < {P}): only memory parallelism moves no "
+                    f"memory between machines (DistTGL 3.2.4)")
+        if any(_spans(g * G, G, Q) for g in range(c.k)):
+            return f"a memory group of {G} trainers would span machines of {Q}: its daemon serves one machine (DistTGL 3.3)"
+    if c.batch_size < c.i:
+        return f"local batch {c.batch_size} below parallel.i = {c.i}"
+    return None
+
+
+def _time(c: Candidate, profile: Profile, cluster: Cluster, stage: StageFit, rows: RowFit, G: int, W: int, Q: int,
+          E: int, row_bytes: float, mem_bytes: float, grad_mem_bytes: float, here: bool, coll: dict) -> None:
+    b = c.batch_size
+    S, F, C = stage.at("sample", b), stage.at("features", b), stage.at("compute", b)
+    R, Wr = stage.at("memory_read", b), stage.at("memory_write", b)
+    daemon_cpu = 0.0
+    if c.backend == "depcache":  # each copy applies the whole group's writes
+        Wr = stage.at("memory_write", G * b)
+    if c.backend == "daemon":
+        daemon_cpu = G * (R + Wr)  # its daemon serves the group's reads and writes in turn
+        R, Wr = DAEMON_FACTOR * R, DAEMON_FACTOR * Wr
+    place = profile.placement(c.placement, G) if c.placement else None
+    remote = place.remote_share if place else (G - 1) / G
+    imbalance = place.imbalance if place else 1.0
+    if c.placement and place is None:
+        c.notes.append(f"placement {c.placement} not profiled at M={G}: the ideal share (M-1)/M assumed")
+    disp_b, agg_b = volumes(c.backend, rows.sampled(b), rows.distinct(b), rows.roots_distinct(b), row_bytes,
+                            mem_bytes, grad_mem_bytes, remote, G)
+    disp_b, agg_b = disp_b * imbalance, agg_b * imbalance
+    n_disp, n_agg = COLLECTIVES.get(c.backend, (0, 0))
+    mem_link = cluster.link(any(_spans(g * G, G, Q) for g in range(c.k)))
+    grad_link = cluster.link(W > Q)
+    lat = mem_link.latency
+    D = (n_disp * lat + disp_b / mem_link.bandwidth) if n_disp and G > 1 else 0.0
+    A = (n_agg * lat + agg_b / mem_link.bandwidth) if n_agg and G > 1 else 0.0
+    Gr = link_seconds("all_reduce", profile.grad_bytes, W, grad_link)
+    n_coll = (n_disp + n_agg if G > 1 else 0) + (1 if W > 1 else 0)
+    coll_cpu = 0.0
+    if here:  # the real collective between processes of this machine, besides the modelled link
+        bps = coll.get("bytes_per_s") or math.inf
+        coll_cpu = n_coll * coll.get("fixed_s", 0.0) + ((disp_b + agg_b) * (1 if G > 1 else 0)
+                                                         + (profile.grad_bytes if W > 1 else 0)) / bps
+    front = S + F
+    micro_o = stage.a["sample"] + stage.a["features"] + stage.a["memory_read"] + stage.a["compute"] + n_disp * lat
+    n = 1
+    pipe = c.pipeline
+    if pipe in ("none", "prefetch"):
+        rest = R + D + C + Wr + max(0.0, A - BACKWARD_SHARE * C) + Gr + coll_cpu
+    elif pipe in ("prefetch+micro", "sven"):
+        n = micro_count(C, D, micro_o) if D > 0 else 1
+        Gr_path = max(0.0, Gr - C) if pipe == "sven" else Gr
+        rest = (R + max(C, D) + min(C, D) / n + (n - 1) * micro_o + Wr + max(0.0, A - C) + Gr_path + coll_cpu)
+    else:  # mspipe
+        rest = 0.0
+    extra_cpu = (n - 1) * (micro_o - n_disp * lat)  # what more micro-batches cost the cores
+    if pipe == "none":
+        path = front + rest
+    elif pipe == "mspipe":
+        from tgdist.runtime.pipelines.mspipe import staleness_bounds
+
+        tau = (S, F, R + D, C + Gr + coll_cpu, Wr + A)
+        iters = max(1, math.ceil(E / (W * b)))
+        sim = min(iters, 400)
+        bounds = staleness_bounds(tau, sim)
+        half = sim // 2
+        if sim > 2:
+            path = float(bounds.end[-1, 4] - bounds.end[half, 4]) / (sim - 1 - half)
+        else:
+            path = float(bounds.end[-1, 4]) / sim
+        c.staleness = bounds.steady()
+    else:
+        path = max(front, rest)
+    cpu_rank = S + F + R + C + Wr + coll_cpu + extra_cpu
+    T = path
+    if cluster.cores_per_machine is not None:
+        groups_here = max(1, Q // G) if c.backend == "daemon" else 0
+        machine_cpu = Q * cpu_rank + groups_here * daemon_cpu
+        T = max(path, machine_cpu / cluster.cores_per_machine)
+        if machine_cpu / cluster.cores_per_machine > path:
+            c.notes.append(f"core-bound: {Q} ranks' CPU work over {cluster.cores_per_machine} cores")
+    iters = max(1, math.ceil(E / (W * b)))
+    c.iterations = iters
+    c.micro_batches = n
+    c.iteration_s = T
+    c.epoch_s = (iters + c.j - 1) * T
+    per = {"sample": S, "features": F, "memory_read": R, "dispatch": D, "compute": C, "memory_write": Wr,
+           "aggregation": A, "allreduce": Gr, "collective_cpu": coll_cpu}
+    c.stages = {s: v * iters for s, v in per.items()}
+    c.bytes_per_epoch = iters * W * ((disp_b + agg_b if G > 1 else 0.0) + (2 * (W - 1) / W * profile.grad_bytes))
+
+
+def _memory(c: Candidate, profile: Profile, cluster: Cluster, rows: RowFit, G: int, W: int, Q: int, P: int,
+            copy_bytes: float, row_bytes: float) -> None:
+    b = c.batch_size
+    params = 4.0 * profile.grad_bytes  # weights, gradients, Adam's two moments
+    working = 3 * rows.distinct(b) * row_bytes + 6 * rows.sampled(b) * 4 * profile.data["mem_dim"]
+    store = {"local": copy_bytes, "depcache": copy_bytes, "daemon": 0.0}.get(c.backend, 0.0)
+    if c.backend in ("sven", "depcomm"):
+        place = profile.placement(c.placement, G) if c.placement else None
+        store = copy_bytes / G * (place.imbalance if place else 1.0)
+    rank = params + working + store
+    groups_per_machine = max(1, Q // G) if c.backend == "daemon" else 0
+    host = Q * profile.graph_bytes + groups_per_machine * copy_bytes
+    if cluster.device_memory_gb is None:  # CPU trainers: the rank lives in host memory
+        host += Q * rank
+    c.memory_per_rank_gb = rank / 2**30
+    c.host_per_machine_gb = host / 2**30
+    if cluster.device_memory_gb is not None and rank > cluster.device_memory_gb * 2**30:
+        c.refused = (f"needs {rank / 2**30:.1f} GiB per trainer, the device has {cluster.device_memory_gb:g} GB "
+                     f"({c.backend}{' holds a whole copy of node memory' if store == copy_bytes else ''})")
+    elif host > cluster.host_memory_gb * 2**30:
+        c.refused = (f"needs {host / 2**30:.1f} GiB of host memory per machine, which has {cluster.host_memory_gb:g} GB"
+                     + (f" ({groups_per_machine} memory copies per machine)" if groups_per_machine else ""))
+
+
+def _risk(c: Candidate, L: int | None) -> None:
+    g = c.i * c.batch_size
+    if L is not None and g > L:
+        c.risk.append(f"global batch {g} > L = {L} (DistTGL 3.2.4: accuracy drops beyond it)")
+        c.risk_level = 2
+    if c.j > 1:
+        c.risk.append(f"epoch parallelism j = {c.j} (DistTGL Fig. 9b: converges slower than memory parallelism)")
+        c.risk_level = max(c.risk_level, 1)
+    if c.pipeline == "sven":
+        c.risk.append("gradient staleness 1 (Sven eq. (13))")
+        c.risk_level = max(c.risk_level, 1)
+    if c.pipeline == "mspipe" and c.staleness > 0:
+        c.risk.append(f"memory staleness K = {c.staleness} (MSPipe 3.2; tgdist measured -0.67 AP point at K = 1 on "
+                      f"CollegeMsg)")
+        c.risk_level = max(c.risk_level, 1)
