@@ -210,3 +210,81 @@ def test_profile_round_trip(tmp_path):
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(ConfigError, match="not a profile"):
         read(tmp_path / "bad.json")
+
+
+# ------------------------------------------------------------------------------------------------
+# The command line
+
+
+def run_cli(argv, capsys):
+    from tgdist.cli import main as cli_main
+
+    rc = cli_main(["plan", *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+TINY = ["data=synthetic", "data.synthetic.num_events=3000", "data.synthetic.num_nodes=200"]
+
+
+def test_plan_profile_then_advise(tmp_path, capsys):
+    """``tgdist plan --profile`` measures (a progress line per stage), writes the profile, and
+    advises: the table, the best candidate's launch and sbatch lines, the PNG and the sweep, whose
+    experiment files compose to the candidates' configs."""
+    from tgdist.runtime.build import compose
+
+    prof, png, sweep = tmp_path / "p.json", tmp_path / "top.png", tmp_path / "sweep"
+    rc, out, err = run_cli(["--profile", *TINY, "--batch-sizes", "50", "100", "--iterations", "4", "--warmup", "2",
+                            "--parts", "2", "--methods", "range", "--largest-batch", "200", "--no-collectives",
+                            "--out", str(prof), "--cluster", "cpu-2-eth10", "--top", "3", "--png", str(png),
+                            "--sweep", str(sweep)], capsys)
+    assert rc == 0, err
+    assert "[1/3] batch 50" in err and "[2/3] batch 100" in err and "[3/3] placements at M = 2" in err
+    p = read(prof)
+    assert p.batch_sizes() == [50, 100] and p.largest_batch == 200 and p.accuracy_source == "given"
+    assert p.placement("range", 2) is not None and p.data["num_train_events"] > 0
+    assert all(b.rows_distinct <= b.rows_sampled and b.seconds["compute"] > 0 for b in p.batches)
+    assert "epoch s" in out and "best: " in out
+    launch = next(ln for ln in out.splitlines() if ln.strip().startswith("tgdist launch --nproc 2"))
+    assert "parallel.link=eth10" in launch and "data.synthetic.num_events=3000" in launch
+    assert any(ln.strip().startswith("sbatch --nodes 1") for ln in out.splitlines())
+    assert png.stat().st_size > 1000
+    files = sorted((sweep / "experiment").glob("advice_*.yaml"))
+    assert len(files) == 3 and (sweep / "sweep.sh").exists()
+    ranked = [c for c in model.predict(p, clusters.preset("cpu-2-eth10")) if c.refused is None]
+    for f, c in zip(files, ranked):
+        cfg = compose([f"hydra.searchpath=[file://{sweep}]", f"experiment={f.stem}", *TINY])
+        assert (cfg.parallel.i, cfg.parallel.j, cfg.parallel.k) == (c.i, c.j, c.k)
+        assert cfg.train.batch_size == c.batch_size and cfg.parallel.link == "eth10"
+        assert (cfg.train.epochs % (c.j * c.k)) == 0
+
+
+def test_plan_from_profile_json_and_errors(tmp_path, capsys):
+    import json
+
+    f = tmp_path / "p.json"
+    write(profile(sizes=(200, 600), largest_batch=1200, saturation_batch=600), f)
+    rc, out, _ = run_cli(["--from-profile", str(f), "--cluster", "gpu-4x8-ib100", "--json"], capsys)
+    got = json.loads(out)
+    assert rc == 0 and got["best"]["sbatch"].startswith("sbatch --nodes 4 --gpus-per-node 8")
+    assert "--nnodes 4" in got["best"]["launch"]
+    assert {c["refused"] is None for c in got["candidates"]} == {True, False}
+    for argv, words in [(["--from-profile", str(f)], "needs --cluster"),
+                        (["--from-profile", str(f), "--cluster", "nosuch"], "unknown cluster"),
+                        (["--from-profile", str(tmp_path / "none.json"), "--cluster", "gpu-1"], "cannot read")]:
+        rc, out, err = run_cli(argv, capsys)
+        assert rc == 2 and words in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_collective_costs_on_this_machine():
+    from tgdist.launcher.advisor.measure import collective_costs
+
+    got = collective_costs(repeats=3)
+    assert got["fixed_s"] > 0 and got["bytes_per_s"] > 0, got
+
+
+def test_saturation_and_largest_safe():
+    from tgdist.launcher.advisor.measure import largest_safe, saturation
+
+    assert saturation([200, 600, 1200, 2400], [10_000, 25_000, 29_000, 30_000]) == 1200
+    assert largest_safe([200, 600, 1200, 2400], [0.95, 0.948, 0.942, 0.90], 0.01) == 1200

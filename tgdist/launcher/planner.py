@@ -157,7 +157,9 @@ def _parser() -> argparse.ArgumentParser:
         description="Choose the DistTGL i x j x k (mini-batch x epoch x memory parallelism) for a cluster "
                     "(DistTGL section 3.2.4). Prints the reasoning, then one JSON line.",
         epilog="example: tgdist plan --machines 4 --gpus-per-machine 8 --largest-batch 3200 "
-               "--saturation-batch 1600 --memory-copies-per-machine 2   ->  i=2 j=2 k=8",
+               "--saturation-batch 1600 --memory-copies-per-machine 2   ->  i=2 j=2 k=8. "
+               "To predict and rank every layout, store and pipeline from a profile of the data instead: "
+               "tgdist plan --profile data=NAME --cluster PRESET|FILE (tgdist plan --profile --help)",
     )
     ap.add_argument("--machines", "-P", type=int, required=True, help="number of machines (P)")
     ap.add_argument("--gpus-per-machine", "-Q", type=int, required=True, help="GPUs (trainers) per machine (Q)")
@@ -175,7 +177,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    from tgdist.launcher.advisor.cli import wants_advisor
+
+    if wants_advisor(argv):  # the strategy advisor: a profile of the data instead of L, S and copies
+        from tgdist.launcher.advisor.cli import main as advise
+
+        return advise(argv)
+    args = _parser().parse_args(argv)
     if args.memory_copies_per_machine is not None:
         _need_positive("--memory-copies-per-machine", args.memory_copies_per_machine)
         if args.memory_gb_per_copy is not None:  # it would be ignored

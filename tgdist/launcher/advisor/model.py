@@ -331,8 +331,9 @@ def predict(profile: Profile, cluster: Cluster, *, batch_sizes: list[int] | None
     row_bytes, mem_bytes = _row_bytes(profile.data)
     grad_mem_bytes = 4.0 * profile.data["mem_dim"]
     copy_bytes = num_nodes * row_bytes
-    if batch_sizes is None:
-        batch_sizes = [profile.saturation_batch or profile.batch_sizes()[len(profile.batches) // 2]]
+    if batch_sizes is None:  # DistTGL 3.2.4: each trainer takes S events, or L when L < S
+        S = profile.saturation_batch or profile.batch_sizes()[len(profile.batches) // 2]
+        batch_sizes = [min(S, profile.largest_batch) if profile.largest_batch else S]
     backends = backends or ["local", "daemon", "depcache", "depcomm", "sven"]
     pipelines = pipelines or list(PIPELINES)
     methods = placements or profile.methods() or ["reflexbicut"]

@@ -100,7 +100,8 @@ class Profile:
     def as_json(self) -> dict:
         d = asdict(self)
         d["version"] = VERSION
-        if not math.isfinite(d["collectives"].get("bytes_per_s", 0.0)):
+        bps = d["collectives"].get("bytes_per_s")
+        if bps is not None and not math.isfinite(bps):
             d["collectives"]["bytes_per_s"] = None
         return d
 

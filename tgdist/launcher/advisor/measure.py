@@ -1,0 +1,259 @@
+"""``measure``: take a profile on the machine at hand (``tgdist plan --profile DATA_OVERRIDES``).
+
+In one process, as ``tgdist train`` would build it for the data the overrides name:
+
+1. for each local batch size, a few dozen training iterations (after a warm-up), each stage timed
+   by the trainer's ``StageTimer`` (sample, features, memory read, compute = forward, backward and
+   optimizer, memory write), and each batch's rows counted: sampled N1, distinct N1 (1 - eta1),
+   roots N2, distinct roots N2 (1 - eta2) (Sven 3.2);
+2. for each trainer count M and partition method, the access graph of one pre-sampled epoch
+   (``first_pass_access``) and the placement's remote share and imbalance (``measures``);
+3. the cost of a collective between two processes of this machine (gloo, loopback): what a
+   parallel run pays besides the modelled link;
+4. DistTGL's S (saturation: the smallest batch within 10% of the best events/s) and L (given, or
+   the largest batch whose validation AP after one pass is within ``ap_tolerance`` of the best).
+
+Each stage prints one progress line on stderr.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from tgdist.launcher.advisor.profile import STAGES, BatchProfile, PlacementShare, Profile
+
+__all__ = ["measure", "collective_costs", "saturation", "largest_safe"]
+
+SATURATION_SHARE = 0.9  # S: the smallest batch reaching this share of the best events/s
+
+
+def _say(msg: str) -> None:
+    print(f"tgdist plan --profile: {msg}", file=sys.stderr, flush=True)
+
+
+def saturation(batch_sizes, events_per_s) -> int:
+    """DistTGL's S from measurements: the smallest batch whose events/s is within 10% of the best."""
+    best = max(events_per_s)
+    return int(min(b for b, e in zip(batch_sizes, events_per_s) if e >= SATURATION_SHARE * best))
+
+
+def largest_safe(batch_sizes, val_ap, tolerance: float) -> int:
+    """DistTGL's L from a sweep: the largest batch whose validation AP is within ``tolerance`` of the best."""
+    best = max(val_ap)
+    return int(max(b for b, a in zip(batch_sizes, val_ap) if a >= best - tolerance))
+
+
+def _nbytes(obj, seen=None) -> int:
+    """Bytes of the NumPy arrays an object holds (one level of attributes)."""
+    total = 0
+    for v in vars(obj).values():
+        if isinstance(v, np.ndarray):
+            total += v.nbytes
+    return total
+
+
+def _rows(tr, p, lo: int, hi: int) -> tuple[float, float, float, float]:
+    g = tr.g
+    sampled = p.root_idx.numel() + sum(int(h.mask.sum()) for h in p.hops)
+    distinct = p.ids.numel()
+    roots = 2 * (hi - lo)
+    roots_distinct = np.unique(np.concatenate([g.src[lo:hi], g.dst[lo:hi]])).size
+    return sampled, distinct, roots, roots_distinct
+
+
+def _time_batch(cfg_over: list[str], graph, b: int, warmup: int, iterations: int):
+    from tgdist.runtime.build import build_trainer, compose
+
+    cfg = compose([*cfg_over, f"train.batch_size={b}"])
+    tr = build_trainer(cfg, graph=graph, progress=False)
+    steps = list(tr.batches("train"))
+    if len(steps) < warmup + iterations:
+        warmup = min(warmup, max(len(steps) // 4, 1))
+        iterations = max(len(steps) - warmup, 1)
+    tr.model.train()
+    for s, e in steps[:warmup]:
+        tr.step(s, e, tr.negatives.train(e - s, 1), train=True)
+    before = dict(tr.timer.seconds)
+    counts = []
+    t0 = time.perf_counter()
+    for s, e in steps[warmup:warmup + iterations]:
+        p = tr.prepare(s, e, tr.negatives.train(e - s, 1), lookup=True)
+        counts.append(_rows(tr, p, s, e))
+        tr.compute(p, True)
+        tr.memory.exchange()
+    wall = time.perf_counter() - t0
+    secs = {s: (tr.timer.seconds.get(s, 0.0) - before.get(s, 0.0)) / iterations for s in STAGES}
+    rows = np.mean(np.array(counts, dtype=np.float64), axis=0)
+    grad_bytes = sum(4 * q.numel() for q in tr.model.parameters() if q.requires_grad)
+    bp = BatchProfile(batch_size=b, seconds={k: round(v, 7) for k, v in secs.items()}, rows_sampled=float(rows[0]),
+                      rows_distinct=float(rows[1]), roots=float(rows[2]), roots_distinct=float(rows[3]),
+                      iterations=iterations)
+    return bp, wall / iterations, grad_bytes, tr, cfg
+
+
+def _val_ap(cfg_over: list[str], graph, b: int, events: int | None) -> float:
+    """Validation AP after one pass over the first ``events`` training events (all: None) at batch b."""
+    from tgdist.runtime.build import build_trainer, compose
+
+    cfg = compose([*cfg_over, f"train.batch_size={b}"])
+    tr = build_trainer(cfg, graph=graph, progress=False)
+    tr.model.train()
+    lo, hi = tr.split.range("train")
+    end = hi if events is None else min(hi, lo + events)
+    for s in range(lo, end, b):
+        e = min(s + b, end)
+        tr.step(s, e, tr.negatives.train(e - s, 1), train=True)
+    return float(tr.evaluate("val", num_neg=1)["val_ap"])
+
+
+def _collective_worker(rank: int, path: str, out: str, sizes: list[int], repeats: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=2)
+    try:
+        res = {}
+        for n in sizes:
+            x = torch.zeros(max(n // 4, 1))
+            for _ in range(3):
+                dist.all_reduce(x)
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(repeats):
+                dist.all_reduce(x)
+            res[n] = (time.perf_counter() - t0) / repeats
+        if rank == 0:
+            Path(out).write_text(repr(res))
+    finally:
+        dist.destroy_process_group()
+
+
+def collective_costs(repeats: int = 30, timeout: float = 300.0) -> dict:
+    """Seconds of a gloo all-reduce between two processes of this machine: ``fixed_s`` (4 bytes)
+    and ``bytes_per_s`` (from 4 MiB): what each collective of a parallel run costs here besides the
+    modelled link's sleep. The two processes are this module run as a script (``--collective-worker``)."""
+    import ast
+    import subprocess
+
+    sizes = [4, 4 << 20]
+    with tempfile.TemporaryDirectory(prefix="tgdist-advisor-") as d:
+        path, out = os.path.join(d, "store"), os.path.join(d, "out")
+        cmd = [sys.executable, "-m", "tgdist.launcher.advisor.measure", "--collective-worker", path, out,
+               ",".join(map(str, sizes)), str(repeats)]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        procs = [subprocess.Popen([*cmd, str(r)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                 for r in range(2)]
+        failed = ""
+        for p in procs:
+            try:
+                _, err = p.communicate(timeout=timeout)
+                if p.returncode:
+                    failed = (err.strip().splitlines() or [f"exit {p.returncode}"])[-1]
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.communicate()
+                failed = f"no result within {timeout:.0f} s"
+        if failed or not os.path.exists(out):
+            return {"fixed_s": 0.0, "bytes_per_s": None, "note": f"the two-process measurement failed: {failed}"}
+        res = ast.literal_eval(Path(out).read_text())
+    fixed = float(res[sizes[0]])
+    big = float(res[sizes[1]])
+    # a ring all-reduce of n bytes over two ranks moves n per rank (link.KINDS)
+    bps = sizes[1] / max(big - fixed, 1e-9)
+    return {"fixed_s": round(fixed, 7), "bytes_per_s": round(bps, 1), "sizes": sizes, "repeats": repeats}
+
+
+def measure(overrides: list[str], *, batch_sizes: list[int], iterations: int = 30, warmup: int = 10,
+            parts: list[int] = (2, 4), methods: list[str] = ("range", "interval", "reflexbicut"),
+            threads: int = 1, largest_batch: int | None = None, accuracy_batches: list[int] | None = None,
+            accuracy_events: int | None = None, ap_tolerance: float = 0.01, collectives: bool = True) -> Profile:
+    """A profile of the data ``overrides`` name on this machine (the module docstring)."""
+    from tgdist.memory.placement import first_pass_access
+    from tgdist.partition.measures import measure as measure_placement
+    from tgdist.partition.methods import assign
+
+    base = [*overrides, f"train.num_threads={threads}", f"sampler.num_threads={threads}", "train.progress=false",
+            "train.num_neg_eval=1", "parallel.i=1", "parallel.j=1", "parallel.k=1", "memory.backend=auto",
+            "pipeline=none"]
+    steps = len(batch_sizes) + (1 if collectives else 0) + (1 if parts else 0) + (0 if largest_batch else 1)
+    n = 0
+    batches, per_iter = [], []
+    graph = tr = cfg = None
+    grad_bytes = 0
+    for b in sorted(set(batch_sizes)):
+        n += 1
+        t0 = time.perf_counter()
+        bp, wall, grad_bytes, tr, cfg = _time_batch(base, graph, b, warmup, iterations)
+        graph = tr.g
+        batches.append(bp)
+        per_iter.append(wall)
+        _say(f"[{n}/{steps}] batch {b}: {bp.iterations} iterations, {1e3 * wall:.1f} ms each "
+             f"({b / wall:,.0f} events/s), eta1 {bp.eta1:.2f}, eta2 {bp.eta2:.2f} ({time.perf_counter() - t0:.1f} s)")
+    sizes = [bp.batch_size for bp in batches]
+    S = saturation(sizes, [b / w for b, w in zip(sizes, per_iter)])
+    lo, train_end = tr.split.range("train")
+    placements = []
+    if parts:
+        n += 1
+        t0 = time.perf_counter()
+        fanouts = list(cfg.sampler.fanouts) if cfg.model.name != "jodie" else []
+        for m in parts:
+            access = first_pass_access(graph, train_end, m, S, fanouts, strategy=getattr(cfg.sampler.strategy, "value", str(cfg.sampler.strategy)),
+                                       seed=cfg.train.seed)
+            for method in methods:
+                owner = assign(access, method)
+                ms = measure_placement(access.dedup, owner, m)
+                total = int(ms.local.sum()) + ms.total_volume
+                remote = ms.total_volume / total if total else 0.0
+                mean = ms.recv.mean() if ms.recv.size else 0.0
+                imbalance = float(max(ms.recv.max(), ms.send.max()) / mean) if mean > 0 else 1.0
+                placements.append(PlacementShare(method, int(m), round(float(remote), 5), round(imbalance, 4)))
+        _say(f"[{n}/{steps}] placements at M = {', '.join(map(str, parts))}: "
+             + "; ".join(f"{p.method} M={p.parts} remote {p.remote_share:.2f} x{p.imbalance:.2f}" for p in placements)
+             + f" ({time.perf_counter() - t0:.1f} s)")
+    coll = {"fixed_s": 0.0, "bytes_per_s": None}
+    if collectives:
+        n += 1
+        t0 = time.perf_counter()
+        coll = collective_costs()
+        bps = coll.get("bytes_per_s")
+        _say(f"[{n}/{steps}] collectives between two processes: {1e6 * coll['fixed_s']:.0f} us each, "
+             f"{(bps or float('nan')) / 1e9:.2f} GB/s ({time.perf_counter() - t0:.1f} s)")
+    source, L, aps = "given", largest_batch, {}
+    if largest_batch is None:
+        n += 1
+        t0 = time.perf_counter()
+        sweep = sorted(set(accuracy_batches or sorted({*sizes, *(2 * b for b in sizes), *(4 * b for b in sizes)})))
+        for b in sweep:
+            aps[b] = _val_ap(base, graph, b, accuracy_events)
+        L = largest_safe(list(aps), list(aps.values()), ap_tolerance)
+        source = "measured"
+        _say(f"[{n}/{steps}] accuracy sweep: val AP " + ", ".join(f"{b}: {a:.4f}" for b, a in aps.items())
+             + f" -> L = {L} (within {ap_tolerance} of the best) ({time.perf_counter() - t0:.1f} s)")
+        batches = [BatchProfile(**{**bp.__dict__, "val_ap": aps.get(bp.batch_size)}) for bp in batches]
+    sampler = getattr(tr, "sampler", None)
+    graph_bytes = _nbytes(graph) + (_nbytes(sampler.tcsr) if sampler is not None and hasattr(sampler, "tcsr") else 0)
+    m = cfg.model
+    data = {"name": cfg.data.name or graph.name, "overrides": list(overrides), "num_nodes": int(graph.num_nodes),
+            "num_events": int(graph.num_events), "num_train_events": int(train_end - lo), "mem_dim": int(m.mem_dim),
+            "mail_dim": int(tr.memory.mail.shape[-1]) if hasattr(tr.memory, "mail") else int(2 * m.mem_dim),
+            "mailbox_size": int(m.mailbox_size), "model": str(m.name), "fanouts": list(cfg.sampler.fanouts),
+            "accuracy_sweep": {str(b): a for b, a in aps.items()}}
+    return Profile(data=data, batches=batches, grad_bytes=int(grad_bytes), placements=placements,
+                   collectives=coll, graph_bytes=int(graph_bytes), largest_batch=L, saturation_batch=S,
+                   accuracy_source=source, threads=threads, machine=f"{platform.node()} {os.cpu_count()} CPUs",
+                   created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["--collective-worker"]:  # one of collective_costs' two processes
+    _path, _out, _sizes, _repeats, _rank = sys.argv[2:7]
+    _collective_worker(int(_rank), _path, _out, [int(x) for x in _sizes.split(",")], int(_repeats))
