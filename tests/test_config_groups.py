@@ -15,6 +15,7 @@ from tgdist.config import (
     Choice,
     CommBackend,
     DataFormat,
+    EvalProtocol,
     LrScaling,
     Mitigation,
     ModelName,
@@ -75,13 +76,14 @@ def test_an_unknown_option_names_the_options(group, options):
 # Every key that takes one of a closed set of names (tgdist.config.Choice), with its options in the
 # order the error names them; tgdist partition's schema shares data.* and sampler.*.
 OPTIONS = {
-    "data.format": "auto, edgelist, jodie, tgl, native, collegemsg, synthetic",
+    "data.format": "auto, edgelist, jodie, tgl, native, collegemsg, synthetic, tgb",
     "data.time_unit": "auto, s, ms, us, ns",
     "sampler.strategy": "recent, uniform",
     "model.name": "tgn, jodie, apan",
     "train.task": "link, node, edge",
     "train.lr_scaling": "linear, sqrt, none",
     "train.select": "best_val, last",
+    "train.eval": "tgdist, tgb",
     "parallel.comm_backend": "auto, gloo, nccl, mpi",
     "memory.remote_dispatch": "occurrences, distinct",
     "pipeline.mitigation": "none, similarity",
@@ -156,7 +158,7 @@ def test_an_interpolated_value_is_checked_as_it_resolves(monkeypatch):
 def test_option_names_are_their_values():
     """OmegaConf looks a value up by member name: the two must be the same."""
     kinds = [CommBackend, ModelName, DataFormat, TimeUnit, SamplingStrategy, Task, LrScaling, PartitionMethod,
-             PartitionWeights, Select, RemoteDispatch, Mitigation]
+             PartitionWeights, Select, RemoteDispatch, Mitigation, EvalProtocol]
     assert sorted(k.__name__ for k in kinds) == sorted(k.__name__ for k in Choice.__subclasses__())
     for kind in kinds:
         assert [m.name for m in kind] == [m.value for m in kind]
@@ -175,7 +177,7 @@ def test_the_options_are_what_the_layers_below_implement():
     def names(kind):
         return [m.value for m in kind]
 
-    assert names(DataFormat) == [*FORMATS, "synthetic"]
+    assert names(DataFormat) == [*FORMATS, "synthetic", "tgb"]  # (tgb: tgdist.data.tgb's data sets)
     assert names(TimeUnit) == ["auto", *TIME_UNITS]
     assert names(LrScaling) == list(LR_SCALING_MODES)
     assert names(PartitionMethod) == list(METHODS)

@@ -418,7 +418,7 @@ def test_help_lists_this_commands_groups(tmp_path):
     assert r.returncode == 0 and r.stdout.startswith("tgdist train: train a memory-based temporal GNN")
     groups = {ln.split(":")[0]: ln.split(": ")[1].split(", ") for ln in
               r.stdout.split("== Configuration groups (GROUP=OPTION) ==\n")[1].split("\n\n")[0].splitlines()}
-    assert groups == {"data": ["bitcoin_otc", "collegemsg", "enron", "file", "sfhh", "synthetic", "wikipedia"],
+    assert groups == {"data": ["bitcoin_otc", "collegemsg", "enron", "file", "sfhh", "synthetic", "tgb", "wikipedia"],
                       "model": ["apan", "jodie", "tgat2", "tgn"], "train": ["default"],
                       "parallel": ["disttgl_2x1x2", "single"],
                       "memory": ["auto", "daemon", "depcache", "depcomm", "local", "sven"],
@@ -690,9 +690,9 @@ def test_help_lists_the_group_options_of_a_users_config_directory(tmp_path):
     _user_configs(tmp_path)
     r = tgdist("train", "--config-dir", "myconf", "--config-name", "exp", "--help", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert "\ndata: bitcoin_otc, collegemsg, enron, file, mine, sfhh, synthetic, wikipedia\n" in r.stdout
+    assert "\ndata: bitcoin_otc, collegemsg, enron, file, mine, sfhh, synthetic, tgb, wikipedia\n" in r.stdout
     r = tgdist("train", "--help", cwd=tmp_path)
-    assert "\ndata: bitcoin_otc, collegemsg, enron, file, sfhh, synthetic, wikipedia\n" in r.stdout
+    assert "\ndata: bitcoin_otc, collegemsg, enron, file, sfhh, synthetic, tgb, wikipedia\n" in r.stdout
 
 
 @pytest.mark.slow  # ~15 s

@@ -156,14 +156,15 @@ def _choice(name: str, options: str) -> type[Choice]:
     return Choice(name, options, module=__name__, qualname=name)  # importable: configs pickle
 
 
-# data.format: the readers of tgdist.data.graph (FORMATS), and the generator
-DataFormat = _choice("DataFormat", "auto edgelist jodie tgl native collegemsg synthetic")
+# data.format: the readers of tgdist.data.graph (FORMATS), the generator, and TGB's data sets (tgdist.data.tgb)
+DataFormat = _choice("DataFormat", "auto edgelist jodie tgl native collegemsg synthetic tgb")
 TimeUnit = _choice("TimeUnit", "auto s ms us ns")  # data.time_unit: auto, or tgdist.data.graph.TIME_UNITS
 SamplingStrategy = _choice("SamplingStrategy", "recent uniform")  # sampler.strategy: TemporalSampler's
 ModelName = _choice("ModelName", "tgn jodie apan")  # model.name: what tgdist.models.modules.build_model assembles
 Task = _choice("Task", "link node edge")  # train.task
 LrScaling = _choice("LrScaling", "linear sqrt none")  # train.lr_scaling: tgdist.distributed.schedule.LR_SCALING_MODES
 Select = _choice("Select", "best_val last")  # train.select: which epoch a run reports and hands on
+EvalProtocol = _choice("EvalProtocol", "tgdist tgb")  # train.eval: tgdist's negatives, or TGB's (runtime.tgb_eval)
 Mitigation = _choice("Mitigation", "none similarity")  # pipeline.mitigation: MSPipe-S or none
 # memory.remote_dispatch: what depcomm's owners send each requester (tgdist.memory.depcomm)
 RemoteDispatch = _choice("RemoteDispatch", "occurrences distinct")
@@ -211,6 +212,10 @@ class DataConfig:
     # what the times count; the model's time encoding reads seconds. auto: Unix-epoch times in
     # ms, us or ns (told by their size) are read as such, anything else as seconds
     time_unit: TimeUnit = TimeUnit.auto  # auto | s | ms | us | ns
+    # format=tgb (data=tgb): the folder of the TGB data set data.name (tgbl-wiki, ...), its files
+    # as TGB downloads them (tgdist.data.tgb); null: py-tgb's own data folder
+    root: Optional[str] = None
+    download: bool = False  # format=tgb: fetch missing files through py-tgb's dataset class (network)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 
@@ -234,6 +239,12 @@ def check_data_source(cfg: DataConfig) -> None:
                           f"no file: leave data.columns unset")
     if cfg.require_path and cfg.path is None:
         raise ConfigError("data=file needs data.path=FILE (any supported file or TGL directory)")
+    if cfg.format == "tgb":  # a TGB data set: data.name's files under data.root
+        from tgdist.data import tgb
+        tgb.check_name(cfg.name)
+        if not cfg.download:
+            tgb.check_files(cfg.name, tgb.root_of(cfg))
+        return
     if cfg.path is not None and cfg.format != "synthetic":
         shared = datasets_dir()
         if str(cfg.path).startswith(shared + os.sep) and not os.path.exists(cfg.path):  # data=wikipedia and co.
@@ -252,6 +263,11 @@ def load_data(cfg: DataConfig):
     if cfg.format == "synthetic":
         from tgdist.data.synthetic import generate
         graph = generate(**vars(cfg.synthetic)) if not hasattr(cfg.synthetic, "_metadata") else generate(**dict(cfg.synthetic))
+    elif cfg.format == "tgb":
+        from tgdist.data import tgb
+        if cfg.download and tgb.missing(tgb.files(cfg.name, tgb.root_of(cfg))) is not None:
+            tgb.fetch(cfg.name, tgb.root_of(cfg))
+        graph = tgb.read(cfg.name, tgb.root_of(cfg))
     else:  # the reader's warnings become log lines (stderr and the run's train.log), not Python's
         with warnings.catch_warnings(record=True) as caught:  # file:line report with a code line
             warnings.simplefilter("always", UserWarning)
@@ -295,6 +311,10 @@ class TrainConfig:
     lr: float = 1e-4  # Adam learning rate (scaled in parallel runs, see lr_scaling)
     lr_scaling: LrScaling = LrScaling.linear  # with the global batch in parallel runs: linear | sqrt | none
     num_neg_eval: int = 49  # MRR against this many fixed negatives; AP/AUC use the first
+    # tgdist: AP and ROC-AUC against one negative, MRR against num_neg_eval | tgb: TGB's protocol
+    # (data=tgb): MRR and Hits@10 of each val/test event against the negatives the data set ships
+    eval: EvalProtocol = EvalProtocol.tgdist
+    save_scores: bool = False  # train.eval=tgb: write each evaluated part's scores to RUN_DIR/scores/PART.npz
     seed: int = 0  # parameters, negatives and dropout
     deterministic: bool = False  # bit-identical reruns on CPU (torch deterministic algorithms)
     # torch intra-op threads; 0 = auto: the CPUs this process may use (its affinity mask), split

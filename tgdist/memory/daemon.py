@@ -1350,7 +1350,9 @@ def _daemon(ctx: StoreContext) -> DaemonMemory:
     pids = collectives.all_gather_object(os.getpid(), group, name="daemon_setup")
     handle, run_id = None, None
     if ii == 0 and jj == 0:
-        num_neg = max(1, cfg.train.num_neg_eval)
+        # train.eval=tgb ranks against the data set's own lists, which evaluation scores in column
+        # chunks of at most 2**17 roots per pass (Trainer.EVAL_ROOTS): the reads of such a chunk
+        num_neg = max(1, cfg.train.num_neg_eval) if cfg.train.eval != "tgb" else max(1, (1 << 17) // ctx.batch_size)
         max_ids = cfg.memory.max_ids or read_bound(ctx.batch_size, num_neg, list(ctx.fanouts), ctx.num_nodes)
         handle = start_daemon(kk, layout.group_size, i=layout.i, j=layout.j, num_nodes=ctx.num_nodes,
                               mem_dim=ctx.mem_dim, mail_dim=ctx.mail_dim, mailbox_size=ctx.mailbox_size,

@@ -23,6 +23,7 @@ from tgdist.data.graph import (
     label_classes,
     label_ranges,
 )
+from tgdist.data import tgb
 from tgdist.data.sampler import TCSR, NegativeSampler, TemporalSampler
 from tgdist.distributed.link import parse_link
 from tgdist.distributed.schedule import Layout, passes_per_group
@@ -194,6 +195,11 @@ def _validate(cfg: DictConfig) -> None:
     if not (0 <= d.val_frac < 1 and 0 <= d.test_frac < 1 and d.val_frac + d.test_frac < 1):
         raise ConfigError(f"data.val_frac={d.val_frac}, data.test_frac={d.test_frac}: each must be in [0, 1) "
                           f"and their sum below 1 (the rest is the training part)")
+    if t.eval == "tgb" and d.format != "tgb":
+        raise ConfigError(f"train.eval=tgb ranks each event against the negatives a TGB data set ships, and "
+                          f"data.format={d.format} ships none: use data=tgb data.name=tgbl-... (or train.eval=tgdist)")
+    if t.save_scores and t.eval != "tgb":
+        raise ConfigError("train.save_scores=true writes the scores of train.eval=tgb: add train.eval=tgb")
     if t.resume:  # a checkpoint that is not there (whether it fits this run is checked when it is read)
         checkpoint.find(t.resume)
 
@@ -340,13 +346,16 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
     if candidates == 1:  # every negative is the positive: AP and ROC-AUC 0.5, and nothing to learn
         log.warning("there is 1 candidate destination (node %s): every negative is the event's own destination, "
                     "so link prediction has nothing to tell apart", graph.node_map[negatives.low])
-    elif cfg.train.num_neg_eval > candidates:
+    elif cfg.train.num_neg_eval > candidates and cfg.train.eval != "tgb":  # (tgb: the data set's own negatives)
         log.warning("train.num_neg_eval=%d is more than the %d candidate destinations; MRR's negatives are drawn with "
                     "replacement, so many repeat", cfg.train.num_neg_eval, candidates)
-    return Trainer(graph, split, model, memory, sampler, negatives, batch_size=cfg.train.batch_size, lr=cfg.train.lr,
-                   num_neg_eval=cfg.train.num_neg_eval, device=dev,
-                   progress=cfg.train.progress if progress is None else progress, num_threads=torch_threads,
-                   units_per_second=units_per_second, cache=cache)
+    tr = Trainer(graph, split, model, memory, sampler, negatives, batch_size=cfg.train.batch_size, lr=cfg.train.lr,
+                 num_neg_eval=cfg.train.num_neg_eval, device=dev,
+                 progress=cfg.train.progress if progress is None else progress, num_threads=torch_threads,
+                 units_per_second=units_per_second, cache=cache)
+    if cfg.train.eval == "tgb":  # read when a part is first evaluated (by the rank that evaluates)
+        tr.shipped = tgb.shipped_negatives(cfg.data.name, tgb.root_of(cfg.data), graph, split)
+    return tr
 
 
 def compose(overrides: list[str] | None = None, config_name: str = "train",

@@ -33,8 +33,9 @@ FORMAT = 2
 
 # Settings that do not change what is computed, so a resumed run may change them.
 _FREE = {"train": {"epochs", "resume", "progress", "checkpoint_every", "stop_after_batches", "num_threads", "device",
-                   "test_every_epoch", "overwrite", "select", "patience", "eval_every", "val_mrr", "tensorboard"},
-         "data": {"cache", "cache_dir", "name", "require_path"}, "sampler": {"num_threads"},
+                   "test_every_epoch", "overwrite", "select", "patience", "eval_every", "val_mrr", "tensorboard",
+                   "eval", "save_scores"},
+         "data": {"cache", "cache_dir", "name", "require_path", "root", "download"}, "sampler": {"num_threads"},
          "parallel": {"link"},  # the simulated link only delays collectives
          # prefetching changes nothing computed; micro-batches change only rounding
          "pipeline": {"prefetch", "micro_batches", "profile_iterations", "max_micro_batches"}}

@@ -123,6 +123,8 @@ class Run:
                                     cpus=None if self.alone else cpu_share(world_group),
                                     local_memory=self.store.trainers_own)  # another store replaces it below
         self.trainer = tr = trainer
+        if cfg.train.save_scores and self.rank == 0:  # train.eval=tgb: the scores TGB's Evaluator can check
+            tr.scores_dir = self.dir / "scores"
         if not self.alone:
             g = tr.g  # the same settings, but each machine reads its own copy of the data
             read = {"events": g.num_events, "nodes": g.num_nodes, "first and last time": (float(g.t[0]), float(g.t[-1])),
@@ -383,14 +385,20 @@ class Run:
             raise RuntimeError(f"{n} memory write batches not yet exchanged at {where}: the memory store "
                                f"({type(self.trainer.memory).__name__}) would be read without them")
 
+    @property
+    def _selects_on(self) -> str:
+        """The validation metric that picks the best epoch: val AP, or under TGB's protocol its val MRR."""
+        return "val_mrr" if self.cfg.train.eval == "tgb" else "val_ap"
+
     def _validated(self) -> list[dict]:
-        return [h for h in self.history if h["epoch"] >= 0 and "val_ap" in h]
+        return [h for h in self.history if h["epoch"] >= 0 and self._selects_on in h]
 
     def _best(self) -> dict | None:
-        """The line of the best validated epoch: the highest val AP, the earliest of equals (a
-        tie is no gain); None without a val AP (an empty val part, or NaN scores)."""
-        scored = [h for h in self._validated() if h["val_ap"] is not None]
-        return max(scored, key=lambda h: h["val_ap"]) if scored else None
+        """The line of the best validated epoch: the highest val AP (val MRR with train.eval=tgb),
+        the earliest of equals (a tie is no gain); None without one (an empty val part, or NaN scores)."""
+        key = self._selects_on
+        scored = [h for h in self._validated() if h[key] is not None]
+        return max(scored, key=lambda h: h[key]) if scored else None
 
     def _stops_early(self) -> bool:
         """``train.patience`` validations have passed since the best one (or since the start)."""

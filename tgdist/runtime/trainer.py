@@ -30,6 +30,7 @@ from tgdist.memory.store import LocalMemory, MemoryStore
 from tgdist.models.modules import EmbedInput, HopTables, TemporalModel
 from tgdist.runtime.cache import EmbeddingCache, prune_nodes
 from tgdist.runtime.metrics import average_precision, reciprocal_ranks, roc_auc
+from tgdist.runtime.tgb_eval import one_vs_many
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +203,11 @@ PLAIN_STEP = StepHooks()
 
 class Trainer:
     """Owns one model, one memory store, the sampler and the optimizer; runs epochs and evaluation."""
+
+    # train.eval=tgb: the negatives a TGB data set ships (tgdist.data.tgb.ShippedNegatives), which
+    # ``evaluate`` ranks each val/test event against (runtime.tgb_eval); and where it writes the scores
+    shipped = None
+    scores_dir = None
 
     def __init__(self, graph: TemporalGraph, split: Split, model: TemporalModel, memory: MemoryStore,
                  sampler: TemporalSampler | None, negatives: NegativeSampler, *, batch_size: int = 200,
@@ -575,9 +581,13 @@ class Trainer:
         self.model.eval()
         num_neg = self.num_neg_eval if num_neg is None else num_neg
         lo, hi = self.split.range(part)
+        shipped = self.shipped is not None and self.shipped.has(part)  # train.eval=tgb: TGB's protocol
         if hi <= lo:  # an empty part: its metrics are undefined (null in the summary), not left out
-            return dict.fromkeys([f"{part}_ap", f"{part}_auc"] + [f"{part}_mrr"] * (num_neg > 1), float("nan"))
+            keys = [f"{part}_mrr"] if shipped else [f"{part}_ap", f"{part}_auc"] + [f"{part}_mrr"] * (num_neg > 1)
+            return dict.fromkeys(keys, float("nan"))
         with self.side_stream(SIDE_STREAMS[part]):
+            if shipped:  # every event against its own shipped negatives, whatever num_neg says
+                return one_vs_many(self, part, self.shipped.part(part), self.scores_dir)
             return self._evaluate(part, lo, hi, num_neg)
 
     def side_stream(self, key: int):
