@@ -25,6 +25,7 @@ from tests.partition.test_cli import _run as partition
 from tests.runtime.test_parallel import torchrun_cmd
 from tests.test_train_cli import QUICK, _interrupt_when, tgdist
 from tgdist import checksum
+from tgdist.data import mapped
 from tgdist.data.graph import load_native
 from tgdist.errors import DataError
 from tgdist.memory import shm
@@ -379,19 +380,21 @@ def test_a_corrupt_cache_entry_is_read_again_from_the_source(tmp_path):
     """With a warning naming the entry; the run trains on the source's events, to the results of
     a run that found the entry intact, and the entry is written again, intact."""
     events = _events(tmp_path / "events.txt", n=1200, nodes=60)
-    data = ["data=file", f"data.path={events}", f"data.cache_dir={tmp_path / 'cache'}"]
-    first = tgdist("train", *QUICK, *data, f"run_dir={tmp_path / 'a'}", cwd=tmp_path)
+    data_args = ["data=file", f"data.path={events}", f"data.cache_dir={tmp_path / 'cache'}"]
+    first = tgdist("train", *QUICK, *data_args, f"run_dir={tmp_path / 'a'}", cwd=tmp_path)
     assert first.returncode == 0, first.stderr
-    (entry,) = (tmp_path / "cache").iterdir()
-    intact = corrupted(entry, "invert 64")
-    line = mismatch(entry)
-    again = tgdist("train", *QUICK, *data, f"run_dir={tmp_path / 'b'}", cwd=tmp_path)
+    (entry,) = [p for p in (tmp_path / "cache").iterdir() if not p.name.startswith(".")]  # a lock file beside it
+    t = entry / "t.npy"
+    data = bytearray(t.read_bytes())
+    data[-8] ^= 1  # the last event's time, size unchanged
+    t.write_bytes(data)
+    again = tgdist("train", *QUICK, *data_args, f"run_dir={tmp_path / 'b'}", cwd=tmp_path)
     assert again.returncode == 0, again.stderr
-    assert f"ignoring cache entry {line}; reading the source again" in again.stderr
+    assert f"{entry}: t.npy does not match its checksum" in again.stderr and "building it again" in again.stderr
     a, b = (json.loads(r.stdout.strip().splitlines()[-1]) for r in (first, again))
     for key in ("loss", "val_ap", "test_ap", "test_mrr", "traversed_events"):
         assert a[key] == b[key], key
-    assert checksum.verify(entry) is not None and len(entry.read_bytes()) == len(intact)  # written again, intact
+    mapped.verify(entry)  # written again, intact
 
 
 @pytest.fixture(scope="module")

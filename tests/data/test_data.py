@@ -9,6 +9,7 @@ import gzip
 import lzma
 import os
 import re
+import shutil
 import warnings
 import zipfile
 from pathlib import Path
@@ -17,6 +18,7 @@ import numpy as np
 import pytest
 
 from tgdist.data import graph as tdata
+from tgdist.data import mapped
 from tgdist.data.graph import (
     NodeLabels,
     TemporalGraph,
@@ -256,50 +258,56 @@ def test_empty_cache_variable_means_the_default(monkeypatch):
     assert tdata.default_cache_dir() == Path.home() / ".cache" / "tgdist"
 
 
-def test_a_truncated_cache_entry_is_ignored_without_leaking_its_file(tmp_path, cache_dir):
+def entries(cache_dir: Path) -> list[Path]:
+    """The cache entries of a folder (its hidden lock files left out)."""
+    return sorted(p for p in cache_dir.iterdir() if not p.name.startswith("."))
+
+
+def test_a_truncated_cache_entry_is_rebuilt_without_leaking_its_file(tmp_path, cache_dir, caplog):
     path = write(tmp_path / "e.txt", "1 2 3\n2 3 4\n")
     load_graph(path)
-    entry = next(cache_dir.glob("e-*.npz"))
-    entry.write_bytes(entry.read_bytes()[:200])
-    with warnings.catch_warnings():
+    (entry,) = entries(cache_dir)
+    src = entry / "src.npy"
+    src.write_bytes(src.read_bytes()[:100])
+    with warnings.catch_warnings(), caplog.at_level("WARNING", logger="tgdist.data.mapped"):
         warnings.simplefilter("error", ResourceWarning)
         g = load_graph(path)
         gc.collect()
-    assert g.num_events == 2
-    with pytest.raises(DataError, match="not a readable tgdist .npz graph \\(not a zip archive\\)"):
-        load_graph(path, format="native")
+    assert g.num_events == 2 and g.src.tolist() == [0, 1]
+    assert f"{entry}: src.npy holds 100 bytes, the manifest says" in caplog.text and "building it again" in caplog.text
+    assert entries(cache_dir) == [entry] and (entry / "src.npy").stat().st_size > 100
 
 
 def test_a_corrupt_cache_entry_is_read_again_from_the_source(tmp_path, cache_dir, caplog):
-    """Whole but with changed bytes (which parsed: the graph had other events): refused by its
+    """Whole but with changed bytes (the graph would have other events): refused by its
     checksum, with a warning naming it, and written again from the source."""
     path = write(tmp_path / "e.txt", "".join(f"{i % 7} {i % 5 + 7} {i}\n" for i in range(200)))
     g = load_graph(path)
-    entry = next(cache_dir.glob("e-*.npz"))
-    data = bytearray(entry.read_bytes())
-    at = data.index(b"\x07\x00\x00\x00\x00\x00\x00\x00")  # an int64 7 of the events: an id or a time
-    data[at] = 3
-    entry.write_bytes(data)
-    with caplog.at_level("WARNING", logger="tgdist.data.graph"):
+    t, src = g.t.tolist(), g.src.tolist()  # g maps the files changed below
+    (entry,) = entries(cache_dir)
+    data = bytearray((entry / "t.npy").read_bytes())
+    data[-8] ^= 1  # the last event's time, size unchanged
+    (entry / "t.npy").write_bytes(data)
+    with caplog.at_level("WARNING", logger="tgdist.data.mapped"):
         h = load_graph(path)
-    assert "ignoring cache entry " + str(entry) + ": checksum mismatch, the file is corrupt (expected sha256 " in caplog.text
-    assert caplog.text.rstrip().endswith("...); reading the source again")
-    assert h.src.tolist() == g.src.tolist() and h.dst.tolist() == g.dst.tolist()
-    assert tdata.checksum.verify(entry) is not None  # written again, intact
-    entry.write_bytes(data)
-    with pytest.raises(DataError, match=f"^{re.escape(str(entry))}: checksum mismatch, the file is corrupt"):
-        load_graph(entry)  # a .npz named as the data is the user's own: refused
+    assert f"{entry}: t.npy does not match its checksum (expected blake2b " in caplog.text
+    assert caplog.text.rstrip().endswith("the entry is damaged; building it again")
+    assert h.t.tolist() == t and h.src.tolist() == src
+    mapped.verify(entry)  # written again, intact
 
 
-def test_a_cache_entry_from_before_checksums_is_used(tmp_path, cache_dir, monkeypatch):
+def test_a_build_killed_half_way_leaves_nothing_a_later_run_trusts(tmp_path, cache_dir):
+    """What a builder killed while writing leaves (its .part folder, the lock file without a
+    holder) is neither taken for an entry nor blocks the next build."""
     path = write(tmp_path / "a.txt", "1 2 1\n2 3 2\n")
     g = load_graph(path)
-    entry = next(cache_dir.glob("a-*.npz"))
-    data = bytearray(entry.read_bytes()[:-78])
-    data[-2:] = b"\0\0"  # as np.savez wrote it: no zip comment
-    entry.write_bytes(data)
-    monkeypatch.setattr(tdata, "_read_edgelist", None)  # from the cache
+    (entry,) = entries(cache_dir)
+    part = cache_dir / f".{entry.name}.part-somehost-12345"
+    shutil.copytree(entry, part)
+    (part / "src.npy").write_bytes(b"half")
+    shutil.rmtree(entry)
     assert load_graph(path).src.tolist() == g.src.tolist()
+    assert entries(cache_dir) == [entry] and not part.exists()
 
 
 def test_edgelist_forced_bipartite(tmp_path):
@@ -626,14 +634,15 @@ def test_bad_time_beside_string_ids(tmp_path, cache_dir):
 def test_cache_second_load_skips_the_reader(tmp_path, cache_dir, monkeypatch):
     path = write(tmp_path / "a.txt", "1 2 1\n2 3 2\n")
     g = load_graph(path)
-    entries = list(cache_dir.iterdir())
-    assert len(entries) == 1 and entries[0].name == f"a-{g.source_hash}.npz"
+    assert [e.name for e in entries(cache_dir)] == [f"a-{g.source_hash}"]
 
     def no_reading(*a, **k):
         raise AssertionError("the reader ran although the cache holds this graph")
     monkeypatch.setattr(tdata, "_read_edgelist", no_reading)
     h = load_graph(path)
     assert h.src.tolist() == g.src.tolist() and h.t.tolist() == g.t.tolist() and h.source_hash == g.source_hash
+    assert h.mapped == str(entries(cache_dir)[0]) and not h.src.flags.writeable  # a read-only map
+    assert h.tcsr_arrays is not None and sorted(h.tcsr_arrays) == ["eid", "indptr", "nbr", "t"]
 
 
 def test_cache_key_covers_content_and_options(tmp_path, cache_dir):
@@ -642,7 +651,7 @@ def test_cache_key_covers_content_and_options(tmp_path, cache_dir):
     h2 = load_graph(path, bipartite=True).source_hash
     write(path, "1 2 1\n2 3 3\n")
     h3 = load_graph(path).source_hash
-    assert len({h1, h2, h3}) == 3 and len(list(cache_dir.iterdir())) == 3
+    assert len({h1, h2, h3}) == 3 and len(entries(cache_dir)) == 3
     assert load_graph(path).t.tolist() == [1, 3]
 
 
@@ -665,14 +674,17 @@ def test_cache_entries_of_an_older_version_are_removed_and_nothing_else(tmp_path
     old = tdata.CACHE_VERSION
     monkeypatch.setattr(tdata, "CACHE_VERSION", old - 1)
     stale = tdata.save_native(load_graph(write(tmp_path / "a.txt", "1 2 1\n2 3 2\n")), tmp_path / "x.npz")
-    entry = next(cache_dir.iterdir())  # a.txt's entry under the older version
-    mine = tdata.save_native(load_graph(stale), cache_dir / "mine.npz")  # a user's own file, older too
+    (entry,) = entries(cache_dir)  # a.txt's entry under the older version
+    mine = tdata.save_native(load_graph(stale, cache=False), cache_dir / "mine.npz")  # a user's own file, older too
     lookalike = cache_dir / f"b-{'0' * 32}.npz"  # named like an entry, but not one (another hash inside)
     lookalike.write_bytes(mine.read_bytes())
+    older_npz = cache_dir / f"c-{'1' * 32}.npz"  # an entry of the .npz layout (before version 7)
+    tdata.save_native(dataclasses.replace(load_graph(stale, cache=False), source_hash="1" * 32), older_npz)
     monkeypatch.setattr(tdata, "CACHE_VERSION", old)
     load_graph(write(tmp_path / "c.txt", "1 2 1\n2 3 5\n"))
-    names = sorted(p.name for p in cache_dir.iterdir())
-    assert entry.name not in names and {"mine.npz", lookalike.name} <= set(names) and len(names) == 3
+    names = [p.name for p in entries(cache_dir)]
+    assert entry.name not in names and older_npz.name not in names
+    assert {"mine.npz", lookalike.name} <= set(names) and len(names) == 3
 
 
 def test_cache_disabled_writes_nothing(tmp_path, cache_dir):
@@ -683,15 +695,15 @@ def test_cache_disabled_writes_nothing(tmp_path, cache_dir):
 def test_unreadable_cache_entry_is_replaced(tmp_path, cache_dir):
     path = write(tmp_path / "a.txt", "1 2 1\n2 3 2\n")
     g = load_graph(path)
-    entry = next(cache_dir.iterdir())
-    entry.write_bytes(b"garbage")
+    (entry,) = entries(cache_dir)
+    (entry / "manifest.json").write_bytes(b"garbage")
     assert load_graph(path).src.tolist() == g.src.tolist()
-    assert tdata.load_native(entry).src.tolist() == g.src.tolist()
+    mapped.verify(entry)
 
 
 def test_explicit_cache_dir(tmp_path, cache_dir):
     load_graph(write(tmp_path / "a.txt", "1 2 1\n"), cache_dir=tmp_path / "mine")
-    assert len(list((tmp_path / "mine").iterdir())) == 1 and list(cache_dir.iterdir()) == []
+    assert len(entries(tmp_path / "mine")) == 1 and list(cache_dir.iterdir()) == []
 
 
 # ---------------------------------------------------------------------------------------------

@@ -255,14 +255,31 @@ def check_data_source(cfg: DataConfig) -> None:
         existing(cfg.path)
 
 
+def _synthetic(cfg: DataConfig):
+    """The generated stream; with ``data.cache`` (the default) generated once per machine into a mapped
+    cache entry keyed by the generator's parameters, which every rank then maps."""
+    import hashlib
+    import json
+
+    from tgdist.data import graph as tdata
+    from tgdist.data.synthetic import generate
+
+    params = vars(cfg.synthetic) if not hasattr(cfg.synthetic, "_metadata") else dict(cfg.synthetic)
+    if not cfg.cache:
+        return generate(**params)
+    key = hashlib.blake2b(json.dumps({"v": tdata.CACHE_VERSION, "synthetic": params}, sort_keys=True).encode(),
+                          digest_size=16).hexdigest()
+    folder = Path(cfg.cache_dir or tdata.default_cache_dir()) / f"synthetic-{key}"
+    return tdata.cached_graph(folder, lambda: (generate(**params), []))
+
+
 def load_data(cfg: DataConfig):
     """Build the ``TemporalGraph`` a ``DataConfig`` describes."""
     from tgdist.data import graph as tdata
 
     check_data_source(cfg)
     if cfg.format == "synthetic":
-        from tgdist.data.synthetic import generate
-        graph = generate(**vars(cfg.synthetic)) if not hasattr(cfg.synthetic, "_metadata") else generate(**dict(cfg.synthetic))
+        graph = _synthetic(cfg)
     elif cfg.format == "tgb":
         from tgdist.data import tgb
         if cfg.download and tgb.missing(tgb.files(cfg.name, tgb.root_of(cfg))) is not None:

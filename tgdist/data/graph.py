@@ -30,6 +30,7 @@ import logging
 import lzma
 import os
 import re
+import shutil
 import tempfile
 import time
 import warnings
@@ -41,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from tgdist import checksum
-from tgdist.errors import DataError, first_line
+from tgdist.errors import DataError
 from tgdist.progress import Status
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,8 @@ log = logging.getLogger(__name__)
 # 4: edge-list columns are read by their header names when these name src, dst and t.
 # 5: header names matched without case, "_" or "-"; a JODIE header needs its time third.
 # 6: negative and wider-than-int64 node ids are read; a doubtful time column stops the read.
-CACHE_VERSION = 6
+# 7: an entry is a folder of .npy files every process maps (tgdist.data.mapped), with the T-CSR.
+CACHE_VERSION = 7
 FORMATS = ("auto", "edgelist", "jodie", "tgl", "native", "collegemsg")
 
 
@@ -101,6 +103,10 @@ class TemporalGraph:
     name: str = "graph"
     source_hash: str = ""
     node_labels: NodeLabels | None = None
+    # Set when the arrays are maps of a cache folder (``tgdist.data.mapped``): the folder, and its
+    # prebuilt T-CSR of both directions (indptr, nbr, eid, t), which ``TCSR.build`` takes as it is.
+    mapped: str | None = field(default=None, compare=False)
+    tcsr_arrays: dict | None = field(default=None, repr=False, compare=False)
 
     @property
     def num_events(self) -> int:
@@ -1311,32 +1317,41 @@ STATUS_BYTES = 16 << 20
 def _load_source(origin: Path, data: bytes | None, fmt: str, columns: str | None, bipartite: bool | None,
                  strict_order: bool, cache: bool, cache_dir: str | Path | None, name: str | None,
                  strict_columns: bool, size: int, status: Status) -> TemporalGraph:
-    if fmt == "native":
+    if fmt == "native" and not cache:
         status.set("loading")
         return load_native(origin)
     gname = name or ("collegemsg" if fmt == "collegemsg" else file_stem(origin))
-    status.set("hashing the source (the cache's key)")
     options = {"format": fmt, "columns": columns, "bipartite": bipartite, "strict": strict_order,
                "strict_columns": strict_columns}  # a relaxed read's entry must not serve a strict one
-    digest = _source_hash(origin, options)
-    cache_file = Path(cache_dir or default_cache_dir()) / f"{gname}-{digest}.npz"
-    if cache and cache_file.exists():
-        status.set(f"loading the cached graph {cache_file.name}")
-        try:
-            g, notes = _read_native(cache_file)
-            log.debug("loaded %s from cache %s", gname, cache_file)
-            for note in notes:  # what reading the source said (unsorted events, a likely time column)
-                warnings.warn(note, stacklevel=2)
-            return g
-        except checksum.Corrupt as e:  # written whole, then damaged (a bad disk, a stray write)
-            log.warning("ignoring cache entry %s; reading the source again", first_line(e))
-        except DataError:
-            log.warning("ignoring unreadable cache entry %s", cache_file)
+    if not cache:
+        return _parse_source(origin, data, fmt, columns, bipartite, strict_order, strict_columns, gname, "", size,
+                             status)[0]
+    folder = Path(cache_dir or default_cache_dir())
+    status.set("hashing the source (the cache's key)")
+    digest = _source_hash(origin, options)  # each process reads the source once; the page cache shares it
+
+    def build() -> tuple[TemporalGraph, list[str]]:
+        if fmt == "native":
+            status.set("loading")
+            return _read_native(origin)
+        return _parse_source(origin, data, fmt, columns, bipartite, strict_order, strict_columns, gname, digest, size,
+                             status)
+
+    graph = cached_graph(folder / f"{gname}-{digest}", build, status=status)
+    _prune_stale_cache(folder)
+    return graph
+
+
+def _parse_source(origin: Path, data: bytes | None, fmt: str, columns: str | None, bipartite: bool | None,
+                  strict_order: bool, strict_columns: bool, gname: str, digest: str, size: int, status: Status
+                  ) -> tuple[TemporalGraph, list[str]]:
+    """Read a text source (or a TGL directory) into a graph; the reader's warnings, given here, are
+    returned too, to be stored with a cache entry and repeated whenever it is used."""
     start = time.perf_counter()
     status.set("parsing")
     if size >= 64 << 20:  # parsing runs at about 15 MiB/s: say what is happening before a long silence
         log.info("reading %s (%s MiB)%s", origin, f"{size >> 20:,}", "; the parsed graph is cached for later runs"
-                 if cache else "")
+                 if digest else "")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         if fmt == "collegemsg":
@@ -1356,21 +1371,102 @@ def _load_source(origin: Path, data: bytes | None, fmt: str, columns: str | None
     for w in caught:
         warnings.warn(w.message, w.category, stacklevel=2)
     log.info("read %s in %.2fs", graph.describe(), time.perf_counter() - start)
-    if cache:
-        status.set(f"writing the cache {cache_file}")
-        try:
-            save_native(graph, cache_file, notes)
-        except OSError as e:
-            log.warning("could not write cache %s: %s", cache_file, e)
-        else:
-            _prune_stale_cache(cache_file.parent)
-    return graph
+    return graph, notes
+
+
+def feature_scale_notes(graph: TemporalGraph) -> list[str]:
+    """Warnings about features too large for float32 layers (read in place: no copy)."""
+    notes = []
+    for what, feat in (("edge", graph.edge_feat), ("node", graph.node_feat)):
+        largest = max(float(feat.max()), -float(feat.min())) if feat is not None and feat.size else 0.0
+        if largest > 1e12:  # float32 products of such values saturate the layers: every score ties
+            notes.append(f"{what} features reach {largest:.3g} in magnitude; the model's layers saturate on such "
+                         f"values (every score may tie): standardise them first")
+    return notes
+
+
+def to_arrays(graph: TemporalGraph, notes: list[str] | None = None, tcsr: bool = True) -> tuple[dict, dict]:
+    """A graph as the named arrays and JSON meta of a mapped cache entry (``tgdist.data.mapped``),
+    with its T-CSR of both directions (what the sampler indexes by default) unless ``tcsr`` is False."""
+    from tgdist.kernels.graph import tcsr_fill
+
+    meta = {"version": CACHE_VERSION, "num_nodes": int(graph.num_nodes), "bipartite": bool(graph.bipartite),
+            "num_src_nodes": int(graph.num_src_nodes), "name": graph.name, "source_hash": graph.source_hash,
+            "notes": list(notes or [])}
+    arrays = {k: getattr(graph, k) for k in _ARRAYS if getattr(graph, k) is not None}
+    if arrays["node_map"].dtype == object:  # decimal text of ids beyond int64 (see _common_ids)
+        arrays["node_map"] = arrays["node_map"].astype(str)
+    if graph.node_labels is not None:
+        arrays.update({k: getattr(graph.node_labels, f) for k, f in _LABEL_ARRAYS.items()})
+    if tcsr:
+        indptr, nbr, eid = tcsr_fill(graph.src, graph.dst, graph.num_nodes, True)
+        arrays.update(tcsr_indptr=indptr, tcsr_nbr=nbr, tcsr_eid=eid, tcsr_t=graph.t[eid])
+    return arrays, meta
+
+
+def from_arrays(arrays: dict, meta: dict, folder: str | None = None) -> TemporalGraph:
+    """The graph ``to_arrays`` describes; ``folder``: the cache entry its arrays map."""
+    labels = None
+    if all(k in arrays for k in _LABEL_ARRAYS):
+        labels = NodeLabels(**{f: arrays[k] for k, f in _LABEL_ARRAYS.items()})
+    tcsr = {k[len("tcsr_"):]: arrays[k] for k in ("tcsr_indptr", "tcsr_nbr", "tcsr_eid", "tcsr_t") if k in arrays}
+    return TemporalGraph(num_nodes=int(meta["num_nodes"]), bipartite=bool(meta["bipartite"]),
+                         num_src_nodes=int(meta["num_src_nodes"]), name=meta["name"],
+                         source_hash=meta.get("source_hash", ""), node_labels=labels, mapped=folder,
+                         tcsr_arrays=tcsr if len(tcsr) == 4 else None, **{k: arrays.get(k) for k in _ARRAYS})
+
+
+def cached_graph(folder: str | Path, build, status: Status | None = None) -> TemporalGraph:
+    """The graph of the mapped cache entry ``folder``, built first by ``build()`` (a graph and the
+    notes its reading gave) when no intact entry is there: once per folder, whatever the number
+    of processes and machines asking at once (``tgdist.data.mapped.ensure``). Every process then
+    maps the entry read-only; the notes of a source read earlier are repeated as warnings."""
+    from tgdist.data import mapped
+
+    folder = Path(folder)
+
+    def arrays_of_build():
+        graph, notes = build()
+        graph.check(str(folder))
+        scale = feature_scale_notes(graph)
+        for note in scale:  # given by build_trainer for graphs in memory; here once, then with every use
+            warnings.warn(note, stacklevel=4)
+        notes = [*notes, *scale]
+        if status is not None:
+            status.set(f"writing the cache {folder.name} (T-CSR, checksums)")
+        start = time.perf_counter()
+        out = to_arrays(graph, notes)
+        log.info("building the T-CSR of %s took %.1fs", graph.name, time.perf_counter() - start)
+        return out
+
+    if status is not None:
+        status.set(f"mapping the cached graph {folder.name}")
+    try:
+        arrays, meta, built = mapped.ensure(folder, arrays_of_build, what=f"the graph {folder.name}")
+    except OSError as e:
+        raise DataError(f"{folder}: cannot write the processed-graph cache ({e.strerror or e}); set data.cache_dir "
+                        f"(or $TGDIST_CACHE) to a writable folder, or data.cache=false") from None
+    if not built:
+        for note in meta.get("notes", []):  # what reading the source said (unsorted events, a likely time column)
+            warnings.warn(str(note), stacklevel=3)
+    log.debug("%s %s from %s", "built" if built else "mapped", meta.get("name"), folder)
+    return from_arrays(arrays, meta, str(folder))
 
 
 def _prune_stale_cache(folder: Path) -> None:
     """Remove cache entries of older ``CACHE_VERSION``s: their keys include the version, so this
     tgdist never reads them again, and each may be as large as its data set."""
     freed, removed = 0, 0
+    for entry in folder.glob("*-*"):
+        if entry.is_dir() and re.fullmatch(r".+-[0-9a-f]{32}", entry.name):
+            try:
+                meta = json.loads((entry / "manifest.json").read_text())["meta"]
+                if int(meta.get("version", 1)) < CACHE_VERSION:
+                    size = sum(f.stat().st_size for f in entry.iterdir())
+                    shutil.rmtree(entry)
+                    freed, removed = freed + size, removed + 1
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
     for entry in folder.glob("*.npz"):
         key = re.fullmatch(r".+-([0-9a-f]{32})\.npz", entry.name)
         if key is None:
@@ -1396,6 +1492,8 @@ def subset(graph: TemporalGraph, num_events: int) -> TemporalGraph:
     """
     per_event = ("src", "dst", "t", "edge_feat", "label", "ext_roll")
     kw = {f.name: getattr(graph, f.name) for f in dataclasses.fields(graph)}
+    if num_events < graph.num_events:
+        kw["tcsr_arrays"] = None  # it indexes every event: the sampler builds the subset's own
     for k in per_event:
         if kw[k] is not None:
             kw[k] = kw[k][:num_events]

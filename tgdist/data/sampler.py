@@ -34,6 +34,10 @@ class TCSR:
 
     @classmethod
     def build(cls, graph: TemporalGraph, both_directions: bool = True) -> "TCSR":
+        """The graph's T-CSR: the one its mapped cache entry holds (shared by every process of the
+        machine) when it has one for these directions, else built in this process."""
+        if both_directions and graph.tcsr_arrays is not None:
+            return cls(**graph.tcsr_arrays)
         indptr, nbr, eid = kernels.tcsr_fill(graph.src, graph.dst, graph.num_nodes, both_directions)
         return cls(indptr, nbr, eid, graph.t[eid])
 

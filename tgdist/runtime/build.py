@@ -16,6 +16,7 @@ from tgdist import memory, version_line, wait_policy
 from tgdist.config import check_data_source, load_data, model_tag
 from tgdist.config.overrides import checked_compose
 from tgdist.data.graph import (
+    feature_scale_notes,
     TIME_UNITS,
     TemporalGraph,
     chronological_split,
@@ -305,11 +306,9 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
     # after the checks of the data: an error in it, or in the task it is read for, stays the one line on stderr
     log.info("%s", graph.describe())
     log.info("%s; threads: %d torch, %d numba; OpenMP %s", version_line(), torch_threads, numba_threads, wait_policy())
-    for what, feat in (("edge", graph.edge_feat), ("node", graph.node_feat)):
-        largest = max(float(feat.max()), -float(feat.min())) if feat is not None and feat.size else 0.0  # no copy
-        if largest > 1e12:  # float32 products of such values saturate the layers: every score ties
-            log.warning("%s features reach %.3g in magnitude; the model's layers saturate on such values "
-                        "(every score may tie): standardise them first", what, largest)
+    if graph.mapped is None:  # a mapped graph's were found when its cache entry was built (its notes)
+        for note in feature_scale_notes(graph):
+            log.warning("%s", note)
     empty = [part for part in ("val", "test") if split.range(part)[0] == split.range(part)[1]
              and cfg.data[f"{part}_frac"] > 0]  # one asked for with a fraction of 0 is no surprise
     if empty and graph.num_events > 1:  # e.g. data.max_events cutting a TGL directory's ext_roll split short

@@ -29,6 +29,7 @@ from tgdist.kernels import jit
 from tgdist.memory.store import LocalMemory, MemoryStore
 from tgdist.models.modules import EmbedInput, HopTables, TemporalModel
 from tgdist.runtime.cache import EmbeddingCache, prune_nodes
+from tgdist.runtime.features import RelativeTimes, feature_table
 from tgdist.runtime.metrics import average_precision, reciprocal_ranks, roc_auc
 from tgdist.runtime.tgb_eval import one_vs_many
 
@@ -223,9 +224,9 @@ class Trainer:
         # Model times are float64 seconds since the first event (the data's times divided by
         # ``units_per_second``, data.time_unit): exact for int64 spans below 2**53 units.
         self.units_per_second = float(units_per_second)
-        self.t_rel = self._seconds(graph.t - graph.t[0])
-        self.edge_feat = None if graph.edge_feat is None else torch.from_numpy(graph.edge_feat).to(self.device)
-        self.node_feat = None if graph.node_feat is None else torch.from_numpy(graph.node_feat).to(self.device)
+        self.t_rel = RelativeTimes(graph.t, self.units_per_second)
+        self.edge_feat = feature_table(graph.edge_feat, self.device, "edge")
+        self.node_feat = feature_table(graph.node_feat, self.device, "node")
         self.timer = StageTimer()
         self.writes_enabled = True
         if num_threads > 0:

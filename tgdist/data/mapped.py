@@ -1,0 +1,273 @@
+"""One copy of a processed graph per machine: a folder of ``.npy`` files every rank maps read-only.
+
+The processed-graph cache used to be one ``.npz`` that each process read whole into its own memory:
+M ranks on a machine held M copies of the events, the T-CSR and every feature. A cache entry is now
+a folder::
+
+    {name}-{key}/
+        manifest.json        version, the graph's scalars, and per array: file, dtype, shape, bytes,
+                             BLAKE2b digest
+        src.npy dst.npy t.npy node_map.npy edge_feat.npy ... tcsr_indptr.npy tcsr_nbr.npy ...
+
+Every process maps the files with ``np.load(mmap_mode="r")``: the pages live once in the machine's
+page cache and are shared by every process that maps them (a process's PSS counts its share only),
+and pages nobody touches are never read. Features larger than memory are read from the map as the
+batches ask for them; the page cache keeps what is hot.
+
+Building, once per cache folder, whatever the number of processes and machines that ask:
+- an exclusive ``flock`` on ``.{name}-{key}.lock`` beside the folder serialises builders. The
+  kernel drops the lock when its holder dies, even by SIGKILL, so no lock outlives a builder;
+- the files are written into ``.{name}-{key}.part-{host}-{pid}/`` and the finished folder is
+  renamed into place (atomic on one file system); the manifest is written last. A folder under the
+  final name is therefore complete; a builder killed half-way leaves a ``.part`` folder that the
+  next lock holder removes;
+- a folder under the final name is checked before its first use on a machine (see ``ensure``): its
+  files' sizes always, their digests once per machine and boot (a stamp in the temporary folder
+  records that the files, by inode, size and times, were found intact). A damaged entry is moved
+  aside and rebuilt under the lock, never used.
+
+On a shared file system (NFS v4, Lustre, GPFS: ``flock`` is honoured across machines there) every
+machine maps the one folder, and the first process anywhere builds it: never two writers. No
+node-local copy is made: each machine's page cache holds the pages its ranks touch, which is the
+copy per machine a node-local file would give, without a second write of the data.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import socket
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from tgdist.errors import DataError
+
+log = logging.getLogger(__name__)
+
+MAP_VERSION = 1
+MANIFEST = "manifest.json"
+_CHUNK = 1 << 24
+
+
+def digest_file(path: Path) -> str:
+    """BLAKE2b (32 bytes) of a file's bytes, read in 16 MiB chunks: about twice SHA-256's speed,
+    which matters for the tens of GB a large stream's features take."""
+    h = hashlib.blake2b(digest_size=32)
+    buf = memoryview(bytearray(_CHUNK))
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            h.update(buf[:n])
+    return h.hexdigest()
+
+
+def machine_id() -> str:
+    """What tells this machine apart: ``$TGDIST_MACHINE_ID`` when set (tests simulate machines with
+    it), else the host name and this boot's id (a reboot empties the page cache and /tmp)."""
+    override = os.environ.get("TGDIST_MACHINE_ID")
+    if override:
+        return override
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = "?"
+    return f"{socket.gethostname()}:{boot}"
+
+
+@contextmanager
+def file_lock(path: Path, what: str, wait_note: float = 5.0):
+    """An exclusive ``flock`` on ``path`` (created if missing) for the block. A waiter says once,
+    after ``wait_note`` seconds, what it waits for."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        start, noted = time.monotonic(), False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as e:
+                if e.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+            if not noted and time.monotonic() - start > wait_note:
+                log.info("waiting for another process to finish %s (lock %s)", what, path)
+                noted = True
+            time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)  # closing drops the lock
+
+
+def _npy(folder: Path, name: str) -> Path:
+    return folder / f"{name}.npy"
+
+
+def write(folder: Path, arrays: dict[str, np.ndarray], meta: dict) -> Path:
+    """Write ``arrays`` (name -> array, C order) and ``meta`` (JSON) as a cache folder at ``folder``,
+    atomically: files go to a ``.part`` folder beside it, renamed into place when complete. The
+    caller holds ``lock_path(folder)``."""
+    folder = Path(folder)
+    part = folder.parent / f".{folder.name}.part-{socket.gethostname()}-{os.getpid()}"
+    shutil.rmtree(part, ignore_errors=True)
+    part.mkdir(parents=True)
+    try:
+        files = {}
+        for name, a in arrays.items():
+            a = np.asarray(a)
+            if a.dtype == object:
+                raise ValueError(f"array {name!r} holds Python objects; a mapped cache holds plain arrays")
+            path = _npy(part, name)
+            np.save(path, a, allow_pickle=False)
+            files[name] = {"dtype": a.dtype.str, "shape": list(a.shape), "bytes": path.stat().st_size,
+                           "blake2b": digest_file(path)}
+        manifest = {"version": MAP_VERSION, "meta": meta, "arrays": files}
+        (part / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        os.chmod(part, 0o755)  # mkdtemp-like modes would hide a shared cache from other users
+        try:
+            os.rename(part, folder)
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            shutil.rmtree(folder)  # a damaged entry the caller chose to replace
+            os.rename(part, folder)
+    except BaseException:
+        shutil.rmtree(part, ignore_errors=True)
+        raise
+    return folder
+
+
+def lock_path(folder: Path) -> Path:
+    return folder.parent / f".{folder.name}.lock"
+
+
+def _manifest(folder: Path) -> dict:
+    try:
+        m = json.loads((folder / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise DataError(f"{folder}: no {MANIFEST} (not a complete cache entry)") from None
+    except (OSError, ValueError) as e:
+        raise DataError(f"{folder}/{MANIFEST}: unreadable ({e})") from None
+    if not isinstance(m, dict) or not isinstance(m.get("arrays"), dict) or "meta" not in m:
+        raise DataError(f"{folder}/{MANIFEST}: not a tgdist cache manifest")
+    if int(m.get("version", 0)) > MAP_VERSION:
+        raise DataError(f"{folder}: written by a newer tgdist (mapped format {m['version']} > {MAP_VERSION})")
+    return m
+
+
+def _check_sizes(folder: Path, manifest: dict) -> list[tuple]:
+    """The files' identities (for the stamp), or a DataError naming the first file that is missing
+    or of another size than the manifest says (a truncated copy, a partial rsync)."""
+    ids = []
+    for name, info in sorted(manifest["arrays"].items()):
+        path = _npy(folder, name)
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            raise DataError(f"{folder}: {path.name} is missing") from None
+        if st.st_size != info["bytes"]:
+            raise DataError(f"{folder}: {path.name} holds {st.st_size:,} bytes, the manifest says {info['bytes']:,}")
+        ids.append((name, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    return ids
+
+
+def _stamp(folder: Path, ids: list[tuple]) -> Path:
+    key = hashlib.blake2b(json.dumps([str(folder.resolve()), machine_id(), ids]).encode(), digest_size=16).hexdigest()
+    return Path(tempfile.gettempdir()) / f"tgdist-verified-{os.getuid()}" / key
+
+
+def verify(folder: Path, manifest: dict | None = None) -> None:
+    """Every file of a cache folder against its manifest's size and digest; a DataError names the
+    first that differs."""
+    manifest = manifest or _manifest(folder)
+    _check_sizes(folder, manifest)
+    for name, info in sorted(manifest["arrays"].items()):
+        found = digest_file(_npy(folder, name))
+        if found != info["blake2b"]:
+            raise DataError(f"{folder}: {name}.npy does not match its checksum (expected blake2b "
+                            f"{info['blake2b'][:12]}..., found {found[:12]}...): the entry is damaged")
+
+
+def _verified_here(folder: Path) -> bool:
+    """The folder is complete and this machine found its files intact since it booted."""
+    try:
+        manifest = _manifest(folder)
+        ids = _check_sizes(folder, manifest)
+    except DataError:
+        return False
+    return _stamp(folder, ids).exists()
+
+
+def _stamp_intact(folder: Path) -> None:
+    stamp = _stamp(folder, _check_sizes(folder, _manifest(folder)))
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    stamp.touch()
+
+
+def _verify_and_stamp(folder: Path) -> None:
+    verify(folder)
+    _stamp_intact(folder)
+
+
+def load(folder: Path) -> tuple[dict[str, np.ndarray], dict]:
+    """The arrays of a cache folder, mapped read-only (an empty array is read: it has no pages to
+    map), and its meta. Sizes are checked; digests are ``verify``'s."""
+    folder = Path(folder)
+    manifest = _manifest(folder)
+    _check_sizes(folder, manifest)
+    arrays = {}
+    for name, info in manifest["arrays"].items():
+        path = _npy(folder, name)
+        empty = int(np.prod(info["shape"])) == 0
+        try:
+            a = np.load(path, mmap_mode=None if empty else "r", allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise DataError(f"{path}: unreadable ({e})") from None
+        if a.dtype.str != info["dtype"] or list(a.shape) != info["shape"]:
+            raise DataError(f"{path}: holds {a.dtype} {a.shape}, the manifest says {info['dtype']} {info['shape']}")
+        arrays[name] = np.asarray(a)  # a plain read-only ndarray over the map (what numba and torch take)
+    return arrays, manifest["meta"]
+
+
+def ensure(folder: Path, build: Callable[[], tuple[dict[str, np.ndarray], dict]], what: str = "the graph"
+           ) -> tuple[dict[str, np.ndarray], dict, bool]:
+    """The cache folder's arrays (mapped) and meta, built first by ``build`` when no intact entry is
+    there; the third value says whether this process built it. Safe for any number of processes
+    on any number of machines at once (see the module's docstring)."""
+    folder = Path(folder)
+    if _verified_here(folder):
+        arrays, meta = load(folder)
+        return arrays, meta, False
+    built = False
+    with file_lock(lock_path(folder), f"building {what} in {folder}"):
+        for stale in folder.parent.glob(f".{folder.name}.part-*"):  # a builder that died: the lock is ours now
+            log.info("removing %s, left by a build that did not finish", stale)
+            shutil.rmtree(stale, ignore_errors=True)
+        if folder.exists():
+            try:
+                _verify_and_stamp(folder)
+            except DataError as e:
+                log.warning("%s; building it again", e)
+                aside = folder.parent / f".{folder.name}.damaged-{os.getpid()}"
+                os.rename(folder, aside)
+                shutil.rmtree(aside, ignore_errors=True)
+        if not folder.exists():
+            try:
+                arrays, meta = build()
+                write(folder, arrays, meta)
+            except BaseException:  # a source that cannot be read leaves nothing behind, its lock file neither
+                lock_path(folder).unlink(missing_ok=True)
+                raise
+            del arrays
+            _stamp_intact(folder)  # hashed as they were written
+            built = True
+    arrays, meta = load(folder)
+    return arrays, meta, built
