@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from tgdist.errors import ConfigError
@@ -142,7 +143,24 @@ def test_shared_cores_bound_the_iteration():
                                       pipelines=["none"]) if c.refused is None)
     assert (c.i, c.j, c.k) == (1, 1, 4)
     assert c.iteration_s == pytest.approx(4 * cpu / 2 + 0.0, rel=0.05)
-    assert any("core-bound" in n for n in c.notes)
+    assert any("shared cores" in n for n in c.notes)
+
+
+def test_measured_core_sharing_scales_the_cpu_stages():
+    """On the profile's machine the measured slowdown of processes side by side replaces cores: two
+    ranks that each keep a core busy run 1.6x slower when the profile measured 2 -> 1.6x."""
+    p = profile(sizes=(600,), core_sharing={"1": 1.0, "2": 1.6, "4": 3.0})
+    cpu = sum(p.batches[0].seconds.values())
+    c2 = next(c for c in model.predict(p, clusters.preset("cpu-2-ib100"), batch_sizes=[600], backends=["local"],
+                                       pipelines=["none"]) if c.refused is None)
+    link = model.link_seconds("all_reduce", p.grad_bytes, 2, clusters.preset("cpu-2-ib100").link(False))
+    path = cpu + link
+    busy = 2 * cpu / path
+    assert c2.iteration_s == pytest.approx(path + (float(np.interp(busy, [1, 2, 4], [1.0, 1.6, 3.0])) - 1) * cpu)
+    # a GPU cluster's trainers each have a device: no sharing
+    g = next(c for c in model.predict(p, clusters.preset("gpu-1"), batch_sizes=[600], pipelines=["none"])
+             if c.refused is None)
+    assert g.iteration_s == pytest.approx(cpu)
 
 
 def test_placement_share_prices_the_dispatch():
@@ -154,7 +172,7 @@ def test_placement_share_prices_the_dispatch():
            if x.refused is None and x.i == 4}
     link = 1.25e9
     rows = 12 * 600 * 0.4
-    assert got["range"].stages["dispatch"] / got["range"].iterations == pytest.approx(2 * 50e-6 + rows * 0.75 * 2.0 * ROW_BYTES / link)
+    assert got["range"].stages["dispatch"] / got["range"].iterations == pytest.approx(4 * 50e-6 + rows * 0.75 * 2.0 * ROW_BYTES / link)
     assert got["reflexbicut"].stages["dispatch"] < got["range"].stages["dispatch"]
     assert got["reflexbicut"].epoch_s < got["range"].epoch_s
 

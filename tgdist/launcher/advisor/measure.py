@@ -9,7 +9,8 @@ In one process, as ``tgdist train`` would build it for the data the overrides na
 2. for each trainer count M and partition method, the access graph of one pre-sampled epoch
    (``first_pass_access``) and the placement's remote share and imbalance (``measures``);
 3. the cost of a collective between two processes of this machine (gloo, loopback): what a
-   parallel run pays besides the modelled link;
+   parallel run pays besides the modelled link; and how much slower 1, 2, M processes run side by
+   side than one alone (``core_sharing``: the cores as they are shared now);
 4. DistTGL's S (saturation: the smallest batch within 10% of the best events/s) and L (given, or
    the largest batch whose validation AP after one pass is within ``ap_tolerance`` of the best).
 
@@ -172,6 +173,56 @@ def collective_costs(repeats: int = 30, timeout: float = 300.0) -> dict:
     return {"fixed_s": round(fixed, 7), "bytes_per_s": round(bps, 1), "sizes": sizes, "repeats": repeats}
 
 
+def _spin_worker(ready: str, go: str, out: str, seconds_of_work: int) -> None:
+    """One of ``core_sharing``'s processes: a fixed amount of single-threaded torch work (small matrix
+    products and elementwise operations, as a training step's), timed once every process is ready."""
+    import torch
+
+    torch.set_num_threads(1)
+    a, b = torch.randn(160, 160), torch.randn(160, 160)
+    for _ in range(20):  # warm
+        a = torch.tanh(a @ b) * 0.5
+    Path(ready).write_text("1")
+    while not os.path.exists(go):
+        time.sleep(0.005)
+    t0 = time.perf_counter()
+    for _ in range(seconds_of_work):
+        a = torch.tanh(a @ b) * 0.5 + 0.1
+    Path(out).write_text(repr(time.perf_counter() - t0))
+
+
+def core_sharing(ranks=(1, 2, 4), work: int = 4000, timeout: float = 300.0) -> dict:
+    """How much slower R single-threaded processes run side by side than one alone, on this machine
+    as it is now (its cores and whatever else runs on them): ``{R: slowdown}``, 1.0 for R = 1. The
+    model scales the CPU stages of M ranks sharing the machine by it (``model``: shared cores)."""
+    import subprocess
+
+    base = None
+    out: dict[str, float] = {}
+    for r in ranks:
+        with tempfile.TemporaryDirectory(prefix="tgdist-advisor-") as d:
+            procs = []
+            for k in range(r):
+                cmd = [sys.executable, "-m", "tgdist.launcher.advisor.measure", "--spin-worker", f"{d}/ready{k}",
+                       f"{d}/go", f"{d}/out{k}", str(work)]
+                procs.append(subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            deadline = time.monotonic() + timeout
+            while not all(os.path.exists(f"{d}/ready{k}") for k in range(r)):
+                if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in procs):
+                    for p in procs:
+                        p.kill()
+                    return {"note": f"the {r}-process measurement failed"}
+                time.sleep(0.01)
+            Path(f"{d}/go").write_text("1")
+            for p in procs:
+                p.wait(timeout=timeout)
+            wall = float(np.mean([float(Path(f"{d}/out{k}").read_text()) for k in range(r)]))
+        base = wall if base is None else base
+        out[str(r)] = round(wall / base, 4)
+    return out
+
+
 def measure(overrides: list[str], *, batch_sizes: list[int], iterations: int = 30, warmup: int = 10,
             parts: list[int] = (2, 4), methods: list[str] = ("range", "interval", "reflexbicut"),
             threads: int = 1, largest_batch: int | None = None, accuracy_batches: list[int] | None = None,
@@ -184,7 +235,7 @@ def measure(overrides: list[str], *, batch_sizes: list[int], iterations: int = 3
     base = [*overrides, f"train.num_threads={threads}", f"sampler.num_threads={threads}", "train.progress=false",
             "train.num_neg_eval=1", "parallel.i=1", "parallel.j=1", "parallel.k=1", "memory.backend=auto",
             "pipeline=none"]
-    steps = len(batch_sizes) + (1 if collectives else 0) + (1 if parts else 0) + (0 if largest_batch else 1)
+    steps = len(batch_sizes) + (2 if collectives else 0) + (1 if parts else 0) + (0 if largest_batch else 1)
     n = 0
     batches, per_iter = [], []
     graph = tr = cfg = None
@@ -228,6 +279,13 @@ def measure(overrides: list[str], *, batch_sizes: list[int], iterations: int = 3
         bps = coll.get("bytes_per_s")
         _say(f"[{n}/{steps}] collectives between two processes: {1e6 * coll['fixed_s']:.0f} us each, "
              f"{(bps or float('nan')) / 1e9:.2f} GB/s ({time.perf_counter() - t0:.1f} s)")
+    sharing = {}
+    if collectives:
+        n += 1
+        t0 = time.perf_counter()
+        sharing = core_sharing(tuple(sorted({1, 2, *parts})))
+        _say(f"[{n}/{steps}] processes side by side: " + ", ".join(f"{r} -> {v}x" for r, v in sharing.items())
+             + f" slower than one ({time.perf_counter() - t0:.1f} s)")
     source, L, aps = "given", largest_batch, {}
     if largest_batch is None:
         n += 1
@@ -249,11 +307,13 @@ def measure(overrides: list[str], *, batch_sizes: list[int], iterations: int = 3
             "mailbox_size": int(m.mailbox_size), "model": str(m.name), "fanouts": list(cfg.sampler.fanouts),
             "accuracy_sweep": {str(b): a for b, a in aps.items()}}
     return Profile(data=data, batches=batches, grad_bytes=int(grad_bytes), placements=placements,
-                   collectives=coll, graph_bytes=int(graph_bytes), largest_batch=L, saturation_batch=S,
+                   collectives=coll, graph_bytes=int(graph_bytes), core_sharing=sharing, largest_batch=L, saturation_batch=S,
                    accuracy_source=source, threads=threads, machine=f"{platform.node()} {os.cpu_count()} CPUs",
                    created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
 
 
+if __name__ == "__main__" and sys.argv[1:2] == ["--spin-worker"]:  # one of core_sharing's processes
+    _spin_worker(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
 if __name__ == "__main__" and sys.argv[1:2] == ["--collective-worker"]:  # one of collective_costs' two processes
     _path, _out, _sizes, _repeats, _rank = sys.argv[2:7]
     _collective_worker(int(_rank), _path, _out, [int(x) for x in _sizes.split(",")], int(_repeats))

@@ -30,9 +30,11 @@ trainers, memory groups of G = i j trainers (DistTGL 3.2), Q trainers per machin
   the schedule of ``staleness_bounds`` (stall-free minimal staleness), whose steady K is the
   staleness the table reports.
 - Shared cores (CPU trainers, ``Cluster.cores_per_machine``): the Q trainers of a machine, their
-  background threads and memory daemons share its cores, so an iteration takes at least the
-  machine's CPU seconds over its cores; a rank waiting on a (slept) link leaves its core to
-  another. The iteration is the larger of that and the rank's critical path.
+  background threads and memory daemons share its cores. With x = the machine's CPU seconds per
+  iteration over the critical path (the processes at work on average: a rank waiting on a slept
+  link leaves its core to another), the CPU stages run s(x) times slower, s measured by the
+  profile on its machine (``core_sharing``: its cores, and the load others put on them), else
+  s(x) = x / cores: the iteration is the path plus (s(x) - 1) times the rank's CPU seconds on it.
 - Epoch: ceil(E / (W b)) iterations per trainer, plus j - 1 for the epoch-parallel subgroups' fill.
 
 Memory per rank: node memory and mails (num_nodes rows of mem_dim floats, a float64 time, the
@@ -72,8 +74,10 @@ BACKWARD_SHARE = 0.5  # of the compute stage that runs after the write (the back
 # the memory daemon's read + write over in-process memory's, measured (benchmarks/results/memory_daemon.md: 1.82-2.03)
 DAEMON_FACTOR = 1.9
 MAX_MICRO = 8  # pipeline.max_micro_batches' default
-COLLECTIVES = {"sven": (2, 1), "depcomm": (3, 1), "depcache": (0, 1), "daemon": (0, 0), "local": (0, 0)}
-# ^ collectives per iteration (dispatch side, aggregation side): each pays the link's latency once
+# collectives per iteration (dispatch side, aggregation side), each paying the link's latency once: an
+# all_to_all_rows or all_gather_parts is two (the row counts, then the rows); sven's dispatch is a
+# request of ids and the rows back, depcomm's adds the gradients' return
+COLLECTIVES = {"sven": (4, 2), "depcomm": (6, 2), "depcache": (0, 2), "daemon": (0, 0), "local": (0, 0)}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -447,12 +451,14 @@ def _time(c: Candidate, profile: Profile, cluster: Cluster, stage: StageFit, row
         path = max(front, rest)
     cpu_rank = S + F + R + C + Wr + coll_cpu + extra_cpu
     T = path
-    if cluster.cores_per_machine is not None:
+    sharing = _sharing(profile, cluster)
+    if sharing is not None:
         groups_here = max(1, Q // G) if c.backend == "daemon" else 0
-        machine_cpu = Q * cpu_rank + groups_here * daemon_cpu
-        T = max(path, machine_cpu / cluster.cores_per_machine)
-        if machine_cpu / cluster.cores_per_machine > path:
-            c.notes.append(f"core-bound: {Q} ranks' CPU work over {cluster.cores_per_machine} cores")
+        busy = (Q * cpu_rank + groups_here * daemon_cpu) / max(path, 1e-12)  # processes at work, on average
+        slower = sharing(busy)
+        T = path + (slower - 1.0) * min(cpu_rank, path)
+        if slower > 1.0:
+            c.notes.append(f"shared cores: {busy:.1f} processes at work, CPU stages {slower:.2f}x slower")
     iters = max(1, math.ceil(E / (W * b)))
     c.iterations = iters
     c.micro_batches = n
@@ -462,6 +468,28 @@ def _time(c: Candidate, profile: Profile, cluster: Cluster, stage: StageFit, row
            "aggregation": A, "allreduce": Gr, "collective_cpu": coll_cpu}
     c.stages = {s: v * iters for s, v in per.items()}
     c.bytes_per_epoch = iters * W * ((disp_b + agg_b if G > 1 else 0.0) + (2 * (W - 1) / W * profile.grad_bytes))
+
+
+def _sharing(profile: Profile, cluster: Cluster):
+    """The slowdown of x processes at work side by side on one of the cluster's machines, as a
+    function of x, or None where each trainer has a device of its own: the profile's measure
+    (``core_sharing``, linear between the measured counts, proportional beyond) for trainers on the
+    profile's machine, else x / cores for CPU trainers."""
+    if cluster.cores_per_machine is None:
+        return None
+    measured = {int(r): float(v) for r, v in (profile.core_sharing or {}).items() if str(r).isdigit()}
+    if cluster.simulated and len(measured) >= 2:
+        xs = sorted(measured)
+        ys = [measured[x] for x in xs]
+
+        def from_profile(x: float) -> float:
+            if x <= xs[-1]:
+                return max(1.0, float(np.interp(x, xs, ys)))
+            return max(1.0, ys[-1] * x / xs[-1])
+
+        return from_profile
+    cores = cluster.cores_per_machine
+    return lambda x: max(1.0, x / cores)
 
 
 def _memory(c: Candidate, profile: Profile, cluster: Cluster, rows: RowFit, G: int, W: int, Q: int, P: int,

@@ -14,6 +14,8 @@ cluster).
   (``imbalance``), from the access graph of one pre-sampled epoch (``tgdist.partition.measures``).
 - ``collectives``: this machine's cost of a collective between processes apart from any modelled
   link (gloo on loopback): ``fixed_s`` per collective and ``bytes_per_s``.
+- ``core_sharing``: how much slower R single-threaded processes run side by side here than one
+  alone (the cores, and whatever else ran on them when the profile was taken);
 - ``largest_batch`` L and ``saturation_batch`` S of DistTGL 3.2.4, with ``accuracy_source``
   (``given``, ``measured``, or ``none``).
 """
@@ -71,6 +73,7 @@ class Profile:
     placements: list = field(default_factory=list)
     collectives: dict = field(default_factory=lambda: {"fixed_s": 0.0, "bytes_per_s": math.inf})
     graph_bytes: int = 0
+    core_sharing: dict = field(default_factory=dict)  # "R" -> slowdown of R processes side by side (measure.core_sharing)
     largest_batch: int | None = None
     saturation_batch: int | None = None
     accuracy_source: str = "none"
