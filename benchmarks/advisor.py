@@ -2,6 +2,7 @@
 
     python benchmarks/advisor.py                                   # Wikipedia, M = 2 and 4, eth10 and ib100
     python benchmarks/advisor.py --data collegemsg --max-events 6000 --iterations 5   # a dry run
+    python benchmarks/advisor.py --device cuda --batch 600 --profile-batches 300 600 1200 --threads 4  # one GPU
 
 1. One profile of the data on this machine (``tgdist.launcher.advisor.measure``, as ``tgdist plan
    --profile`` takes it): one trainer process, one thread, the stage times at three local batch
@@ -48,6 +49,8 @@ GOAL_BEST = 0.10
 
 def chosen(m: int) -> list[tuple[str, str, str | None, str]]:
     """(layout, backend, placement, pipeline) run in every setting with M trainers."""
+    if m == 1:  # one trainer (one GPU): the pipeline levels are what is left to choose
+        return [("1x1x1", "local", None, p) for p in ("none", "prefetch", "mspipe")]
     return [(f"{m}x1x1", "sven", "reflexbicut", "none"), (f"{m}x1x1", "sven", "reflexbicut", "sven"),
             (f"{m}x1x1", "depcache", None, "prefetch"), (f"{m}x1x1", "daemon", None, "none"),
             (f"1x1x{m}", "local", None, "none")]
@@ -79,6 +82,8 @@ def one_run(spec: list[str], base: list[str], groups, rank: int) -> dict:
 
     def tick(t, loss):
         rec["iterations"] += 1
+        rec["_last"] = time.perf_counter()
+        rec["_stages"] = dict(tr.timer.seconds)  # evaluation's apart
 
     store.end_training = ended
     try:
@@ -87,8 +92,11 @@ def one_run(spec: list[str], base: list[str], groups, rank: int) -> dict:
     finally:
         if run_dir is not None:
             shutil.rmtree(run_dir, ignore_errors=True)
-    if "_start" in rec:  # stopped early (the warm-up): end_training never ran
-        rec["train_seconds"] = time.perf_counter() - rec.pop("_start")
+    if "_start" in rec:  # end_training never ran (one process, or the warm-up stopped early): to the last iteration
+        rec["train_seconds"] = rec.pop("_last", time.perf_counter()) - rec.pop("_start")
+        rec["stage_seconds"] = {k: round(v, 4) for k, v in rec.get("_stages", tr.timer.seconds).items()}
+    rec.pop("_last", None)
+    rec.pop("_stages", None)
     rec["pipeline"] = summary.get("pipeline")
     return rec
 
@@ -137,7 +145,7 @@ def launch(nproc: int, specs: list[list[str]], base: list[str], timeout: float) 
 
 
 def data_overrides(args) -> list[str]:
-    out = [f"data={args.data}", f"model={args.model}"]
+    out = [f"data={args.data}", f"model={args.model}", f"train.device={args.device}"]
     if args.max_events:
         out.append(f"data.max_events={args.max_events}")
     return out
@@ -159,10 +167,15 @@ def main() -> int:
                     help="M:LINK settings (default: 2:eth10 2:ib100 4:eth10 4:ib100)")
     ap.add_argument("--profile-in", help="a profile taken before (skips step 1)")
     ap.add_argument("--profile-out", help="write the profile here")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                    help="cuda: the trainers on this machine's GPU (settings 1:nvlink by default)")
+    ap.add_argument("--threads", type=at_least(1), default=1, help="threads of the profile (and of GPU runs)")
     ap.add_argument("--keep-sharing", action="store_true",
                     help="use the profile's core sharing in every setting (default: measure it again before each)")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds per torchrun")
     args = ap.parse_args()
+    if args.device == "cuda" and args.settings == [f"{m}:{link}" for m, link in SETTINGS]:
+        args.settings = ["1:nvlink"]
 
     from tgdist.launcher.advisor import cluster as clusters
     from tgdist.launcher.advisor import profile as profiles
@@ -177,18 +190,23 @@ def main() -> int:
         note(f"profile: {' '.join(data)}, batches {args.profile_batches}")
         parts = sorted({int(s.split(':')[0]) for s in args.settings})
         prof = measure(data, batch_sizes=args.profile_batches, iterations=args.iterations,
-                       warmup=max(3, args.iterations // 3), parts=parts, methods=["reflexbicut"],
-                       largest_batch=10**9)
+                       warmup=max(3, args.iterations // 3), parts=[p for p in parts if p > 1], methods=["reflexbicut"],
+                       largest_batch=10**9, threads=args.threads, collectives=args.device == "cpu")
     if args.profile_out:
         profiles.write(prof, args.profile_out)
     profile_seconds = time.perf_counter() - t0
     settings, rows = [], []
     for s in args.settings:
         m, link = int(s.split(":")[0]), s.split(":")[1]
-        cl = clusters.Cluster(name=f"cpu-{m}-{link}", machines=1, trainers_per_machine=m, intra_link=link,
-                              inter_link=link, host_memory_gb=16.0, cores_per_machine=os.cpu_count() or 2,
-                              device="cpu", simulated=True)
-        if not args.keep_sharing:  # the cores as others share them now, not when the profile was taken
+        if args.device == "cuda":  # M trainers on this machine's one GPU: no core sharing to model
+            cl = clusters.Cluster(name=f"gpu-{m}-{link}", machines=1, trainers_per_machine=m, intra_link=link,
+                                  inter_link=link, host_memory_gb=128.0, device_memory_gb=80.0, device="cuda",
+                                  simulated=True)
+        else:
+            cl = clusters.Cluster(name=f"cpu-{m}-{link}", machines=1, trainers_per_machine=m, intra_link=link,
+                                  inter_link=link, host_memory_gb=16.0, cores_per_machine=os.cpu_count() or 2,
+                                  device="cpu", simulated=True)
+        if not args.keep_sharing and args.device == "cpu" and m > 1:  # the cores as others share them now, not when the profile was taken
             sharing = core_sharing(tuple(sorted({1, 2, m})))
             note(f"M={m} {link}: processes side by side now: {sharing}")
             if "note" not in sharing:
@@ -205,8 +223,10 @@ def main() -> int:
         measured, diag = {}, {}
         for layout, cands in by_layout.items():
             i, j, k = map(int, layout.split("x"))
+            threads = args.threads if args.device == "cuda" else 1
             base = [*data, f"parallel.i={i}", f"parallel.j={j}", f"parallel.k={k}", f"train.epochs={j * k}",
-                    "train.num_threads=1", "sampler.num_threads=1", "train.progress=false", "train.num_neg_eval=1",
+                    f"train.num_threads={threads}", f"sampler.num_threads={threads}", "train.progress=false",
+                    "train.num_neg_eval=1",
                     f"train.batch_size={args.batch}"]
             specs = [["train.stop_after_batches=3", "memory.backend=auto" if i * j == 1 else "memory.backend=depcache"]]
             for c in cands:

@@ -2,9 +2,10 @@
 
 In one process, as ``tgdist train`` would build it for the data the overrides name:
 
-1. for each local batch size, a few dozen training iterations (after a warm-up), each stage timed
-   by the trainer's ``StageTimer`` (sample, features, memory read, compute = forward, backward and
-   optimizer, memory write), and each batch's rows counted: sampled N1, distinct N1 (1 - eta1),
+1. for each local batch size, a few dozen iterations of the training loop a run makes (after a
+   warm-up), each stage timed by the trainer's ``StageTimer`` (sample, features, memory read,
+   compute = forward, backward and optimizer, memory write; the loop's own work between them is
+   added to compute, so the stages sum to the iteration), and each batch's rows counted: sampled N1, distinct N1 (1 - eta1),
    roots N2, distinct roots N2 (1 - eta2) (Sven 3.2);
 2. for each trainer count M and partition method, the access graph of one pre-sampled epoch
    (``first_pass_access``) and the placement's remote share and imbalance (``measures``);
@@ -71,33 +72,59 @@ def _rows(tr, p, lo: int, hi: int) -> tuple[float, float, float, float]:
 
 
 def _time_batch(cfg_over: list[str], graph, b: int, warmup: int, iterations: int):
+    """``warmup + iterations`` iterations of the loop a run makes (``Run``, one process, stopped by
+    ``train.stop_after_batches``), the last ``iterations`` timed: wall seconds per iteration from the
+    loop's own ticks, each stage's from the trainer's ``StageTimer``, the rows of each batch read."""
+    import shutil
+
     from tgdist.runtime.build import build_trainer, compose
+    from tgdist.runtime.run import Run
 
     cfg = compose([*cfg_over, f"train.batch_size={b}"])
     tr = build_trainer(cfg, graph=graph, progress=False)
-    steps = list(tr.batches("train"))
-    if len(steps) < warmup + iterations:
-        warmup = min(warmup, max(len(steps) // 4, 1))
-        iterations = max(len(steps) - warmup, 1)
-    tr.model.train()
-    for s, e in steps[:warmup]:
-        tr.step(s, e, tr.negatives.train(e - s, 1), train=True)
-    before = dict(tr.timer.seconds)
-    counts = []
-    t0 = time.perf_counter()
-    for s, e in steps[warmup:warmup + iterations]:
-        p = tr.prepare(s, e, tr.negatives.train(e - s, 1), lookup=True)
-        counts.append(_rows(tr, p, s, e))
-        tr.compute(p, True)
-        tr.memory.exchange()
-    wall = time.perf_counter() - t0
-    secs = {s: (tr.timer.seconds.get(s, 0.0) - before.get(s, 0.0)) / iterations for s in STAGES}
-    rows = np.mean(np.array(counts, dtype=np.float64), axis=0)
+    lo, hi = tr.split.range("train")
+    steps = -(-(hi - lo) // b)
+    if steps < warmup + iterations:
+        warmup = min(warmup, max(steps // 4, 1))
+        iterations = max(steps - warmup, 1)
+    cfg = compose([*cfg_over, f"train.batch_size={b}", f"train.stop_after_batches={warmup + iterations}",
+                   "train.epochs=1"])
+    run_dir = tempfile.mkdtemp(prefix="tgdist-advisor-")
+    counts, marks = [], {}
+    prepare = tr.prepare
+
+    def counting_prepare(lo_, hi_, neg, read=None, **kw):
+        p = prepare(lo_, hi_, neg, read, **kw)
+        if marks:  # past the warm-up
+            counts.append(_rows(tr, p, lo_, hi_))
+        return p
+
+    def tick(t, loss):
+        done = t + 1
+        if done == warmup:
+            marks["t0"], marks["s0"] = time.perf_counter(), dict(tr.timer.seconds)
+        elif done == warmup + iterations:
+            marks["t1"], marks["s1"] = time.perf_counter(), dict(tr.timer.seconds)
+
+    tr.prepare = counting_prepare
+    try:
+        driver = Run(cfg, run_dir, trainer=tr)
+        driver.train(on_iteration=tick)
+    finally:
+        tr.prepare = prepare
+        shutil.rmtree(run_dir, ignore_errors=True)
+    if "t1" not in marks:
+        raise RuntimeError(f"batch {b}: the run stopped before its {warmup + iterations} iterations")
+    wall = (marks["t1"] - marks["t0"]) / iterations
+    secs = {s: (marks["s1"].get(s, 0.0) - marks["s0"].get(s, 0.0)) / iterations for s in STAGES}
+    # the loop's own work between the stages (schedule, negatives, hooks, the loss read back) joins compute
+    secs["compute"] += max(wall - sum(secs.values()), 0.0)
+    rows = np.mean(np.array(counts[:iterations], dtype=np.float64), axis=0)
     grad_bytes = sum(4 * q.numel() for q in tr.model.parameters() if q.requires_grad)
     bp = BatchProfile(batch_size=b, seconds={k: round(v, 7) for k, v in secs.items()}, rows_sampled=float(rows[0]),
                       rows_distinct=float(rows[1]), roots=float(rows[2]), roots_distinct=float(rows[3]),
                       iterations=iterations)
-    return bp, wall / iterations, grad_bytes, tr, cfg
+    return bp, wall, grad_bytes, tr, cfg
 
 
 def _val_ap(cfg_over: list[str], graph, b: int, events: int | None) -> float:

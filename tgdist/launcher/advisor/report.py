@@ -23,8 +23,11 @@ def _epochs(c: Candidate, epochs: int) -> int:
 
 
 def run_overrides(c: Candidate, cluster: Cluster, data: list[str], epochs: int = DEFAULT_EPOCHS) -> list[str]:
-    """The full override list of a candidate's run: the data's, the candidate's, the epochs."""
-    return [*data, *c.overrides(cluster), f"train.epochs={_epochs(c, epochs)}"]
+    """The full override list of a candidate's run: the data's (less the keys the candidate sets),
+    the candidate's, the epochs."""
+    own = [*c.overrides(cluster), f"train.epochs={_epochs(c, epochs)}"]
+    keys = {o.split("=", 1)[0].lstrip("+") for o in own}
+    return [*(d for d in data if d.split("=", 1)[0].lstrip("+") not in keys), *own]
 
 
 def best(ranked: list[Candidate]) -> Candidate | None:
