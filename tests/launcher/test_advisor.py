@@ -45,7 +45,8 @@ def test_disttgl_worked_example():
     ranked = model.predict(p, c, backends=["daemon"], pipelines=["none"])
     ok = [x for x in ranked if x.refused is None]
     assert (ok[0].i, ok[0].j, ok[0].k, ok[0].batch_size) == (2, 2, 8, 1600)
-    assert {(x.i, x.j, x.k) for x in ok} == {(1, 4, 8), (2, 2, 8), (4, 1, 8), (1, 8, 4), (2, 4, 4), (4, 2, 4), (8, 1, 4)}
+    assert {(x.i, x.j, x.k) for x in ok} == {(1, 4, 8), (2, 2, 8), (4, 1, 8), (1, 8, 4), (2, 4, 4), (4, 2, 4),
+                                             (8, 1, 4)}
     why = {(x.i, x.j, x.k): x.refused for x in ranked if x.refused}
     assert "k >= machines" in why[(8, 4, 1)] and "DistTGL 3.2.4" in why[(8, 4, 1)]
     assert "host memory" in why[(2, 1, 16)] and "4 memory copies" in why[(2, 1, 16)]

@@ -5,7 +5,8 @@ In one process, as ``tgdist train`` would build it for the data the overrides na
 1. for each local batch size, a few dozen iterations of the training loop a run makes (after a
    warm-up), each stage timed by the trainer's ``StageTimer`` (sample, features, memory read,
    compute = forward, backward and optimizer, memory write; the loop's own work between them is
-   added to compute, so the stages sum to the iteration), and each batch's rows counted: sampled N1, distinct N1 (1 - eta1),
+   added to compute, so the stages sum to the iteration), and each batch's rows counted: sampled
+   N1, distinct N1 (1 - eta1),
    roots N2, distinct roots N2 (1 - eta2) (Sven 3.2);
 2. for each trainer count M and partition method, the access graph of one pre-sampled epoch
    (``first_pass_access``) and the placement's remote share and imbalance (``measures``);
@@ -285,7 +286,8 @@ def measure(overrides: list[str], *, batch_sizes: list[int], iterations: int = 3
         t0 = time.perf_counter()
         fanouts = list(cfg.sampler.fanouts) if cfg.model.name != "jodie" else []
         for m in parts:
-            access = first_pass_access(graph, train_end, m, S, fanouts, strategy=getattr(cfg.sampler.strategy, "value", str(cfg.sampler.strategy)),
+            strategy = getattr(cfg.sampler.strategy, "value", str(cfg.sampler.strategy))
+            access = first_pass_access(graph, train_end, m, S, fanouts, strategy=strategy,
                                        seed=cfg.train.seed)
             for method in methods:
                 owner = assign(access, method)
@@ -334,7 +336,8 @@ def measure(overrides: list[str], *, batch_sizes: list[int], iterations: int = 3
             "mailbox_size": int(m.mailbox_size), "model": str(m.name), "fanouts": list(cfg.sampler.fanouts),
             "accuracy_sweep": {str(b): a for b, a in aps.items()}}
     return Profile(data=data, batches=batches, grad_bytes=int(grad_bytes), placements=placements,
-                   collectives=coll, graph_bytes=int(graph_bytes), core_sharing=sharing, largest_batch=L, saturation_batch=S,
+                   collectives=coll, graph_bytes=int(graph_bytes), core_sharing=sharing, largest_batch=L,
+                   saturation_batch=S,
                    accuracy_source=source, threads=threads, machine=f"{platform.node()} {os.cpu_count()} CPUs",
                    created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
 

@@ -302,7 +302,8 @@ def runtime_refusal(c: Candidate) -> str | None:
             setattr(pipe, key.split(".", 1)[1], value)
     backend = "auto" if c.backend == "local" else c.backend
     try:
-        validate_pipeline(OmegaConf.structured(pipe), OmegaConf.structured(ParallelConfig(i=c.i, j=c.j, k=c.k)), backend)
+        parallel = OmegaConf.structured(ParallelConfig(i=c.i, j=c.j, k=c.k))
+        validate_pipeline(OmegaConf.structured(pipe), parallel, backend)
         store = _store_class(c.backend)
         if store.partitioned:
             check_settings(store, c.j, OmegaConf.structured(PlacementConfig(method=c.placement or "reflexbicut")))
@@ -381,7 +382,8 @@ def _layout_refusal(c: Candidate, G: int, P: int, Q: int, cluster: Cluster) -> s
             return (f"memory in host memory needs k >= machines ({c.k} < {P}): only memory parallelism moves no "
                     f"memory between machines (DistTGL 3.2.4)")
         if any(_spans(g * G, G, Q) for g in range(c.k)):
-            return f"a memory group of {G} trainers would span machines of {Q}: its daemon serves one machine (DistTGL 3.3)"
+            return (f"a memory group of {G} trainers would span machines of {Q}: its daemon serves one machine "
+                    f"(DistTGL 3.3)")
     if c.batch_size < c.i:
         return f"local batch {c.batch_size} below parallel.i = {c.i}"
     return None

@@ -73,7 +73,7 @@ class Profile:
     placements: list = field(default_factory=list)
     collectives: dict = field(default_factory=lambda: {"fixed_s": 0.0, "bytes_per_s": math.inf})
     graph_bytes: int = 0
-    core_sharing: dict = field(default_factory=dict)  # "R" -> slowdown of R processes side by side (measure.core_sharing)
+    core_sharing: dict = field(default_factory=dict)  # "R" -> slowdown of R processes side by side
     largest_batch: int | None = None
     saturation_batch: int | None = None
     accuracy_source: str = "none"

@@ -76,7 +76,8 @@ def launch_lines(c: Candidate, cluster: Cluster, data: list[str], epochs: int = 
         launch = f"tgdist launch --nproc {Q} -- {ov}"
     else:
         launch = f"tgdist launch --nproc {Q} --nnodes {P} --node-rank R --master-addr FIRST_NODE -- {ov}"
-    gpus = f" --gpus-per-node {Q}" if cluster.device == "cuda" else f" --ntasks-per-node 1 --export ALL,NPROC_PER_NODE={Q}"
+    gpus = (f" --gpus-per-node {Q}" if cluster.device == "cuda"
+            else f" --ntasks-per-node 1 --export ALL,NPROC_PER_NODE={Q}")
     return {"launch": launch, "sbatch": f"sbatch --nodes {P}{gpus} slurm/multinode_gpu.sbatch {ov}"}
 
 
