@@ -270,6 +270,13 @@ def test_plan_profile_then_advise(tmp_path, capsys):
     assert png.stat().st_size > 1000
     files = sorted((sweep / "experiment").glob("advice_*.yaml"))
     assert len(files) == 3 and (sweep / "sweep.sh").exists()
+    sweep_line = next(ln for ln in out.splitlines() if ln.startswith("sweep over the top 3: "))
+    assert sweep_line.split(": ", 1)[1] in (sweep / "sweep.sh").read_text()
+    from tgdist.launcher import launch
+
+    assert launch.main(["--dry-run", "--nproc", "2", "--", "-m", f"hydra.searchpath=[file://{sweep}]",
+                        "experiment=advice_01,advice_02,advice_03", *TINY, f"run_dir={tmp_path}/runs"]) == 0
+    assert capsys.readouterr().out.count("torch.distributed.run --nproc-per-node 2") == 3
     ranked = [c for c in model.predict(p, clusters.preset("cpu-2-eth10")) if c.refused is None]
     for f, c in zip(files, ranked):
         cfg = compose([f"hydra.searchpath=[file://{sweep}]", f"experiment={f.stem}", *TINY])
