@@ -3,6 +3,7 @@ cluster description, and the command line."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -123,6 +124,18 @@ def test_pipeline_levels_on_one_gpu():
     assert got["mspipe"].iteration_s == pytest.approx(3.0)
     assert got["mspipe"].staleness == 1 and "K = 1" in got["mspipe"].risk[0]
     assert got["none"].epoch_s == pytest.approx(400 * 7.0)
+
+
+def test_measured_overlap_scales_what_stage_threads_save():
+    """Where the profile measured that a stage thread buys a share e of the ideal overlap, prefetch
+    saves e times min(sampling + features, the rest) and MSPipe e times its ideal saving."""
+    for e, pre, ms in [(0.0, 7.0, 7.0), (0.5, 6.0, 5.0), (1.0, 5.0, 3.0)]:
+        p = dataclasses.replace(one_gpu_profile(), overlap={"prefetch": e})
+        got = {c.pipeline: c for c in model.predict(p, clusters.preset("gpu-1"), batch_sizes=[100])
+               if c.refused is None}
+        assert got["none"].iteration_s == pytest.approx(7.0)
+        assert got["prefetch"].iteration_s == pytest.approx(pre)
+        assert got["mspipe"].iteration_s == pytest.approx(ms)
 
 
 def test_mspipe_bound_from_runtime():
@@ -258,10 +271,12 @@ def test_plan_profile_then_advise(tmp_path, capsys):
                             "--out", str(prof), "--cluster", "cpu-2-eth10", "--top", "3", "--png", str(png),
                             "--sweep", str(sweep)], capsys)
     assert rc == 0, err
-    assert "[1/3] batch 50" in err and "[2/3] batch 100" in err and "[3/3] placements at M = 2" in err
+    assert "[1/4] batch 50" in err and "[2/4] batch 100" in err and "[3/4] overlap: prefetch" in err
+    assert "[4/4] placements at M = 2" in err
     p = read(prof)
     assert p.batch_sizes() == [50, 100] and p.largest_batch == 200 and p.accuracy_source == "given"
     assert p.placement("range", 2) is not None and p.data["num_train_events"] > 0
+    assert 0.0 <= p.overlap["prefetch"] <= 1.0
     assert all(b.rows_distinct <= b.rows_sampled and b.seconds["compute"] > 0 for b in p.batches)
     assert "epoch s" in out and "best: " in out
     launch = next(ln for ln in out.splitlines() if ln.strip().startswith("tgdist launch --nproc 2"))

@@ -13,7 +13,10 @@ In one process, as ``tgdist train`` would build it for the data the overrides na
 3. the cost of a collective between two processes of this machine (gloo, loopback): what a
    parallel run pays besides the modelled link; and how much slower 1, 2, M processes run side by
    side than one alone (``core_sharing``: the cores as they are shared now);
-4. DistTGL's S (saturation: the smallest batch within 10% of the best events/s) and L (given, or
+4. how much of the ideal overlap a background stage thread buys on this machine: the loop with
+   ``pipeline=prefetch`` at S against the plain loop, over what perfect overlap of sampling and
+   features would save (``overlap``; threads of one process share its interpreter and cores);
+5. DistTGL's S (saturation: the smallest batch within 10% of the best events/s) and L (given, or
    the largest batch whose validation AP after one pass is within ``ap_tolerance`` of the best).
 
 Each stage prints one progress line on stderr.
@@ -254,7 +257,8 @@ def core_sharing(ranks=(1, 2, 4), work: int = 4000, timeout: float = 300.0) -> d
 def measure(overrides: list[str], *, batch_sizes: list[int], iterations: int = 30, warmup: int = 10,
             parts: list[int] = (2, 4), methods: list[str] = ("range", "interval", "reflexbicut"),
             threads: int = 1, largest_batch: int | None = None, accuracy_batches: list[int] | None = None,
-            accuracy_events: int | None = None, ap_tolerance: float = 0.01, collectives: bool = True) -> Profile:
+            accuracy_events: int | None = None, ap_tolerance: float = 0.01, collectives: bool = True,
+            overlap_check: bool = True) -> Profile:
     """A profile of the data ``overrides`` name on this machine (the module docstring)."""
     from tgdist.memory.placement import first_pass_access
     from tgdist.partition.measures import measure as measure_placement
@@ -263,7 +267,8 @@ def measure(overrides: list[str], *, batch_sizes: list[int], iterations: int = 3
     base = [*overrides, f"train.num_threads={threads}", f"sampler.num_threads={threads}", "train.progress=false",
             "train.num_neg_eval=1", "parallel.i=1", "parallel.j=1", "parallel.k=1", "memory.backend=auto",
             "pipeline=none"]
-    steps = len(batch_sizes) + (2 if collectives else 0) + (1 if parts else 0) + (0 if largest_batch else 1)
+    steps = (len(set(batch_sizes)) + (2 if collectives else 0) + (1 if parts else 0) + (0 if largest_batch else 1)
+             + (1 if overlap_check else 0))
     n = 0
     batches, per_iter = [], []
     graph = tr = cfg = None
@@ -279,6 +284,22 @@ def measure(overrides: list[str], *, batch_sizes: list[int], iterations: int = 3
              f"({b / wall:,.0f} events/s), eta1 {bp.eta1:.2f}, eta2 {bp.eta2:.2f} ({time.perf_counter() - t0:.1f} s)")
     sizes = [bp.batch_size for bp in batches]
     S = saturation(sizes, [b / w for b, w in zip(sizes, per_iter)])
+    overlap = {}
+    if overlap_check:  # how much of the ideal overlap a background stage thread buys here (prefetch at S)
+        n += 1
+        t0 = time.perf_counter()
+        at = next(bp for bp in batches if bp.batch_size == S)
+        _, pre_wall, *_ = _time_batch([o for o in base if o != "pipeline=none"] + ["pipeline=prefetch"], graph, S,
+                                      warmup, iterations)
+        plain = per_iter[sizes.index(S)]
+        front = at.seconds["sample"] + at.seconds["features"]
+        rest = max(plain - front, 0.0)
+        ideal = min(front, rest)
+        share = (plain - pre_wall) / ideal if ideal > 0 else 1.0
+        overlap = {"prefetch": round(min(max(share, 0.0), 1.0), 4), "batch": S, "plain_s": round(plain, 6),
+                   "prefetch_s": round(pre_wall, 6)}
+        _say(f"[{n}/{steps}] overlap: prefetch at batch {S}: {1e3 * pre_wall:.1f} ms against {1e3 * plain:.1f} ms, "
+             f"{overlap['prefetch']:.0%} of the ideal saving ({time.perf_counter() - t0:.1f} s)")
     lo, train_end = tr.split.range("train")
     placements = []
     if parts:
@@ -336,7 +357,7 @@ def measure(overrides: list[str], *, batch_sizes: list[int], iterations: int = 3
             "mailbox_size": int(m.mailbox_size), "model": str(m.name), "fanouts": list(cfg.sampler.fanouts),
             "accuracy_sweep": {str(b): a for b, a in aps.items()}}
     return Profile(data=data, batches=batches, grad_bytes=int(grad_bytes), placements=placements,
-                   collectives=coll, graph_bytes=int(graph_bytes), core_sharing=sharing, largest_batch=L,
+                   collectives=coll, graph_bytes=int(graph_bytes), core_sharing=sharing, overlap=overlap, largest_batch=L,
                    saturation_batch=S,
                    accuracy_source=source, threads=threads, machine=f"{platform.node()} {os.cpu_count()} CPUs",
                    created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))

@@ -21,14 +21,15 @@ trainers, memory groups of G = i j trainers (DistTGL 3.2), Q trainers per machin
 - Overlap by pipeline level (``pipeline`` overrides in ``PIPELINES``):
   none: everything in turn, but the aggregation travels during the backward pass (the plain step
   starts it after the write: ``BACKWARD_SHARE`` of compute hides it);
-  prefetch (Sven 3.3.1): sampling and features leave the critical path (a background thread);
+  prefetch (Sven 3.3.1): sampling and features leave the critical path (a background thread), by the
+  share of that ideal the profile measured for a stage thread here (``overlap``; 1 when absent);
   micro-batches (Sven 3.3.2): n micro-batches, dispatch overlapping the memory update and the
   aggregation overlapping the GNN layers, T(n) = max(C, D) + min(C, D) / n + n o, n from eq. (12)
   as ``micro_batches=auto`` fits it (``fit_granularity``: n = sqrt(min(C, D) / o) at the batch);
   asynchronous all-reduce (Sven eq. (13)): the all-reduce hides behind the next iteration's compute;
   mspipe (MSPipe 3.2, eq. (3)-(4), C1-C3): the five stages overlap across iterations; the epoch is
   the schedule of ``staleness_bounds`` (stall-free minimal staleness), whose steady K is the
-  staleness the table reports.
+  staleness the table reports, reached by the same measured share of its saving over the stages in turn.
 - Shared cores (CPU trainers, ``Cluster.cores_per_machine``): the Q trainers of a machine, their
   background threads and memory daemons share its cores. With x = the machine's CPU seconds per
   iteration over the critical path (the processes at work on average: a rank waiting on a slept
@@ -434,6 +435,7 @@ def _time(c: Candidate, profile: Profile, cluster: Cluster, stage: StageFit, row
     else:  # mspipe
         rest = 0.0
     extra_cpu = (n - 1) * (micro_o - n_disp * lat)  # what more micro-batches cost the cores
+    eff = _overlap(profile)
     if pipe == "none":
         path = front + rest
     elif pipe == "mspipe":
@@ -445,12 +447,13 @@ def _time(c: Candidate, profile: Profile, cluster: Cluster, stage: StageFit, row
         bounds = staleness_bounds(tau, sim)
         half = sim // 2
         if sim > 2:
-            path = float(bounds.end[-1, 4] - bounds.end[half, 4]) / (sim - 1 - half)
+            ideal = float(bounds.end[-1, 4] - bounds.end[half, 4]) / (sim - 1 - half)
         else:
-            path = float(bounds.end[-1, 4]) / sim
+            ideal = float(bounds.end[-1, 4]) / sim
+        path = sum(tau) - eff * (sum(tau) - ideal)  # the measured share of the overlap the stage threads buy
         c.staleness = bounds.steady()
     else:
-        path = max(front, rest)
+        path = front + rest - eff * min(front, rest)
     cpu_rank = S + F + R + C + Wr + coll_cpu + extra_cpu
     T = path
     sharing = _sharing(profile, cluster)
@@ -470,6 +473,13 @@ def _time(c: Candidate, profile: Profile, cluster: Cluster, stage: StageFit, row
            "aggregation": A, "allreduce": Gr, "collective_cpu": coll_cpu}
     c.stages = {s: v * iters for s, v in per.items()}
     c.bytes_per_epoch = iters * W * ((disp_b + agg_b if G > 1 else 0.0) + (2 * (W - 1) / W * profile.grad_bytes))
+
+
+def _overlap(profile: Profile) -> float:
+    """The share of the ideal overlap that stages in threads of one process buy (prefetch's
+    sampling, MSPipe's stage threads): the profile's measure, else 1 (the papers' perfect overlap)."""
+    value = (profile.overlap or {}).get("prefetch")
+    return 1.0 if value is None else min(max(float(value), 0.0), 1.0)
 
 
 def _sharing(profile: Profile, cluster: Cluster):

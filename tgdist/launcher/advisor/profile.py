@@ -16,6 +16,9 @@ cluster).
   link (gloo on loopback): ``fixed_s`` per collective and ``bytes_per_s``.
 - ``core_sharing``: how much slower R single-threaded processes run side by side here than one
   alone (the cores, and whatever else ran on them when the profile was taken);
+- ``overlap``: ``prefetch``, the share of the ideal saving that prefetching measured at S (the loop
+  with a background sampling thread against the plain loop): what overlap of stages running in
+  threads of one process buys here; absent, the model assumes the papers' perfect overlap;
 - ``largest_batch`` L and ``saturation_batch`` S of DistTGL 3.2.4, with ``accuracy_source``
   (``given``, ``measured``, or ``none``).
 """
@@ -74,6 +77,7 @@ class Profile:
     collectives: dict = field(default_factory=lambda: {"fixed_s": 0.0, "bytes_per_s": math.inf})
     graph_bytes: int = 0
     core_sharing: dict = field(default_factory=dict)  # "R" -> slowdown of R processes side by side
+    overlap: dict = field(default_factory=dict)  # "prefetch": the share of the ideal overlap a stage thread buys
     largest_batch: int | None = None
     saturation_batch: int | None = None
     accuracy_source: str = "none"
