@@ -20,8 +20,8 @@
 runs R times in rotation and the least of its times counts (load from other work only adds time).
 
 Reported: predicted against measured epoch seconds per candidate, the absolute error relative to
-the measurement, its median (goal: at most 20%), and per setting whether the predicted best is
-within 10% of the measured best. The ranks of one setting share this machine's cores: the profile
+the measurement, its median (goal: at most 20%), and per setting whether the predicted best (the
+candidate ``tgdist plan`` prints as best: ``report.best``) is within 10% of the measured best. The ranks of one setting share this machine's cores: the profile
 is of one process, and the model adds the sharing (``model``: shared cores) as measured just before
 each setting's runs (``core_sharing``: this machine's two cores and whatever else runs on them then;
 ``--keep-sharing`` uses the profile's). One
@@ -182,6 +182,7 @@ def main() -> int:
 
     from tgdist.launcher.advisor import cluster as clusters
     from tgdist.launcher.advisor import profile as profiles
+    from tgdist.launcher.advisor import report
     from tgdist.launcher.advisor.measure import core_sharing, measure
     from tgdist.launcher.advisor.model import predict
 
@@ -219,8 +220,9 @@ def main() -> int:
                   if c.refused is None]
         want = chosen(m)
         run = [c for c in ranked if key_of(c) in want]
-        if key_of(ranked[0]) not in want:
-            run.append(ranked[0])
+        pick = report.best(ranked)  # what tgdist plan would print as the best
+        if key_of(pick) not in want:
+            run.append(pick)
         by_layout: dict[str, list] = {}
         for c in run:
             by_layout.setdefault(c.layout, []).append(c)
@@ -269,7 +271,7 @@ def main() -> int:
                  f"error {100 * rows[-1]['error']:+6.1f}%")
         mine = [r for r in rows if r["M"] == m and r["link"] == link]
         best_measured = min(mine, key=lambda r: r["measured_s"])
-        best_predicted = min(mine, key=lambda r: r["predicted_rank"])
+        best_predicted = next(r for r in mine if r["candidate"] == pick.label())
         gap = best_predicted["measured_s"] / best_measured["measured_s"] - 1
         settings.append({"M": m, "link": link, "core_sharing": prof.core_sharing,
                          "predicted_best": best_predicted["candidate"],

@@ -329,3 +329,16 @@ def test_saturation_and_largest_safe():
 
     assert saturation([200, 600, 1200, 2400], [10_000, 25_000, 29_000, 30_000]) == 1200
     assert largest_safe([200, 600, 1200, 2400], [0.95, 0.948, 0.942, 0.90], 0.01) == 1200
+
+
+def test_best_takes_the_least_risk_among_near_ties():
+    """A predicted gain within 5% does not buy an accuracy risk; a larger one does; beyond L comes last."""
+    from tgdist.launcher.advisor.report import best
+
+    def cand(pipe, t, risk):
+        return model.Candidate(1, 1, 1, "local", pipe, None, 600, epoch_s=t, risk_level=risk)
+
+    assert best([cand("mspipe", 1.77, 1), cand("prefetch", 1.78, 0), cand("none", 1.79, 0)]).pipeline == "prefetch"
+    assert best([cand("mspipe", 1.50, 1), cand("prefetch", 1.78, 0)]).pipeline == "mspipe"
+    assert best([cand("none", 1.0, 0), cand("prefetch", 0.5, 2)]).pipeline == "none"  # as predict ranks them
+    assert best([]) is None

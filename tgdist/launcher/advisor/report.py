@@ -12,7 +12,7 @@ from pathlib import Path
 from tgdist.launcher.advisor.cluster import Cluster
 from tgdist.launcher.advisor.model import PIPELINES, Candidate
 
-__all__ = ["table", "refusals", "launch_lines", "write_sweep", "draw", "run_overrides", "best"]
+__all__ = ["TIE", "table", "refusals", "launch_lines", "write_sweep", "draw", "run_overrides", "best"]
 
 DEFAULT_EPOCHS = 5  # TrainConfig.epochs: the launch line's epochs are the fewest multiple of j*k at least this
 
@@ -30,10 +30,20 @@ def run_overrides(c: Candidate, cluster: Cluster, data: list[str], epochs: int =
     return [*(d for d in data if d.split("=", 1)[0].lstrip("+") not in keys), *own]
 
 
-def best(ranked: list[Candidate]) -> Candidate | None:
-    """The fastest candidate whose global batch is within L (``predict`` ranks those first)."""
+TIE = 0.05  # predicted epochs this close to the fastest are not told apart: the least accuracy risk wins
+
+
+def best(ranked: list[Candidate], tie: float = TIE) -> Candidate | None:
+    """The candidate to run: among those predicted within ``tie`` of the fastest whose global batch
+    is within L (``predict`` ranks those first), the one with the least accuracy risk (staleness,
+    epoch parallelism), then the fastest. A gain the model cannot resolve is not worth a risk the
+    papers measured."""
     ok = [c for c in ranked if c.refused is None]
-    return ok[0] if ok else None
+    if not ok:
+        return None
+    first = ok[0]
+    close = [c for c in ok if (c.risk_level >= 2) == (first.risk_level >= 2) and c.epoch_s <= first.epoch_s * (1 + tie)]
+    return min(close, key=lambda c: (c.risk_level, c.epoch_s))
 
 
 def _gb(x: float) -> str:
