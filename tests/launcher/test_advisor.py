@@ -342,3 +342,13 @@ def test_best_takes_the_least_risk_among_near_ties():
     assert best([cand("mspipe", 1.50, 1), cand("prefetch", 1.78, 0)]).pipeline == "mspipe"
     assert best([cand("none", 1.0, 0), cand("prefetch", 0.5, 2)]).pipeline == "none"  # as predict ranks them
     assert best([]) is None
+
+
+def test_core_sharing_on_this_machine():
+    """Processes side by side: 1.0 alone, and never less than R / CPUs times slower."""
+    import os
+
+    from tgdist.launcher.advisor.measure import core_sharing
+
+    got = core_sharing((1, 2), work=300)
+    assert got["1"] == 1.0 and got["2"] >= max(1.0, 2 / (os.cpu_count() or 1)), got

@@ -222,35 +222,49 @@ def _spin_worker(ready: str, go: str, out: str, seconds_of_work: int) -> None:
     Path(out).write_text(repr(time.perf_counter() - t0))
 
 
+def _side_by_side(r: int, work: int, timeout: float) -> float | None:
+    """Mean seconds of ``r`` processes doing ``work`` at once (``_spin_worker``), or None if one failed."""
+    import subprocess
+
+    with tempfile.TemporaryDirectory(prefix="tgdist-advisor-") as d:
+        procs = []
+        for k in range(r):
+            cmd = [sys.executable, "-m", "tgdist.launcher.advisor.measure", "--spin-worker", f"{d}/ready{k}",
+                   f"{d}/go", f"{d}/out{k}", str(work)]
+            procs.append(subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        deadline = time.monotonic() + timeout
+        while not all(os.path.exists(f"{d}/ready{k}") for k in range(r)):
+            if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in procs):
+                for p in procs:
+                    p.kill()
+                    p.wait()
+                return None
+            time.sleep(0.01)
+        Path(f"{d}/go").write_text("1")
+        for p in procs:
+            p.wait(timeout=timeout)
+        return float(np.mean([float(Path(f"{d}/out{k}").read_text()) for k in range(r)]))
+
+
 def core_sharing(ranks=(1, 2, 4), work: int = 4000, timeout: float = 300.0) -> dict:
     """How much slower R single-threaded processes run side by side than one alone, on this machine
     as it is now (its cores and whatever else runs on them): ``{R: slowdown}``, 1.0 for R = 1. The
-    model scales the CPU stages of M ranks sharing the machine by it (``model``: shared cores)."""
-    import subprocess
+    model scales the CPU stages of M ranks sharing the machine by it (``model``: shared cores).
 
-    base = None
-    out: dict[str, float] = {}
-    for r in ranks:
-        with tempfile.TemporaryDirectory(prefix="tgdist-advisor-") as d:
-            procs = []
-            for k in range(r):
-                cmd = [sys.executable, "-m", "tgdist.launcher.advisor.measure", "--spin-worker", f"{d}/ready{k}",
-                       f"{d}/go", f"{d}/out{k}", str(work)]
-                procs.append(subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            deadline = time.monotonic() + timeout
-            while not all(os.path.exists(f"{d}/ready{k}") for k in range(r)):
-                if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in procs):
-                    for p in procs:
-                        p.kill()
-                    return {"note": f"the {r}-process measurement failed"}
-                time.sleep(0.01)
-            Path(f"{d}/go").write_text("1")
-            for p in procs:
-                p.wait(timeout=timeout)
-            wall = float(np.mean([float(Path(f"{d}/out{k}").read_text()) for k in range(r)]))
-        base = wall if base is None else base
-        out[str(r)] = round(wall / base, 4)
+    One process alone is timed before and after the others and the lesser counts (the load of other
+    work comes and goes: a spike in the one run alone would make every sharing look free); R
+    processes can never be less than R / CPUs times slower, whatever the noise."""
+    cpus = os.cpu_count() or 1
+    alone = [_side_by_side(1, work, timeout)]
+    walls = {r: _side_by_side(r, work, timeout) for r in ranks if r > 1}
+    alone.append(_side_by_side(1, work, timeout))
+    if None in alone or None in walls.values():
+        return {"note": "a side-by-side measurement failed"}
+    base = min(alone)
+    out = {"1": 1.0}
+    for r, wall in walls.items():
+        out[str(r)] = round(max(wall / base, r / cpus, 1.0), 4)
     return out
 
 
