@@ -34,14 +34,18 @@ def load_whole(path, tr) -> None:
     tr.memory.load_state_dict(whole)
 
 
-@pytest.mark.parametrize("backend", ["depcache", "sven", "daemon", pytest.param("depcomm", marks=pytest.mark.slow)])
-def test_2x1x1_tgb_mrr_equals_one_process_evaluating_its_model_and_memory(tmp_path, backend):
+@pytest.mark.parametrize("layout, backend", [("2,1,1", "depcache"), ("2,1,1", "sven"), ("2,1,1", "daemon"),
+                                             pytest.param("2,1,1", "depcomm", marks=pytest.mark.slow),
+                                             pytest.param("1,2,1", "depcache", marks=pytest.mark.slow),
+                                             pytest.param("1,1,2", "local", marks=pytest.mark.slow)])
+def test_parallel_tgb_mrr_equals_one_process_evaluating_its_model_and_memory(tmp_path, layout, backend):
     write_wiki(tmp_path)
     common = [*COMMON, f"data.root={tmp_path}"]
-    para = [*common, "parallel.i=2", f"memory.backend={backend}"]
+    i, j, k = layout.split(",")
+    para = [*common, f"parallel.i={i}", f"parallel.j={j}", f"parallel.k={k}", f"memory.backend={backend}"]
     r = torchrun(2, "-m", "tgdist.train", *para, f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
     done = json.loads(r.stdout.strip().splitlines()[-1])
-    assert done["parallel"] == "2 x 1 x 1" and done["memory_backend"] == backend and done["replicas_identical"]
+    assert done["parallel"] == f"{i} x {j} x {k}" and done["memory_backend"] == backend and done["replicas_identical"]
     assert 0 < done["test_mrr"] <= 1 and 0 < done["val_mrr"] <= 1
     tr = build_trainer(compose(common))
     load_whole(tmp_path / "run" / "checkpoints" / "last.pt", tr)

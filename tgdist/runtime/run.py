@@ -457,8 +457,8 @@ class Run:
             checkpoint.restore(self.best_path, tr.model, state["model"], "model")
             part = self.best_path.parent / state["dir"] / state["parts"][0]
             checkpoint.restore(part, tr.memory, checkpoint.read_part(part), "node memory")
-        log.info("testing epoch %d (train.select=%s) with %d negatives per event", chosen["epoch"],
-                 self.cfg.train.select, tr.num_neg_eval)
+        log.info("testing epoch %d (train.select=%s) with %s per event", chosen["epoch"], self.cfg.train.select,
+                 "the data set's negatives" if tr.shipped is not None else f"{tr.num_neg_eval} negatives")
         start = time.perf_counter()
         chosen.update(jsonable(tr.evaluate("test")))
         chosen["final_test_seconds"] = time.perf_counter() - start
