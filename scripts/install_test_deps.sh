@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the launcher's SLURM and MPI tests need, when it is missing:
 #   Debian packages slurmctld, slurmd, slurm-client and munge (a one-node test cluster), and
-#   pip packages mpi4py and mpich (the mpich wheel ships mpiexec).
+#   pip packages mpi4py and mpich (the mpich wheel ships mpiexec), and py-tgb (TGB's loaders and
+#   Evaluator, which the data=tgb and train.eval=tgb tests check against; also in the dev extra).
 # Idempotent and quiet; safe to call from CI on every run. Needs root (or sudo) for apt-get.
 # Tests skip with a reason when these are absent, so a failure here is reported but not fatal.
 set -u
@@ -40,5 +41,9 @@ fi
 if ! "$PYTHON" -c "import mpi4py" >/dev/null 2>&1 || ! command -v mpiexec >/dev/null 2>&1; then
     log "pip install mpi4py mpich"
     "$PYTHON" -m pip install -q mpi4py mpich >/dev/null 2>&1 || log "pip install failed; the MPI tests will be skipped"
+fi
+if ! "$PYTHON" -c "import tgb" >/dev/null 2>&1; then
+    log "pip install py-tgb==2.3.0"
+    "$PYTHON" -m pip install -q "py-tgb==2.3.0" >/dev/null 2>&1 || log "pip install failed; the py-tgb cross-checks will be skipped"
 fi
 exit 0
