@@ -184,3 +184,24 @@ def test_download_fetches_through_tgb_dataset_class_and_copies_to_root(tmp_path,
                                                      "tgbl-wiki_val_ns_v2.pkl"]
     load_data(compose(overrides(dest, "data.download=true")).data)  # there now: no second fetch
     assert len(calls) == 1
+
+
+def test_cached_read_is_parsed_once_and_equal(tmp_path, monkeypatch):
+    """With data.cache (the default) a TGB edge list is parsed once per machine into the
+    processed-graph cache and mapped afterwards; a changed file is parsed again."""
+    info = write_wiki(tmp_path / "data")
+    plain = tgb.read("tgbl-wiki", tmp_path / "data")
+    cfg = compose(overrides(tmp_path / "data", f"data.cache_dir={tmp_path / 'cache'}"))
+    first = load_data(cfg.data)
+    parses = []
+    monkeypatch.setattr(tgb, "_parse", lambda *a: parses.append(a) or plain)
+    again = load_data(cfg.data)
+    assert parses == []
+    for g in (first, again):
+        for key in ("src", "dst", "t", "ext_roll", "edge_feat"):
+            np.testing.assert_array_equal(getattr(g, key), getattr(plain, key))
+        assert g.bipartite and g.num_src_nodes == plain.num_src_nodes and g.num_nodes == plain.num_nodes
+    edges = info["folder"] / "tgbl-wiki_edgelist_v2.csv"
+    edges.write_text(edges.read_text() + "0,0,99999.0,0,0.1,0.2,0.3\n")
+    load_data(cfg.data)
+    assert len(parses) == 1

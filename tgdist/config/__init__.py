@@ -284,7 +284,7 @@ def load_data(cfg: DataConfig):
         from tgdist.data import tgb
         if cfg.download and tgb.missing(tgb.files(cfg.name, tgb.root_of(cfg))) is not None:
             tgb.fetch(cfg.name, tgb.root_of(cfg))
-        graph = tgb.read(cfg.name, tgb.root_of(cfg))
+        graph = tgb.read(cfg.name, tgb.root_of(cfg), cache=cfg.cache, cache_dir=cfg.cache_dir)
     else:  # the reader's warnings become log lines (stderr and the run's train.log), not Python's
         with warnings.catch_warnings(record=True) as caught:  # file:line report with a code line
             warnings.simplefilter("always", UserWarning)

@@ -53,6 +53,7 @@ DATASETS = {
 PARTS = ("val", "test")
 VAL_RATIO = TEST_RATIO = 0.15  # TGB's split of every tgbl data set
 MAX_WORDS = 5000  # tgbl-comment: its word counts are divided by this
+READER_VERSION = 1  # bump when a reader's output changes, so cache entries made by the old one are not used
 
 
 def check_name(name: str) -> tuple[int, str]:
@@ -251,9 +252,22 @@ def _airports(path: Path, ids: dict) -> np.ndarray:
     return out
 
 
-def read(name: str, root=None) -> TemporalGraph:
-    """TGB data set ``name`` as a ``TemporalGraph`` with TGB's node ids and split (``ext_roll``)."""
+def read(name: str, root=None, cache: bool = False, cache_dir: str | Path | None = None) -> TemporalGraph:
+    """TGB data set ``name`` as a ``TemporalGraph`` with TGB's node ids and split (``ext_roll``).
+    ``cache``: through the processed-graph cache (``graph.cached_graph``, in ``cache_dir`` or the
+    default folder), keyed by the files' paths, sizes and times: parsed once per machine, then
+    mapped by every process (the larger TGB edge lists take minutes to parse)."""
     f = check_files(name, root, parts=("edges",))
+    if not cache:
+        return _parse(name, f)
+    from tgdist.data import graph as tdata
+    stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in (f.edges, f.nodes) if p is not None]
+    key = hashlib.blake2b(repr((READER_VERSION, tdata.CACHE_VERSION, name, stats)).encode(), digest_size=16).hexdigest()
+    folder = Path(cache_dir or tdata.default_cache_dir()) / f"{name}-{key}"
+    return tdata.cached_graph(folder, lambda: (_parse(name, f), []))
+
+
+def _parse(name: str, f: Files) -> TemporalGraph:
     family = DATASETS[name][1]
     reader = {"jodie": _read_jodie, "weight": _read_weight, "comment": _read_comment}.get(family)
     try:
