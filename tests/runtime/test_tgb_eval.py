@@ -12,6 +12,7 @@ import torch
 
 from tests.data.tgb_files import write_wiki
 from tgdist.runtime.build import build_trainer, compose
+from tgdist.runtime.metrics import reciprocal_ranks
 from tgdist.runtime.run import Run
 from tgdist.runtime.tgb_eval import ranks
 
@@ -42,6 +43,12 @@ def test_rank_rule_counts_ties_half_and_ignores_pads():
     assert r.tolist() == [2.5, 3.0, 3.0, 2.5, 1.5]
     ptr = np.r_[0, np.cumsum(valid.sum(1))]
     assert float(np.mean(1 / r)) == pytest.approx(tgb_mrr(pos, neg[valid], ptr), rel=1e-6)
+    # tgdist's MRR of fixed-width rows (train.eval=tgdist) is the same rule
+    np.testing.assert_allclose(1 / r, reciprocal_ranks(pos, np.where(valid, neg, -np.inf)), rtol=1e-15)
+    rng = np.random.default_rng(0)
+    pos, neg = rng.integers(0, 5, 300).astype(np.float32), rng.integers(0, 5, (300, 40)).astype(np.float32)
+    ptr = np.arange(0, 301 * 40, 40)  # many ties: scores of 5 values
+    assert float(np.mean(reciprocal_ranks(pos, neg))) == pytest.approx(tgb_mrr(pos, neg.reshape(-1), ptr), rel=1e-6)
 
 
 def test_scores_come_from_the_memory_before_the_batch_and_only_positives_write(tmp_path):

@@ -20,7 +20,6 @@ from pathlib import Path
 import numpy as np
 
 from tgdist.data.tgb import OneVsMany
-from tgdist.runtime.metrics import reciprocal_ranks
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +28,12 @@ HITS_K = 10
 
 def ranks(pos: np.ndarray, neg: np.ndarray, valid: np.ndarray) -> np.ndarray:
     """TGB's rank of each positive ``pos [b]`` among its negatives ``neg [b, width]``, of which the
-    entries ``valid [b, width]`` are real: ``1 / reciprocal_ranks`` with the pads at -inf."""
-    return 1.0 / reciprocal_ranks(pos, np.where(valid, neg, -np.inf))
+    entries ``valid [b, width]`` are real: ``1 + #above + #equal / 2``, the rank whose inverse is
+    ``metrics.reciprocal_ranks`` (with the pads at -inf); NaN where a score of the row is NaN."""
+    pos = np.asarray(pos, dtype=np.float64)[:, None]
+    neg = np.where(valid, np.asarray(neg, dtype=np.float64), -np.inf)
+    rank = 1.0 + (neg > pos).sum(1) + 0.5 * (neg == pos).sum(1)
+    return np.where(np.isnan(pos[:, 0]) | np.isnan(neg).any(1), np.nan, rank)
 
 
 def one_vs_many(trainer, part: str, negatives: OneVsMany, scores_dir: str | Path | None = None) -> dict:
