@@ -1323,35 +1323,41 @@ def _load_source(origin: Path, data: bytes | None, fmt: str, columns: str | None
     gname = name or ("collegemsg" if fmt == "collegemsg" else file_stem(origin))
     options = {"format": fmt, "columns": columns, "bipartite": bipartite, "strict": strict_order,
                "strict_columns": strict_columns}  # a relaxed read's entry must not serve a strict one
-    if not cache:
-        return _parse_source(origin, data, fmt, columns, bipartite, strict_order, strict_columns, gname, "", size,
-                             status)[0]
-    folder = Path(cache_dir or default_cache_dir())
     status.set("hashing the source (the cache's key)")
     digest = _source_hash(origin, options)  # each process reads the source once; the page cache shares it
+    if not cache:  # in this process's memory, as before the cache was mapped (the hash names the data all the same)
+        return _parse_source(origin, data, fmt, columns, bipartite, strict_order, strict_columns, gname, digest, size,
+                             status, cached=False)[0]
+    folder = Path(cache_dir or default_cache_dir())
 
-    def build() -> tuple[TemporalGraph, list[str]]:
+    entry = folder / f"{gname}-{digest}"
+
+    def build():
         if fmt == "native":
             status.set("loading")
             return _read_native(origin)
+        if fmt == "edgelist" and size >= STREAM_BYTES and not origin.name.lower().endswith(".zip"):
+            streamed = _stream_edgelist(origin, columns, bipartite, strict_columns, gname, digest, size, status, entry)
+            if streamed is not None:
+                return streamed
         return _parse_source(origin, data, fmt, columns, bipartite, strict_order, strict_columns, gname, digest, size,
                              status)
 
-    graph = cached_graph(folder / f"{gname}-{digest}", build, status=status)
+    graph = cached_graph(entry, build, status=status)
     _prune_stale_cache(folder)
     return graph
 
 
 def _parse_source(origin: Path, data: bytes | None, fmt: str, columns: str | None, bipartite: bool | None,
-                  strict_order: bool, strict_columns: bool, gname: str, digest: str, size: int, status: Status
-                  ) -> tuple[TemporalGraph, list[str]]:
+                  strict_order: bool, strict_columns: bool, gname: str, digest: str, size: int, status: Status,
+                  cached: bool = True) -> tuple[TemporalGraph, list[str]]:
     """Read a text source (or a TGL directory) into a graph; the reader's warnings, given here, are
     returned too, to be stored with a cache entry and repeated whenever it is used."""
     start = time.perf_counter()
     status.set("parsing")
     if size >= 64 << 20:  # parsing runs at about 15 MiB/s: say what is happening before a long silence
         log.info("reading %s (%s MiB)%s", origin, f"{size >> 20:,}", "; the parsed graph is cached for later runs"
-                 if digest else "")
+                 if cached else "")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         if fmt == "collegemsg":
@@ -1426,7 +1432,10 @@ def cached_graph(folder: str | Path, build, status: Status | None = None) -> Tem
     folder = Path(folder)
 
     def arrays_of_build():
-        graph, notes = build()
+        got = build()
+        if isinstance(got, Prepared):  # streamed straight into arrays and spooled files
+            return got.arrays, got.meta
+        graph, notes = got
         graph.check(str(folder))
         scale = feature_scale_notes(graph)
         for note in scale:  # given by build_trainer for graphs in memory; here once, then with every use
@@ -1451,6 +1460,185 @@ def cached_graph(folder: str | Path, build, status: Status | None = None) -> Tem
             warnings.warn(str(note), stacklevel=3)
     log.debug("%s %s from %s", "built" if built else "mapped", meta.get("name"), folder)
     return from_arrays(arrays, meta, str(folder))
+
+
+# Edge lists from this size on are read in blocks of STREAM_BLOCK bytes of text (decompressed): the
+# build then holds one block's parse, the id columns and the T-CSR, while edge features go straight
+# to their file (``_stream_edgelist``).
+STREAM_BYTES = 64 << 20
+STREAM_BLOCK = 32 << 20
+
+
+@dataclass
+class Prepared:
+    """A cache entry's arrays (some as files already written, see ``mapped.write``) and meta."""
+
+    arrays: dict
+    meta: dict
+
+
+class _NotStreamable(Exception):
+    """The file needs the whole-file reader (unsorted times, ids that are not int64, time columns
+    that change type): it is read again that way, which also words any error exactly."""
+
+
+def _text_blocks(path: Path, block: int):
+    """The (decompressed) text of ``path`` in blocks of whole lines, about ``block`` bytes each, and
+    the bytes read so far of the file itself (for progress)."""
+    name = path.name.lower()
+    kind, codec = next((v for k, v in _COMPRESSED.items() if name.endswith(k)), (None, None))
+    with open(path, "rb") as raw, (codec.open(raw, "rb") if codec else raw) as f:
+        rest = b""
+        while True:
+            try:
+                chunk = f.read(block)
+            except (EOFError, OSError, zlib.error, lzma.LZMAError) as e:
+                raise DataError(f"{path}: truncated or corrupt {kind} file ({e})") from None
+            if not chunk:
+                if rest:
+                    yield rest, raw.tell()
+                return
+            chunk = rest + chunk
+            cut = chunk.rfind(b"\n") + 1
+            if cut == 0:  # one line longer than a block: keep reading
+                rest = chunk
+                continue
+            rest = chunk[cut:]
+            yield chunk[:cut], raw.tell()
+
+
+def _stream_edgelist(origin: Path, columns: str | None, bipartite: bool | None, strict_columns: bool, gname: str,
+                     digest: str, size: int, status: Status, entry: Path) -> Prepared | None:
+    """Read a large text edge list block by block into a cache entry's arrays: each block parsed by
+    the whole-file reader's own code (``_read_edgelist``, the header and comment lines before the
+    first data line repeated in front of every block, so every block is read as the file is), the
+    ids and times gathered, edge features appended to their ``.npy`` file beside the entry. The
+    ids are then numbered as ``_finish`` numbers them (sorted original ids), in place. Peak memory:
+    one block's parse, the id and time columns, the T-CSR. None when the file needs the whole-file
+    reader (see ``_NotStreamable``)."""
+    from tgdist.data import mapped
+    from tgdist.kernels.graph import tcsr_fill
+
+    start = time.perf_counter()
+    log.info("reading %s (%s MiB); the parsed graph is cached for later runs", origin, f"{size >> 20:,}")
+    cols: dict[str, list[np.ndarray]] = {"src": [], "dst": [], "t": [], "label": []}
+    feats = None
+    notes: list[str] = []
+    prefix, last_t, line_base, shown, spec = b"", None, 0, -1, columns
+    said: list = []  # the first block's warnings (the later blocks', the same or about their own lines, dropped)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            for k, (text, done) in enumerate(_text_blocks(origin, STREAM_BLOCK)):
+                if k == 0 and text.startswith(b"\xef\xbb\xbf"):
+                    text = text[3:]
+                if k == 0 and text.startswith(_UTF16_BOMS):
+                    raise _NotStreamable  # the whole-file reader words it
+                try:  # later blocks with the first's column spec: judged once, on the first block
+                    raw = _read_edgelist(origin, prefix + text, spec, strict_columns)
+                except DataError:
+                    if k == 0:
+                        raise
+                    raise _NotStreamable from None  # its line numbers would be the block's: the whole-file reader words it
+                table = raw["table"]
+                if k == 0:
+                    said = list(caught)
+                    ncol = table.values.shape[1]
+                    spec = columns or ((_columns_from_header(text) or (None,))[0] or
+                                       ",".join(["src", "dst", "t"] + ["feat"] * (ncol - 3)))
+                del caught[:]
+                if table.text or table.wide or raw["src"].dtype != np.int64 or raw["dst"].dtype != np.int64:
+                    raise _NotStreamable
+                t = raw["t"]
+                if cols["t"] and t.dtype != cols["t"][0].dtype:
+                    raise _NotStreamable
+                if (t.shape[0] > 1 and (np.diff(t) < 0).any()) or (last_t is not None and t.shape[0] and t[0] < last_t):
+                    raise _NotStreamable  # unsorted: sorted by the whole-file reader, with its warning
+                if k == 0:
+                    first_data = int(table.lines[0]) - 1 if table.lines.size else text.count(b"\n")
+                    prefix = b"".join(text.splitlines(keepends=True)[:first_data])
+                    notes.extend(str(w.message) for w in said if w.category is UserWarning)
+                for c in ("src", "dst", "t", "label"):
+                    if raw.get(c) is not None:
+                        cols[c].append(raw[c])
+                if raw.get("edge_feat") is not None:
+                    if feats is None:
+                        feats = mapped.NpyAppender(mapped.spool_path(entry, "edge_feat"), np.float32,
+                                                   raw["edge_feat"].shape[1:])
+                    feats.append(raw["edge_feat"])
+                elif feats is not None:
+                    raise _NotStreamable
+                last_t = t[-1] if t.shape[0] else last_t
+                line_base += text.count(b"\n")
+                percent = int(100 * done / max(size, 1))
+                status.set(f"parsing: {done / 2**20:,.0f} of {size / 2**20:,.0f} MiB ({percent}%)")
+                if percent // 10 > shown:  # a log line every tenth of the file: progress off a terminal too
+                    shown = percent // 10
+                    log.info("reading %s: %d%% (%s lines)", origin.name, percent, f"{line_base:,}")
+    except _NotStreamable:
+        if feats is not None:
+            feats.discard()
+        log.info("%s: read whole (its ids, times or order need the whole-file reader)", origin.name)
+        return None
+    except BaseException:
+        if feats is not None:
+            feats.discard()
+        raise
+    for w in said:
+        warnings.warn(w.message, w.category, stacklevel=3)
+    try:
+        status.set("numbering the nodes")
+        src, dst, t = (np.concatenate(cols.pop(c)) if cols[c] else np.empty(0, np.int64) for c in ("src", "dst", "t"))
+        label = np.concatenate(cols.pop("label")) if cols["label"] else None
+        n = src.shape[0]
+        if n == 0:
+            raise DataError(f"{origin}: no events")
+        if bipartite:
+            users, items = _sorted_unique(src), _sorted_unique(dst)
+            node_map, num_src = np.concatenate([users, items]), int(users.size)
+            _renumber(src, users, 0)
+            _renumber(dst, items, num_src)
+        else:
+            ids = np.concatenate([src, dst])
+            node_map, num_src = _sorted_unique(ids, in_place=True), 0
+            del ids
+            _renumber(src, node_map, 0)
+            _renumber(dst, node_map, 0)
+        status.set("building the T-CSR")
+        indptr, nbr, eid = tcsr_fill(src, dst, int(node_map.size), True)
+        arrays = {"src": src, "dst": dst, "t": t, "node_map": node_map}
+        if feats is not None:
+            arrays["edge_feat"] = feats.close()
+        if label is not None:
+            arrays["label"] = label
+        arrays.update(tcsr_indptr=indptr, tcsr_nbr=nbr, tcsr_eid=eid, tcsr_t=t[eid])
+    except BaseException:
+        if feats is not None:
+            feats.discard()
+        raise
+    meta = {"version": CACHE_VERSION, "num_nodes": int(node_map.size), "bipartite": bool(bipartite),
+            "num_src_nodes": num_src, "name": gname, "source_hash": digest, "notes": notes}
+    log.info("read %s: %s events, %s nodes, in blocks, in %.1fs", origin.name, f"{n:,}", f"{node_map.size:,}",
+             time.perf_counter() - start)
+    return Prepared(arrays, meta)
+
+
+def _sorted_unique(ids: np.ndarray, in_place: bool = False) -> np.ndarray:
+    """``np.unique(ids)``, sorting ``ids`` itself when ``in_place`` (no copy of the column)."""
+    a = ids if in_place else ids.copy()
+    a.sort()
+    keep = np.empty(a.shape[0], dtype=bool)
+    keep[:1] = True
+    np.not_equal(a[1:], a[:-1], out=keep[1:])
+    return a[keep]
+
+
+def _renumber(ids: np.ndarray, node_map: np.ndarray, base: int, block: int = 1 << 22) -> None:
+    """Each original id in ``ids`` replaced by ``base`` + its position in the sorted ``node_map``,
+    in place, block by block."""
+    for lo in range(0, ids.shape[0], block):
+        part = ids[lo:lo + block]
+        part[:] = np.searchsorted(node_map, part) + base
 
 
 def _prune_stale_cache(folder: Path) -> None:

@@ -122,6 +122,17 @@ def write(folder: Path, arrays: dict[str, np.ndarray], meta: dict) -> Path:
     try:
         files = {}
         for name, a in arrays.items():
+            if isinstance(a, Path):  # an .npy the builder wrote beside the folder (streamed features): moved in
+                path = _npy(part, name)
+                os.replace(a, path)
+                with open(path, "rb") as f:
+                    version = np.lib.format.read_magic(f)
+                    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                        np.lib.format.read_array_header_2_0
+                    shape, _, dtype = read(f)
+                files[name] = {"dtype": dtype.str, "shape": list(shape), "bytes": path.stat().st_size,
+                               "blake2b": digest_file(path)}
+                continue
             a = np.asarray(a)
             if a.dtype == object:
                 raise ValueError(f"array {name!r} holds Python objects; a mapped cache holds plain arrays")
@@ -129,7 +140,7 @@ def write(folder: Path, arrays: dict[str, np.ndarray], meta: dict) -> Path:
             np.save(path, a, allow_pickle=False)
             files[name] = {"dtype": a.dtype.str, "shape": list(a.shape), "bytes": path.stat().st_size,
                            "blake2b": digest_file(path)}
-        manifest = {"version": MAP_VERSION, "meta": meta, "arrays": files}
+        manifest = {"version": MAP_VERSION, "built_on": machine_id(), "meta": meta, "arrays": files}
         (part / MANIFEST).write_text(json.dumps(manifest, indent=1))
         os.chmod(part, 0o755)  # mkdtemp-like modes would hide a shared cache from other users
         try:
@@ -143,6 +154,55 @@ def write(folder: Path, arrays: dict[str, np.ndarray], meta: dict) -> Path:
         shutil.rmtree(part, ignore_errors=True)
         raise
     return folder
+
+
+def spool_path(folder: Path, name: str) -> Path:
+    """Where a builder writes array ``name`` before ``write`` moves it in: beside the folder (one
+    file system, so the move is a rename), named so that a killed build's file is removed as stale."""
+    return folder.parent / f".{folder.name}.part-{socket.gethostname()}-{os.getpid()}.{name}.npy"
+
+
+def remove(path: Path) -> None:
+    """A file or a folder, if there."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+class NpyAppender:
+    """An ``.npy`` file of rows ``[n, *row_shape]`` written block by block while ``n`` is unknown:
+    a 128-byte header is reserved and written with the final row count by ``close``."""
+
+    HEADER = 128
+
+    def __init__(self, path: Path, dtype, row_shape: tuple):
+        self.path, self.dtype, self.row_shape, self.rows = Path(path), np.dtype(dtype), tuple(row_shape), 0
+        self.f = open(self.path, "wb")
+        self.f.write(b"\0" * self.HEADER)
+
+    def append(self, block: np.ndarray) -> None:
+        block = np.ascontiguousarray(block, dtype=self.dtype)
+        if block.shape[1:] != self.row_shape:
+            raise ValueError(f"{self.path}: rows of shape {block.shape[1:]}, expected {self.row_shape}")
+        self.f.write(block.tobytes())
+        self.rows += block.shape[0]
+
+    def close(self) -> Path:
+        d = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False,
+             "shape": (self.rows, *self.row_shape)}
+        text = repr(d).encode("latin1")
+        pad = self.HEADER - 10 - len(text) - 1
+        if pad < 0:
+            raise ValueError(f"{self.path}: header of {len(text)} bytes does not fit")
+        self.f.seek(0)
+        self.f.write(b"\x93NUMPY\x01\x00" + (self.HEADER - 10).to_bytes(2, "little") + text + b" " * pad + b"\n")
+        self.f.close()
+        return self.path
+
+    def discard(self) -> None:
+        self.f.close()
+        self.path.unlink(missing_ok=True)
 
 
 def lock_path(folder: Path) -> Path:
@@ -250,8 +310,8 @@ def ensure(folder: Path, build: Callable[[], tuple[dict[str, np.ndarray], dict]]
     with file_lock(lock_path(folder), f"building {what} in {folder}"):
         for stale in folder.parent.glob(f".{folder.name}.part-*"):  # a builder that died: the lock is ours now
             log.info("removing %s, left by a build that did not finish", stale)
-            shutil.rmtree(stale, ignore_errors=True)
-        if folder.exists():
+            remove(stale)
+        if folder.exists() and not _verified_here(folder):  # a process before us may have checked it
             try:
                 _verify_and_stamp(folder)
             except DataError as e:

@@ -1,0 +1,275 @@
+"""One processed graph per machine (issue 42): a cache entry is built once, by one process, whatever
+the number of processes and machines asking; a build killed half-way leaves nothing a later run
+trusts; every process maps the entry read-only; training on it gives the in-memory results."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.runtime.test_parallel import free_port
+from tgdist.data import mapped
+from tgdist.data.graph import load_graph
+from tgdist.runtime.build import build_trainer, compose
+from tgdist.runtime.run import Run
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def entries(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if not p.name.startswith("."))
+
+
+def events(path: Path, n: int = 3000, nodes: int = 80, seed: int = 0) -> Path:
+    rng = np.random.default_rng(seed)
+    src, dst = rng.integers(0, nodes, n), rng.integers(0, nodes, n)
+    feats = rng.standard_normal((n, 3)).round(3)
+    path.write_text("".join(f"{s},{d},{i},{a},{b},{c}\n" for i, (s, d, (a, b, c)) in enumerate(zip(src, dst, feats))))
+    return path
+
+
+# A loader that reports whether it built the entry (mapped.write ran in it) and what it mapped.
+LOADER = textwrap.dedent("""
+    import json, os, sys, time
+    from tgdist.data import mapped
+    from tgdist.data.graph import load_graph
+    writes = []
+    real = mapped.write
+    def counting(folder, arrays, meta):
+        writes.append(str(folder))
+        time.sleep(float(os.environ.get("SLOW_WRITE", "0")))  # keeps the lock a while: the others must wait
+        return real(folder, arrays, meta)
+    mapped.write = counting
+    g = load_graph(sys.argv[1], cache_dir=sys.argv[2])
+    print(json.dumps({"built": len(writes), "mapped": g.mapped, "writeable": bool(g.src.flags.writeable),
+                      "inode": os.stat(os.path.join(g.mapped, "src.npy")).st_ino, "src": g.src.tolist()[:50],
+                      "edge_feat": g.edge_feat[:20].tolist()}))
+""")
+
+
+def test_processes_starting_together_build_the_entry_once_and_map_the_same_files(tmp_path):
+    source, cache = events(tmp_path / "e.csv"), tmp_path / "cache"
+    env = {**os.environ, "SLOW_WRITE": "1.5"}
+    procs = [subprocess.Popen([sys.executable, "-c", LOADER, str(source), str(cache)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for _ in range(4)]
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=120)
+        assert p.returncode == 0, stderr
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    assert sorted(o["built"] for o in out) == [0, 0, 0, 1]  # one builder; three waited, then mapped
+    assert len({o["mapped"] for o in out}) == 1 and len({o["inode"] for o in out}) == 1
+    assert not any(o["writeable"] for o in out)  # read-only maps, no private copies
+    assert all(o["src"] == out[0]["src"] and o["edge_feat"] == out[0]["edge_feat"] for o in out)
+    (entry,) = entries(cache)
+    assert [p.name for p in cache.iterdir() if p.name.startswith(".")] == [f".{entry.name}.lock"]  # no .part left
+    mapped.verify(entry)
+    g = load_graph(source, cache=False)  # the source read in memory, as before the cache was mapped
+    assert out[0]["src"] == g.src.tolist()[:50] and np.allclose(out[0]["edge_feat"], g.edge_feat[:20])
+
+
+def test_a_build_killed_by_sigkill_leaves_no_lock_and_nothing_a_later_run_trusts(tmp_path):
+    """The builder is killed while it writes (its .part folder half full, the lock held): the lock
+    dies with it, no entry appears under the final name, and the next load builds it afresh and
+    removes the leftovers."""
+    source, cache = events(tmp_path / "e.csv"), tmp_path / "cache"
+    hang = textwrap.dedent("""
+        import numpy as np, os, time
+        from tgdist.data import mapped
+        real_save, saved = np.save, []
+        def slow_save(path, a, **kw):  # the second array: half-written, then a long wait for the kill
+            saved.append(path)
+            real_save(path, a, **kw)
+            if len(saved) == 2:
+                open(os.environ['READY'], 'w').close()
+                time.sleep(600)
+        mapped.np.save = slow_save
+    """)
+    ready = tmp_path / "ready"
+    env = {**os.environ, "READY": str(ready), "SLOW_WRITE": "0"}
+    p = subprocess.Popen([sys.executable, "-c", hang + LOADER, str(source), str(cache)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while not ready.exists():
+        assert p.poll() is None and time.monotonic() < deadline, p.stderr.read().decode()[-2000:]
+        time.sleep(0.05)
+    parts = [x for x in cache.iterdir() if ".part-" in x.name]
+    assert len(parts) == 1 and len(list(parts[0].iterdir())) == 2 and entries(cache) == []
+    p.send_signal(signal.SIGKILL)
+    p.wait(timeout=30)
+    (lock,) = [x for x in cache.iterdir() if x.name.endswith(".lock")]
+    with open(lock) as f:  # nobody holds it: the kernel dropped it with the builder
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    g = load_graph(source, cache_dir=cache)
+    (entry,) = entries(cache)
+    assert g.mapped == str(entry) and not any(".part-" in x.name for x in cache.iterdir())
+    mapped.verify(entry)
+    assert g.src.tolist() == load_graph(source, cache=False).src.tolist()
+
+
+def _summary(stdout: str) -> dict:
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("data", ["collegemsg", "wikipedia"])
+def test_a_run_on_the_mapped_graph_gives_the_in_memory_results(tmp_path, data):
+    """The same training from the graph read into memory (data.cache=false: the reader's arrays, the
+    T-CSR built by the sampler, the features copied into a tensor, as before the cache was mapped)
+    and from the mapped entry (read-only maps, the entry's T-CSR, features gathered from the map,
+    times converted per batch): identical scores. Wikipedia's first 12,000 events keep it quick
+    (data.max_events: the sampler builds their T-CSR, the features come from the map)."""
+    base = [f"data={data}", "train.epochs=1", "train.progress=false", "train.num_neg_eval=9",
+            f"data.cache_dir={tmp_path / 'cache'}"] + (["data.max_events=12000"] if data == "wikipedia" else [])
+    scores = {}
+    for cache in ("false", "true"):  # the builder maps the entry it wrote, as every other process does
+        cfg = compose([*base, f"data.cache={cache}"])
+        tr = build_trainer(cfg, progress=False)
+        assert (tr.g.mapped is not None) == (cache == "true")
+        scores[cache] = Run(cfg, str(tmp_path / f"run-{cache}"), trainer=tr).train()
+    for key in ("loss", "val_ap", "val_auc", "test_ap", "test_auc", "test_mrr", "traversed_events"):
+        assert scores["true"][key] == scores["false"][key], key
+
+
+def _agent(n: int, port: int, cache: Path, tmp: Path, *overrides: str) -> tuple[list[str], dict]:
+    """One simulated machine: a torchrun agent (node rank ``n`` of 2, two ranks) in its own UTS
+    namespace with its own host name where ``unshare`` allows it, else told apart by
+    ``TGDIST_MACHINE_ID``; its own temporary folder (its ``/tmp``: where the check stamps live)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--nnodes=2", f"--node-rank={n}",
+           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--max-restarts=0", "-m", "tgdist.train",
+           *overrides, f"data.cache_dir={cache}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp), "PYTHONPATH": str(REPO)}
+    if shutil.which("unshare") and subprocess.run(["unshare", "-u", "true"], capture_output=True).returncode == 0:
+        cmd = ["unshare", "-u", "sh", "-c", f'hostname sim-machine-{n} && exec "$@"', "sh", *cmd]
+    else:
+        env["TGDIST_MACHINE_ID"] = f"sim-machine-{n}"
+    return cmd, env
+
+
+def _two_machines(tmp_path: Path, caches: tuple[Path, Path]) -> list[dict]:
+    port = free_port()
+    overrides = ["data=synthetic", "data.synthetic.num_events=4000", "data.synthetic.num_nodes=300",
+                 "data.synthetic.edge_dim=4", "parallel.i=4", "memory.backend=sven", "partition.method=interval",
+                 "train.batch_size=50", "train.epochs=1", "train.stop_after_batches=4", "train.progress=false",
+                 "train.num_threads=1", "sampler.num_threads=1", f"run_dir={tmp_path / 'run'}"]
+    procs = []
+    for n in (0, 1):
+        tmp = tmp_path / f"tmp{n}"
+        tmp.mkdir()
+        cmd, env = _agent(n, port, caches[n], tmp, *overrides)
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+    stamps = [sorted((tmp_path / f"tmp{n}").glob("tgdist-verified-*/*")) for n in (0, 1)]
+    manifests = [json.loads((e / "manifest.json").read_text()) for c in set(caches) for e in entries(c)]
+    return [{"stamps": len(s)} for s in stamps], manifests
+
+
+def test_two_machines_sharing_a_cache_folder_build_it_once(tmp_path):
+    """A shared file system (most clusters): both machines see one cache folder. One process of one
+    machine builds the entry; the other machine's ranks wait, check it once (their machine's
+    stamp), and map it: never two writers, no node-local copy."""
+    shared = tmp_path / "shared-cache"
+    machines, manifests = _two_machines(tmp_path, (shared, shared))
+    assert len(manifests) == 1 and manifests[0]["built_on"].split(":")[0] in ("sim-machine-0", "sim-machine-1")
+    assert [m["stamps"] for m in machines] == [1, 1]  # each machine checked the one entry once
+    assert not [x for x in shared.iterdir() if ".part-" in x.name]
+
+
+@pytest.mark.slow
+def test_two_machines_with_node_local_cache_folders_build_one_copy_each(tmp_path):
+    local = (tmp_path / "local0", tmp_path / "local1")
+    machines, manifests = _two_machines(tmp_path, local)
+    assert sorted(m["built_on"].split(":")[0] for m in manifests) == ["sim-machine-0", "sim-machine-1"]
+    assert [m["stamps"] for m in machines] == [1, 1]
+    assert [len(entries(c)) for c in local] == [1, 1]
+
+
+# ---------------------------------------------------------------------------------------------
+# Large edge lists are read block by block (graph._stream_edgelist), to the whole-file reader's graph
+
+STREAM_CASES = {
+    "features": "".join(f"{i * 7 % 13},{i * 5 % 11 + 20},{i},{i * 0.5},{-i}\n" for i in range(300)),
+    "header_by_names": "timestamp,source,target,weight\n" + "".join(f"{i},{i % 9},{i % 4 + 100},{i / 3:.4f}\n"
+                                                                     for i in range(300)),
+    "comments_and_whitespace": "% konect\n# more\n" + "".join(f"{i % 17} {i % 5 + 3} {i * 2}\n" for i in range(300)),
+    "float_times": "".join(f"{i % 17},{i % 5 + 3},{i * 0.25}\n" for i in range(300)),
+    "negative_ids": "".join(f"{-(i % 17)},{i % 5 + 3},{i}\n" for i in range(300)),
+    "unsorted": "".join(f"{i % 17},{i % 5 + 3},{(i * 37) % 300}\n" for i in range(300)),  # the whole-file reader
+    "names": "".join(f"n{i % 17},m{i % 5},{i}\n" for i in range(300)),  # the whole-file reader
+}
+
+
+@pytest.mark.parametrize("case", sorted(STREAM_CASES))
+@pytest.mark.parametrize("suffix", [".csv", ".csv.gz"])
+def test_an_edge_list_read_in_blocks_is_the_graph_read_whole(tmp_path, monkeypatch, case, suffix):
+    import gzip
+    import warnings
+
+    from tgdist.data import graph as tdata
+
+    text = STREAM_CASES[case].encode()
+    path = tmp_path / f"e{suffix}"
+    path.write_bytes(gzip.compress(text) if suffix.endswith(".gz") else text)
+    with warnings.catch_warnings(record=True) as whole_said:
+        warnings.simplefilter("always")
+        whole = load_graph(path, cache=False)
+    monkeypatch.setattr(tdata, "STREAM_BYTES", 0)
+    monkeypatch.setattr(tdata, "STREAM_BLOCK", 97)  # a few lines a block: every case crosses many blocks
+    streamed_blocks = []
+    real = tdata._stream_edgelist
+    monkeypatch.setattr(tdata, "_stream_edgelist", lambda *a: streamed_blocks.append(r := real(*a)) or r)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        got = load_graph(path, cache_dir=tmp_path / "cache")
+    assert len(streamed_blocks) == 1
+    assert (streamed_blocks[0] is None) == (case in ("unsorted", "names"))  # those went to the whole-file reader
+    for k in ("src", "dst", "t", "node_map", "edge_feat", "label"):
+        a, b = getattr(whole, k), getattr(got, k)
+        assert (a is None) == (b is None), k
+        if a is not None:
+            assert a.dtype == b.dtype and np.array_equal(a, b), k
+    assert (got.num_nodes, got.bipartite) == (whole.num_nodes, whole.bipartite)
+    assert [str(w.message) for w in said] == [str(w.message) for w in whole_said]
+    with warnings.catch_warnings(record=True) as repeated:
+        warnings.simplefilter("always")
+        again = load_graph(path, cache_dir=tmp_path / "cache")  # mapped: the stored notes repeated
+    assert np.array_equal(again.src, whole.src) and [str(w.message) for w in repeated] == [str(w.message) for w in said]
+
+
+def test_a_bipartite_edge_list_read_in_blocks(tmp_path, monkeypatch):
+    from tgdist.data import graph as tdata
+
+    path = tmp_path / "e.csv"
+    path.write_text("".join(f"{i % 7},{i % 7},{i}\n" for i in range(200)))  # the same ids on both sides
+    whole = load_graph(path, cache=False, bipartite=True)
+    monkeypatch.setattr(tdata, "STREAM_BYTES", 0)
+    monkeypatch.setattr(tdata, "STREAM_BLOCK", 50)
+    got = load_graph(path, cache_dir=tmp_path / "cache", bipartite=True)
+    assert got.num_src_nodes == whole.num_src_nodes == 7 and got.num_nodes == 14
+    assert np.array_equal(got.src, whole.src) and np.array_equal(got.dst, whole.dst)
+    assert np.array_equal(got.node_map, whole.node_map)
+
+
+def test_a_bad_line_late_in_a_large_file_is_named_by_its_line(tmp_path, monkeypatch):
+    from tgdist.data import graph as tdata
+    from tgdist.errors import DataError
+
+    path = tmp_path / "e.csv"
+    path.write_text("".join(f"{i % 7},{i % 5},{i}\n" for i in range(200)) + "3,4,later\n")
+    monkeypatch.setattr(tdata, "STREAM_BYTES", 0)
+    monkeypatch.setattr(tdata, "STREAM_BLOCK", 64)
+    with pytest.raises(DataError, match=r"e\.csv:201: "):
+        load_graph(path, cache_dir=tmp_path / "cache")
+    assert list((tmp_path / "cache").iterdir()) == []  # nothing left behind: no entry, lock or spooled features
