@@ -359,8 +359,9 @@ def match_negatives(table: dict, graph: TemporalGraph, lo: int, hi: int, where: 
     ptr = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
     dst = np.concatenate(lists) if lists else np.zeros(0, np.int64)
     if len(dst) and (dst.min() < 0 or dst.max() >= graph.num_nodes):
-        raise DataError(f"{where}: negative destination {int(dst.max() if dst.max() >= graph.num_nodes else dst.min())} "
-                        f"is not a node of the edge list (0..{graph.num_nodes - 1})")
+        bad = int(dst.max() if dst.max() >= graph.num_nodes else dst.min())
+        raise DataError(f"{where}: negative destination {bad} is not a node of the edge list "
+                        f"(0..{graph.num_nodes - 1})")
     return OneVsMany(lo, ptr, dst)
 
 
