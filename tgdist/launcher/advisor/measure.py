@@ -216,14 +216,15 @@ def _spin_worker(ready: str, go: str, out: str, seconds_of_work: int) -> None:
     Path(ready).write_text("1")
     while not os.path.exists(go):
         time.sleep(0.005)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(seconds_of_work):
         a = torch.tanh(a @ b) * 0.5 + 0.1
-    Path(out).write_text(repr(time.perf_counter() - t0))
+    Path(out).write_text(repr((time.perf_counter() - t0) / max(time.process_time() - c0, 1e-9)))
 
 
 def _side_by_side(r: int, work: int, timeout: float) -> float | None:
-    """Mean seconds of ``r`` processes doing ``work`` at once (``_spin_worker``), or None if one failed."""
+    """``r`` processes doing ``work`` at once (``_spin_worker``): the mean of each one's wall seconds
+    over its CPU seconds (1 when each had a core to itself the whole time), or None if one failed."""
     import subprocess
 
     with tempfile.TemporaryDirectory(prefix="tgdist-advisor-") as d:
@@ -247,24 +248,28 @@ def _side_by_side(r: int, work: int, timeout: float) -> float | None:
         return float(np.mean([float(Path(f"{d}/out{k}").read_text()) for k in range(r)]))
 
 
-def core_sharing(ranks=(1, 2, 4), work: int = 4000, timeout: float = 300.0) -> dict:
+def core_sharing(ranks=(1, 2, 4), work: int = 2000, rounds: int = 3, timeout: float = 300.0) -> dict:
     """How much slower R single-threaded processes run side by side than one alone, on this machine
     as it is now (its cores and whatever else runs on them): ``{R: slowdown}``, 1.0 for R = 1. The
     model scales the CPU stages of M ranks sharing the machine by it (``model``: shared cores).
 
-    One process alone is timed before and after the others and the lesser counts (the load of other
-    work comes and goes: a spike in the one run alone would make every sharing look free); R
-    processes can never be less than R / CPUs times slower, whatever the noise."""
+    Each process measures its wall time over its CPU time (how long it waited for a core); the
+    counts 1, 2, ..., R are run in turn ``rounds`` times, so that the load of other work, which
+    comes and goes, falls on each alike, and the median of each count's rounds is taken. R
+    processes are never counted less than R / CPUs times slower, whatever the noise."""
     cpus = os.cpu_count() or 1
-    alone = [_side_by_side(1, work, timeout)]
-    walls = {r: _side_by_side(r, work, timeout) for r in ranks if r > 1}
-    alone.append(_side_by_side(1, work, timeout))
-    if None in alone or None in walls.values():
-        return {"note": "a side-by-side measurement failed"}
-    base = min(alone)
+    counts = sorted({1, *ranks})
+    seen: dict[int, list[float]] = {r: [] for r in counts}
+    for _ in range(rounds):
+        for r in counts:
+            got = _side_by_side(r, work, timeout)
+            if got is None:
+                return {"note": f"a side-by-side measurement of {r} processes failed"}
+            seen[r].append(got)
+    base = float(np.median(seen[1]))
     out = {"1": 1.0}
-    for r, wall in walls.items():
-        out[str(r)] = round(max(wall / base, r / cpus, 1.0), 4)
+    for r in counts[1:]:
+        out[str(r)] = round(max(float(np.median(seen[r])) / base, r / cpus, 1.0), 4)
     return out
 
 
