@@ -146,7 +146,8 @@ def _agent(n: int, port: int, cache: Path, tmp: Path, *overrides: str) -> tuple[
     namespace with its own host name where ``unshare`` allows it, else told apart by
     ``TGDIST_MACHINE_ID``; its own temporary folder (its ``/tmp``: where the check stamps live)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--nnodes=2", f"--node-rank={n}",
-           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--max-restarts=0", "-m", "tgdist.train",
+           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--local-addr=127.0.0.1",  # not the host name
+           "--max-restarts=0", "-m", "tgdist.train",
            *overrides, f"data.cache_dir={cache}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp), "PYTHONPATH": str(REPO)}
     if shutil.which("unshare") and subprocess.run(["unshare", "-u", "true"], capture_output=True).returncode == 0:
@@ -169,7 +170,7 @@ def _two_machines(tmp_path: Path, caches: tuple[Path, Path]) -> list[dict]:
         cmd, env = _agent(n, port, caches[n], tmp, *overrides)
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     for p in procs:
-        _, err = p.communicate(timeout=300)
+        _, err = p.communicate(timeout=240)
         assert p.returncode == 0, err[-3000:]
     stamps = [sorted((tmp_path / f"tmp{n}").glob("tgdist-verified-*/*")) for n in (0, 1)]
     manifests = [json.loads((e / "manifest.json").read_text()) for c in set(caches) for e in entries(c)]
@@ -273,3 +274,18 @@ def test_a_bad_line_late_in_a_large_file_is_named_by_its_line(tmp_path, monkeypa
     with pytest.raises(DataError, match=r"e\.csv:201: "):
         load_graph(path, cache_dir=tmp_path / "cache")
     assert list((tmp_path / "cache").iterdir()) == []  # nothing left behind: no entry, lock or spooled features
+
+
+def test_host_rows_gather_what_the_table_holds():
+    import torch
+
+    from tgdist.runtime.features import HostRows, RelativeTimes
+
+    table = torch.arange(20, dtype=torch.float32).reshape(10, 2)
+    rows = HostRows(table, torch.device("cpu"))
+    idx = torch.tensor([[3, 1], [0, 9]])
+    assert torch.equal(rows[idx], table[idx]) and torch.equal(rows.index_select(0, idx[0]), table[[3, 1]])
+    t = np.array([5, 7, 11, 20], dtype=np.int64)
+    rel = RelativeTimes(t, 2.0)
+    assert rel[1:3].tolist() == [1.0, 3.0] and rel[3] == 7.5 and len(rel) == 4
+    assert np.array_equal(rel[:], (t - t[0]).astype(np.float64) / 2.0)

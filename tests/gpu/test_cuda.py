@@ -156,3 +156,23 @@ def test_mspipe_on_the_device_runs_its_stages_on_their_own_streams(tmp_path, dev
     cuda = torch.device(device).type == "cuda"
     for r in (r0, ra):
         assert r.pipeline._streams.on == cuda and sorted(r.pipeline._streams.streams) == (["fetch", "update"] if cuda else [])
+
+
+def test_features_left_in_the_host_map_train_as_features_on_the_device(tmp_path, device, monkeypatch):
+    """Edge features too large for the device stay in the host map, each batch's rows gathered into
+    pinned memory (``runtime.features.HostRows``): the same rows, so a deterministic run's scores
+    equal those of a run with the features on the device."""
+    from tgdist.runtime import features
+
+    def run(share: float, where: str) -> dict:
+        monkeypatch.setattr(features, "DEVICE_SHARE", share)
+        over = ["data=synthetic", "data.synthetic.num_events=2000", "data.synthetic.num_nodes=200",
+                "data.synthetic.edge_dim=8", *SMALL[2:], f"train.device={device}", "train.epochs=1",
+                "train.deterministic=true", f"run_dir={tmp_path / where}", f"data.cache_dir={tmp_path / 'cache'}"]
+        cfg = compose(over)
+        tr = build_trainer(cfg, progress=False)
+        kind = type(tr.edge_feat).__name__
+        assert kind == ("HostRows" if share == 0.0 and torch.device(device).type == "cuda" else "Tensor"), kind
+        return scores(Run(cfg, tmp_path / where, trainer=tr).train())
+
+    assert run(0.0, "host") == run(features.DEVICE_SHARE, "device")

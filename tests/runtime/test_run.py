@@ -560,7 +560,7 @@ def test_millisecond_times_give_the_model_the_same_seconds(tmp_path):
     ms = TemporalGraph(**{**{f.name: getattr(g, f.name) for f in dataclasses.fields(g)}, "t": g.t * 1000})
     over = SMALL + ["train.num_neg_eval=1"]
     a, b = build_trainer(compose(over), graph=g), build_trainer(compose(over), graph=ms)
-    assert np.array_equal(a.t_rel, b.t_rel) and b.units_per_second == 1000
+    assert np.array_equal(a.t_rel[:], b.t_rel[:]) and b.units_per_second == 1000
     lo = a.split.range("val")[0]
     neg = a.negatives.fixed("val", lo, lo + 100, 1)
     pa, pb = a.prepare(lo, lo + 100, neg), b.prepare(lo, lo + 100, neg)
@@ -571,7 +571,7 @@ def test_millisecond_times_give_the_model_the_same_seconds(tmp_path):
         oa, ob = a.compute(pa, train=False), b.compute(pb, train=False)
     np.testing.assert_allclose(ob.pos.numpy(), oa.pos.numpy(), rtol=1e-4, atol=1e-5)
     raw = build_trainer(compose(over + ["data.time_unit=s"]), graph=ms)
-    assert np.array_equal(raw.t_rel, a.t_rel * 1000) and raw.units_per_second == 1
+    assert np.array_equal(raw.t_rel[:], a.t_rel[:] * 1000) and raw.units_per_second == 1
     ja = build_trainer(compose(over + ["model=jodie"]), graph=g)
     jb = build_trainer(compose(over + ["model=jodie"]), graph=ms)
     assert ja.model.embedding.time_scale == jb.model.embedding.time_scale
