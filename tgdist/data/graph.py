@@ -1511,21 +1511,33 @@ def _stream_edgelist(origin: Path, columns: str | None, bipartite: bool | None, 
                      digest: str, size: int, status: Status, entry: Path) -> Prepared | None:
     """Read a large text edge list block by block into a cache entry's arrays: each block parsed by
     the whole-file reader's own code (``_read_edgelist``, the header and comment lines before the
-    first data line repeated in front of every block, so every block is read as the file is), the
-    ids and times gathered, edge features appended to their ``.npy`` file beside the entry. The
-    ids are then numbered as ``_finish`` numbers them (sorted original ids), in place. Peak memory:
-    one block's parse, the id and time columns, the T-CSR. None when the file needs the whole-file
-    reader (see ``_NotStreamable``)."""
+    first data line repeated in front of every block, so every block is read as the file is), each
+    column appended to its ``.npy`` beside the entry (``mapped.spool_path``). The ids are then read
+    back and numbered as ``_finish`` numbers them (sorted original ids), in place, and the T-CSR is
+    built. Memory: one block's parse while reading; then the two id columns and the T-CSR; edge
+    features never enter memory. None when the file needs the whole-file reader
+    (``_NotStreamable``)."""
     from tgdist.data import mapped
     from tgdist.kernels.graph import tcsr_fill
 
     start = time.perf_counter()
     log.info("reading %s (%s MiB); the parsed graph is cached for later runs", origin, f"{size >> 20:,}")
-    cols: dict[str, list[np.ndarray]] = {"src": [], "dst": [], "t": [], "label": []}
-    feats = None
+    spool: dict[str, mapped.NpyAppender] = {}
     notes: list[str] = []
-    prefix, last_t, line_base, shown, spec = b"", None, 0, -1, columns
+    prefix, last_t, t_dtype, line_base, shown, spec = b"", None, None, 0, -1, columns
     said: list = []  # the first block's warnings (the later blocks', the same or about their own lines, dropped)
+
+    def discard():
+        for a in spool.values():
+            a.discard()
+
+    def append(name: str, block: np.ndarray) -> None:
+        if name not in spool:
+            if line_base:  # a column the first block did not have
+                raise _NotStreamable
+            spool[name] = mapped.NpyAppender(mapped.spool_path(entry, name), block.dtype, block.shape[1:])
+        spool[name].append(block)
+
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -1546,28 +1558,23 @@ def _stream_edgelist(origin: Path, columns: str | None, bipartite: bool | None, 
                     ncol = table.values.shape[1]
                     spec = columns or ((_columns_from_header(text) or (None,))[0] or
                                        ",".join(["src", "dst", "t"] + ["feat"] * (ncol - 3)))
+                    first_data = int(table.lines[0]) - 1 if table.lines.size else text.count(b"\n")
+                    prefix = b"".join(text.splitlines(keepends=True)[:first_data])
+                    notes.extend(str(w.message) for w in said if w.category is UserWarning)
                 del caught[:]
                 if table.text or table.wide or raw["src"].dtype != np.int64 or raw["dst"].dtype != np.int64:
                     raise _NotStreamable
                 t = raw["t"]
-                if cols["t"] and t.dtype != cols["t"][0].dtype:
+                if t_dtype is not None and t.dtype != t_dtype:
                     raise _NotStreamable
+                t_dtype = t.dtype
                 if (t.shape[0] > 1 and (np.diff(t) < 0).any()) or (last_t is not None and t.shape[0] and t[0] < last_t):
                     raise _NotStreamable  # unsorted: sorted by the whole-file reader, with its warning
-                if k == 0:
-                    first_data = int(table.lines[0]) - 1 if table.lines.size else text.count(b"\n")
-                    prefix = b"".join(text.splitlines(keepends=True)[:first_data])
-                    notes.extend(str(w.message) for w in said if w.category is UserWarning)
-                for c in ("src", "dst", "t", "label"):
+                for c in ("src", "dst", "t", "label", "edge_feat"):
                     if raw.get(c) is not None:
-                        cols[c].append(raw[c])
-                if raw.get("edge_feat") is not None:
-                    if feats is None:
-                        feats = mapped.NpyAppender(mapped.spool_path(entry, "edge_feat"), np.float32,
-                                                   raw["edge_feat"].shape[1:])
-                    feats.append(raw["edge_feat"])
-                elif feats is not None:
-                    raise _NotStreamable
+                        append(c, raw[c])
+                    elif c in spool:
+                        raise _NotStreamable
                 last_t = t[-1] if t.shape[0] else last_t
                 line_base += text.count(b"\n")
                 percent = int(100 * done / max(size, 1))
@@ -1575,46 +1582,47 @@ def _stream_edgelist(origin: Path, columns: str | None, bipartite: bool | None, 
                 if percent // 10 > shown:  # a log line every tenth of the file: progress off a terminal too
                     shown = percent // 10
                     log.info("reading %s: %d%% (%s lines)", origin.name, percent, f"{line_base:,}")
+            del raw, table, t, text
     except _NotStreamable:
-        if feats is not None:
-            feats.discard()
+        discard()
         log.info("%s: read whole (its ids, times or order need the whole-file reader)", origin.name)
         return None
     except BaseException:
-        if feats is not None:
-            feats.discard()
+        discard()
         raise
     for w in said:
         warnings.warn(w.message, w.category, stacklevel=3)
     try:
-        status.set("numbering the nodes")
-        src, dst, t = (np.concatenate(cols.pop(c)) if cols[c] else np.empty(0, np.int64) for c in ("src", "dst", "t"))
-        label = np.concatenate(cols.pop("label")) if cols["label"] else None
-        n = src.shape[0]
-        if n == 0:
+        if "src" not in spool or spool["src"].rows == 0:
             raise DataError(f"{origin}: no events")
+        paths = {name: a.close() for name, a in spool.items()}
+        status.set("numbering the nodes")
+        src, dst = np.load(paths["src"]), np.load(paths["dst"])
+        n = src.shape[0]
         if bipartite:
             users, items = _sorted_unique(src), _sorted_unique(dst)
             node_map, num_src = np.concatenate([users, items]), int(users.size)
             _renumber(src, users, 0)
             _renumber(dst, items, num_src)
+            del users, items
         else:
             ids = np.concatenate([src, dst])
             node_map, num_src = _sorted_unique(ids, in_place=True), 0
             del ids
             _renumber(src, node_map, 0)
             _renumber(dst, node_map, 0)
+        np.save(paths["src"], src)
+        np.save(paths["dst"], dst)
         status.set("building the T-CSR")
         indptr, nbr, eid = tcsr_fill(src, dst, int(node_map.size), True)
-        arrays = {"src": src, "dst": dst, "t": t, "node_map": node_map}
-        if feats is not None:
-            arrays["edge_feat"] = feats.close()
-        if label is not None:
-            arrays["label"] = label
-        arrays.update(tcsr_indptr=indptr, tcsr_nbr=nbr, tcsr_eid=eid, tcsr_t=t[eid])
+        del src, dst  # in their files
+        t = np.load(paths["t"])
+        tcsr_t = t[eid]
+        del t
+        arrays = {**paths, "node_map": node_map, "tcsr_indptr": indptr, "tcsr_nbr": nbr, "tcsr_eid": eid,
+                  "tcsr_t": tcsr_t}
     except BaseException:
-        if feats is not None:
-            feats.discard()
+        discard()
         raise
     meta = {"version": CACHE_VERSION, "num_nodes": int(node_map.size), "bipartite": bool(bipartite),
             "num_src_nodes": num_src, "name": gname, "source_hash": digest, "notes": notes}

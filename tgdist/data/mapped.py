@@ -201,7 +201,8 @@ class NpyAppender:
         return self.path
 
     def discard(self) -> None:
-        self.f.close()
+        if not self.f.closed:
+            self.f.close()
         self.path.unlink(missing_ok=True)
 
 
