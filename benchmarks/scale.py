@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import emit, free_port, machine, note, run_main  # noqa: E402
+from common import at_least, emit, free_port, machine, note, run_main  # noqa: E402
 
 MIB = 2**20
 
@@ -351,14 +351,14 @@ def section_build(args) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("section", choices=["ranks", "gather", "build"])
-    p.add_argument("--batches", type=int, default=200, help="gather: batches timed each way")
-    p.add_argument("--events", type=int, default=10_000_000)
-    p.add_argument("--nodes", type=int, default=1_000_000)
-    p.add_argument("--edge-dim", type=int, default=172)
-    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--batches", type=at_least(1), default=200, help="gather: batches timed each way")
+    p.add_argument("--events", type=at_least(1), default=10_000_000)
+    p.add_argument("--nodes", type=at_least(2), default=1_000_000)
+    p.add_argument("--edge-dim", type=at_least(0), default=172)
+    p.add_argument("--ranks", type=at_least(1), default=4)
     p.add_argument("--backends", nargs="+", default=["depcache", "sven"])
-    p.add_argument("--iterations", type=int, default=30)
-    p.add_argument("--batch", type=int, default=600, help="local batch per rank")
+    p.add_argument("--iterations", type=at_least(1), default=30)
+    p.add_argument("--batch", type=at_least(1), default=600, help="local batch per rank")
     p.add_argument("--checkpoint", action="store_true", help="checkpoint after the iterations")
     p.add_argument("--synthetic", action="store_true",
                    help="train on data=synthetic (the first rank generates it into the cache) instead of an .npz")

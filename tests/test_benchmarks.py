@@ -43,6 +43,8 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
     ("compare_trees.py", ["--before", "/nonexistent"], "--before /nonexistent: not a tgdist checkout"),
     ("eval_cost.py", ["--epochs", "0"], "argument --epochs: 0: give at least 1"),
     ("select_study.py", ["--seeds", "-1"], "argument --seeds: -1: give at least 0"),
+    ("scale.py", ["ranks", "--events", "0"], "argument --events: 0: give at least 1"),
+    ("scale.py", ["gather", "--batches", "0"], "argument --batches: 0: give at least 1"),
 ])
 def test_a_bad_argument_is_one_line_before_any_work(script, args, message, monkeypatch, capsys):
     """Run in this process as ``python SCRIPT ARGS`` would run it (``__main__``, its argv, from its
@@ -107,3 +109,18 @@ def test_pipelining_paired_differences(monkeypatch):
     assert async_["paired"]["seeds"] == [0, 1] and async_["paired"]["mean_points"] == pytest.approx(0.0)
     with pytest.raises(ValueError, match="seed 0: two runs with different test AP"):
         accuracy_rows([run("none", 0, 0.70), run("none", 0, 0.71)])
+
+
+def test_scale_build_and_gather_print_their_figures(tmp_path):
+    """The two quick sections of ``scale.py`` on a tiny stream: the build's peak against the entry it
+    wrote, with its progress lines, and the gather timed three ways over the same batches."""
+    for section, extra in (("build", []), ("gather", ["--batches", "5", "--edge-dim", "8"])):
+        r = subprocess.run([sys.executable, "scale.py", section, "--events", "20000", "--nodes", "500",
+                            "--workdir", str(tmp_path), *extra], cwd=BENCH, capture_output=True, text=True,
+                           timeout=300, check=False)
+        assert r.returncode == 0, r.stderr[-2000:]
+        got = json.loads(r.stdout)[section]
+        if section == "build":
+            assert got["events"] == 20000 and got["output_mib"] > 0 and got["peak_rss_mib"] > got["baseline_rss_mib"]
+        else:
+            assert got["rows_per_batch"] > 0 and set(got["median_over_in_memory"]) == {"mapped_warm", "mapped_cold"}
