@@ -152,6 +152,19 @@ def data_overrides(args) -> list[str]:
     return out
 
 
+def check_settings(settings: list[str]) -> None:
+    """Each ``M:LINK`` names a trainer count and a link ``parallel.link`` knows (one line otherwise)."""
+    from tgdist.distributed.link import parse_link
+    from tgdist.errors import ConfigError
+
+    for s in settings:
+        m, _, link = s.partition(":")
+        if not m.isdigit() or int(m) < 1 or not link:
+            raise ConfigError(f"--settings {s}: give M:LINK, a trainer count and a link, e.g. 2:eth10")
+        if parse_link(link) is None:
+            raise ConfigError(f"--settings {s}: give a link, not none")
+
+
 def key_of(c) -> tuple:
     return (c.layout, c.backend, c.placement, c.pipeline)
 
@@ -179,6 +192,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.device == "cuda" and args.settings == [f"{m}:{link}" for m, link in SETTINGS]:
         args.settings = ["1:nvlink"]
+    check_settings(args.settings)
 
     from tgdist.launcher.advisor import cluster as clusters
     from tgdist.launcher.advisor import profile as profiles
