@@ -278,7 +278,7 @@ def test_plan_profile_then_advise(tmp_path, capsys):
     assert p.placement("range", 2) is not None and p.data["num_train_events"] > 0
     assert 0.0 <= p.overlap["prefetch"] <= 1.0
     assert all(b.rows_distinct <= b.rows_sampled and b.seconds["compute"] > 0 for b in p.batches)
-    assert "epoch s" in out and "best: " in out
+    assert "epoch s" in out and "best: " in out and p.data["device"] == "cpu" and "note: the profile" not in out
     launch = next(ln for ln in out.splitlines() if ln.strip().startswith("tgdist launch --nproc 2"))
     assert "parallel.link=eth10" in launch and "data.synthetic.num_events=3000" in launch
     assert any(ln.strip().startswith("sbatch --nodes 1") for ln in out.splitlines())
@@ -305,6 +305,10 @@ def test_plan_from_profile_json_and_errors(tmp_path, capsys):
 
     f = tmp_path / "p.json"
     write(profile(sizes=(200, 600), largest_batch=1200, saturation_batch=600), f)
+    cpu_profile = dataclasses.replace(read(f), data={**read(f).data, "device": "cpu"})
+    write(cpu_profile, f)
+    rc, out, _ = run_cli(["--from-profile", str(f), "--cluster", "gpu-4x8-ib100", "--top", "2"], capsys)
+    assert rc == 0 and "note: the profile was taken on cpu, the cluster's trainers are cuda" in out
     rc, out, _ = run_cli(["--from-profile", str(f), "--cluster", "gpu-4x8-ib100", "--json"], capsys)
     got = json.loads(out)
     assert rc == 0 and got["best"]["sbatch"].startswith("sbatch --nodes 4 --gpus-per-node 8")

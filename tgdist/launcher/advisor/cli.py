@@ -120,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{cl.name}: {cl.machines} machine(s) x {cl.trainers_per_machine} trainer(s), links "
               f"{cl.intra_link} / {cl.inter_link}; profile of {prof.data.get('name')} ({prof.machine}), "
               f"S = {prof.saturation_batch}, L = {prof.largest_batch} ({prof.accuracy_source})")
+        took = prof.data.get("device")
+        if took is not None and took != cl.device:
+            print(f"note: the profile was taken on {took}, the cluster's trainers are {cl.device}: its stage times do "
+                  f"not carry over; take the profile on one of the cluster's devices (train.device={cl.device})")
         print(report.table(ranked, args.top))
         if text := report.refusals(ranked):
             print(text)

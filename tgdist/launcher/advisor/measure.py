@@ -374,6 +374,7 @@ def measure(overrides: list[str], *, batch_sizes: list[int], iterations: int = 3
             "num_events": int(graph.num_events), "num_train_events": int(train_end - lo), "mem_dim": int(m.mem_dim),
             "mail_dim": int(tr.memory.mail.shape[-1]) if hasattr(tr.memory, "mail") else int(2 * m.mem_dim),
             "mailbox_size": int(m.mailbox_size), "model": str(m.name), "fanouts": list(cfg.sampler.fanouts),
+            "device": tr.device.type,
             "accuracy_sweep": {str(b): a for b, a in aps.items()}}
     return Profile(data=data, batches=batches, grad_bytes=int(grad_bytes), placements=placements,
                    collectives=coll, graph_bytes=int(graph_bytes), core_sharing=sharing, overlap=overlap, largest_batch=L,
