@@ -290,3 +290,13 @@ def test_host_rows_gather_what_the_table_holds():
     rel = RelativeTimes(t, 2.0)
     assert rel[1:3].tolist() == [1.0, 3.0] and rel[3] == 7.5 and len(rel) == 4
     assert np.array_equal(rel[:], (t - t[0]).astype(np.float64) / 2.0)
+
+
+def test_an_unwritable_cache_folder_reads_the_graph_into_memory_with_a_warning(tmp_path, caplog):
+    source = events(tmp_path / "e.csv")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with caplog.at_level("WARNING", logger="tgdist.data.graph"):
+        g = load_graph(source, cache_dir=blocker / "cache")
+    assert f"could not write cache {blocker / 'cache'}/e-" in caplog.text
+    assert g.mapped is None and g.src.tolist() == load_graph(source, cache=False).src.tolist()

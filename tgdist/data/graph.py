@@ -1343,8 +1343,15 @@ def _load_source(origin: Path, data: bytes | None, fmt: str, columns: str | None
         return _parse_source(origin, data, fmt, columns, bipartite, strict_order, strict_columns, gname, digest, size,
                              status)
 
-    graph = cached_graph(entry, build, status=status)
-    _prune_stale_cache(folder)
+    def in_memory():  # a cache folder that cannot be written: read as with data.cache=false
+        if fmt == "native":
+            return _read_native(origin)
+        return _parse_source(origin, data, fmt, columns, bipartite, strict_order, strict_columns, gname, digest, size,
+                             status, cached=False)
+
+    graph = cached_graph(entry, build, status=status, in_memory=in_memory)
+    if graph.mapped is not None:
+        _prune_stale_cache(folder)
     return graph
 
 
@@ -1422,19 +1429,24 @@ def from_arrays(arrays: dict, meta: dict, folder: str | None = None) -> Temporal
                          tcsr_arrays=tcsr if len(tcsr) == 4 else None, **{k: arrays.get(k) for k in _ARRAYS})
 
 
-def cached_graph(folder: str | Path, build, status: Status | None = None) -> TemporalGraph:
+def cached_graph(folder: str | Path, build, status: Status | None = None, in_memory=None) -> TemporalGraph:
     """The graph of the mapped cache entry ``folder``, built first by ``build()`` (a graph and the
     notes its reading gave) when no intact entry is there: once per folder, whatever the number
     of processes and machines asking at once (``tgdist.data.mapped.ensure``). Every process then
-    maps the entry read-only; the notes of a source read earlier are repeated as warnings."""
+    maps the entry read-only; the notes of a source read earlier are repeated as warnings.
+
+    A cache folder that cannot be written is a warning, not an error: the graph is then read into
+    this process's memory (``in_memory()``, default ``build()``; a graph already built is used)."""
     from tgdist.data import mapped
 
     folder = Path(folder)
+    made: list = []  # the graph build() made in memory, for the fallback
 
     def arrays_of_build():
         got = build()
         if isinstance(got, Prepared):  # streamed straight into arrays and spooled files
             return got.arrays, got.meta
+        made.append(got)
         graph, notes = got
         graph.check(str(folder))
         scale = feature_scale_notes(graph)
@@ -1453,8 +1465,9 @@ def cached_graph(folder: str | Path, build, status: Status | None = None) -> Tem
     try:
         arrays, meta, built = mapped.ensure(folder, arrays_of_build, what=f"the graph {folder.name}")
     except OSError as e:
-        raise DataError(f"{folder}: cannot write the processed-graph cache ({e.strerror or e}); set data.cache_dir "
-                        f"(or $TGDIST_CACHE) to a writable folder, or data.cache=false") from None
+        log.warning("could not write cache %s: %s", folder, e.strerror or e)
+        graph, _ = made[0] if made else (in_memory or build)()
+        return graph
     if not built:
         for note in meta.get("notes", []):  # what reading the source said (unsorted events, a likely time column)
             warnings.warn(str(note), stacklevel=3)
