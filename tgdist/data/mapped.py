@@ -305,8 +305,11 @@ def ensure(folder: Path, build: Callable[[], tuple[dict[str, np.ndarray], dict]]
     on any number of machines at once (see the module's docstring)."""
     folder = Path(folder)
     if _verified_here(folder):
-        arrays, meta = load(folder)
-        return arrays, meta, False
+        try:
+            arrays, meta = load(folder)
+            return arrays, meta, False
+        except DataError:  # replaced under us (another process found it damaged): wait for its build
+            pass
     built = False
     with file_lock(lock_path(folder), f"building {what} in {folder}"):
         for stale in folder.parent.glob(f".{folder.name}.part-*"):  # a builder that died: the lock is ours now
