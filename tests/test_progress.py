@@ -65,7 +65,7 @@ def test_reading_a_large_file_shows_its_phases_on_a_terminal(tmp_path, monkeypat
         assert f"reading ev.csv (0 MiB): {phase}" in term.getvalue(), term.getvalue()
     term.truncate(0)
     again = tdata.load_graph(path, cache_dir=tmp_path / "cache")
-    assert "loading the cached graph" in term.getvalue() and np.array_equal(again.t, g.t)
+    assert "mapping the cached graph" in term.getvalue() and np.array_equal(again.t, g.t)
     quiet = io.StringIO()
     monkeypatch.setattr("sys.stderr", quiet)
     tdata.load_graph(path, cache_dir=tmp_path / "cache2")

@@ -1042,27 +1042,25 @@ _LABEL_ARRAYS = {"node_labels_node": "node", "node_labels_t": "t", "node_labels_
 
 
 def unwritable(folder: Path) -> str | None:
-    """Why files cannot be made in ``folder``, or None when they can. The folder and its missing
-    parents are made, a file is created in it and removed, and the folders made are removed again,
-    so a command can fail in one line before long work instead of after it."""
-    made = [p for p in (folder, *folder.parents) if not p.exists()]  # deepest first
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=folder, prefix=".tgdist-probe-")
-        os.close(fd)
-        os.unlink(probe)
-        return None
-    except OSError as e:
-        blocker = next((p for p in reversed(folder.parents) if p.exists() and not p.is_dir()), None)
-        if blocker is None and folder.exists() and not folder.is_dir():
-            blocker = folder
-        return f"{blocker} is not a directory" if blocker else e.strerror or str(e)
-    finally:
-        for made_folder in made:
-            try:
-                made_folder.rmdir()
-            except OSError:
-                break
+    """Why files cannot be made in ``folder``, or None when they can: a file is created and removed
+    in it, or, when it does not exist yet, in its nearest existing parent (where it would be made),
+    so a command can fail in one line before long work instead of after it. Nothing is made: ranks
+    probing the same new run folder at once cannot remove it under each other."""
+    blocker = next((p for p in (*reversed(folder.parents), folder) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        return f"{blocker} is not a directory"
+    for _ in range(5):
+        there = next(p for p in (folder, *folder.parents) if p.exists())
+        try:
+            fd, probe = tempfile.mkstemp(dir=there, prefix=".tgdist-probe-")
+            os.close(fd)
+            os.unlink(probe)
+            return None
+        except FileNotFoundError as e:  # ``there`` was removed meanwhile: look again
+            why = e.strerror or str(e)
+        except OSError as e:
+            return e.strerror or str(e)
+    return why
 
 
 def save_native(graph: TemporalGraph, path: str | Path, notes: list[str] | None = None) -> Path:
