@@ -35,13 +35,12 @@ import dataclasses
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import at_least, emit, free_port, machine, note, run_main
+from common import at_least, emit, machine, note, rank_records, run_main, torchrun_ranks
 
 SETTINGS = [(2, "eth10"), (2, "ib100"), (4, "eth10"), (4, "ib100")]
 GOAL_MEDIAN_ERROR = 0.20
@@ -103,21 +102,8 @@ def one_run(spec: list[str], base: list[str], groups, rank: int) -> dict:
 
 
 def worker(out: str, plan: str, base: list[str]) -> None:
-    from tgdist.distributed import collectives
-    from tgdist.distributed.schedule import Layout
-    from tgdist.distributed.world import ProcessGroups, detect
-    from tgdist.runtime.build import compose
-
     specs = json.loads(Path(plan).read_text())
-    world = detect()
-    cfg = compose(base)
-    groups = ProcessGroups.init(world, Layout(cfg.parallel.i, cfg.parallel.j, cfg.parallel.k))
-    try:
-        result = [one_run(spec, base, groups, world.rank) for spec in specs]
-        Path(f"{out}.{world.rank}").write_text(json.dumps(result))
-        collectives.barrier(groups.get("world"), name="shutdown")
-    finally:
-        groups.destroy()
+    rank_records(out, base, lambda groups, rank: [one_run(spec, base, groups, rank) for spec in specs])
 
 
 # ------------------------------------------------------------------------------------------------
@@ -126,22 +112,7 @@ def worker(out: str, plan: str, base: list[str]) -> None:
 
 def launch(nproc: int, specs: list[list[str]], base: list[str], timeout: float) -> list[list[dict]]:
     """One torchrun of ``nproc`` ranks training ``specs`` in turn; per spec, per rank, its record."""
-    from tgdist.errors import RunFailure
-
-    with tempfile.TemporaryDirectory(prefix="tgdist-advbench-") as d:
-        out, plan = f"{d}/rank", Path(d) / "plan.json"
-        plan.write_text(json.dumps(specs))
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--rdzv-backend",
-               "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", __file__, "--worker", out, str(plan), *base]
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                               env={**os.environ, "OMP_NUM_THREADS": "1"}, check=False)
-        except subprocess.TimeoutExpired:
-            raise RunFailure(f"{nproc} ranks: no result within {timeout:.0f} s") from None
-        if r.returncode:
-            lines = [ln for ln in r.stderr.strip().splitlines() if "Error" in ln or "error:" in ln]
-            raise RunFailure(f"{nproc} ranks failed (exit {r.returncode}): " + " | ".join(lines[-3:]))
-        ranks = [json.loads(Path(f"{out}.{k}").read_text()) for k in range(nproc)]
+    ranks = torchrun_ranks(__file__, nproc, base, timeout, plan=specs, prefix="tgdist-advbench-")
     return [[ranks[k][i] for k in range(nproc)] for i in range(len(specs))]
 
 

@@ -126,5 +126,53 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def torchrun_ranks(script: str, nproc: int, args: list[str], timeout: float, plan=None, what: str = "",
+                   prefix: str = "tgdist-bench-") -> list:
+    """Run ``script --worker OUT [PLAN] ARGS`` as ``nproc`` ranks under torchrun (gloo, one thread
+    each) and return what each rank wrote to ``OUT.RANK`` (JSON), by rank. ``plan``: JSON-able
+    work handed to the ranks as a file; ``what``: how failures name the run (default "N ranks")."""
+    import subprocess
+    import tempfile
+
+    from tgdist.errors import RunFailure
+
+    what = what or f"{nproc} ranks"
+    with tempfile.TemporaryDirectory(prefix=prefix) as d:
+        out, extra = f"{d}/rank", []
+        if plan is not None:
+            (Path(d) / "plan.json").write_text(json.dumps(plan))
+            extra = [str(Path(d) / "plan.json")]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--rdzv-backend",
+               "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", script, "--worker", out, *extra, *args]
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                               env={**os.environ, "OMP_NUM_THREADS": "1"}, check=False)
+        except subprocess.TimeoutExpired:
+            raise RunFailure(f"{what}: no result within {timeout:.0f} s") from None
+        if r.returncode:
+            lines = [ln for ln in r.stderr.strip().splitlines() if "Error" in ln or "error:" in ln]
+            raise RunFailure(f"{what} failed (exit {r.returncode}): " + " | ".join(lines[-3:]))
+        return [json.loads(Path(f"{out}.{k}").read_text()) for k in range(nproc)]
+
+
+def rank_records(out: str, base: list[str], run) -> None:
+    """The body of a benchmark's ``--worker``: this rank's process groups for ``base``'s layout,
+    ``run(groups, rank)``'s records written to ``OUT.RANK`` for ``torchrun_ranks``, then a barrier
+    (no rank exits while another still trains) and the groups freed."""
+    from tgdist.distributed import collectives
+    from tgdist.distributed.schedule import Layout
+    from tgdist.distributed.world import ProcessGroups, detect
+    from tgdist.runtime.build import compose
+
+    world = detect()
+    cfg = compose(base)
+    groups = ProcessGroups.init(world, Layout(cfg.parallel.i, cfg.parallel.j, cfg.parallel.k))
+    try:
+        Path(f"{out}.{world.rank}").write_text(json.dumps(run(groups, world.rank)))
+        collectives.barrier(groups.get("world"), name="shutdown")
+    finally:
+        groups.destroy()
+
+
 def note(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)

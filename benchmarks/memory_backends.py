@@ -29,15 +29,11 @@ Prints one JSON object on stdout, progress on stderr.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-from common import at_least, emit, free_port, machine, note, run_main
+from common import at_least, emit, machine, note, rank_records, run_main, torchrun_ranks
 
 SECTIONS = ("bytes", "links", "memory", "time")
 BACKENDS = ("depcache", "depcomm", "sven")
@@ -128,45 +124,17 @@ def one_run(spec: str, base: list[str], groups, rank: int) -> dict:
 
 
 def worker(out: str, runs: list[str], base: list[str]) -> None:
-    from tgdist.distributed import collectives
-    from tgdist.distributed.schedule import Layout
-    from tgdist.distributed.world import ProcessGroups, detect
-    from tgdist.runtime.build import compose
-
-    world = detect()
-    cfg = compose(base)
-    groups = ProcessGroups.init(world, Layout(cfg.parallel.i, cfg.parallel.j, cfg.parallel.k))
-    try:
-        result = [one_run(spec, base, groups, world.rank) for spec in runs]
-        Path(f"{out}.{world.rank}").write_text(json.dumps(result))
-        collectives.barrier(groups.get("world"), name="shutdown")
-    finally:
-        groups.destroy()
+    rank_records(out, base, lambda groups, rank: [one_run(spec, base, groups, rank) for spec in runs])
 
 
 # ------------------------------------------------------------------------------------------------
-# The parent: launches and tables
-
+# The parent
 
 
 def launch(nproc: int, runs: list[str], overrides: list[str], timeout: float) -> list[list[dict]]:
     """One torchrun of ``nproc`` ranks training ``runs`` in turn; per rank, per run, its record."""
-    from tgdist.errors import RunFailure
-
-    with tempfile.TemporaryDirectory(prefix="tgdist-membench-") as d:
-        out = f"{d}/rank"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--rdzv-backend",
-               "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", __file__, "--worker", out, ",".join(runs),
-               *overrides]
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                               env={**os.environ, "OMP_NUM_THREADS": "1"}, check=False)
-        except subprocess.TimeoutExpired:
-            raise RunFailure(f"{nproc} ranks, {runs}: no result within {timeout:.0f} s") from None
-        if r.returncode:
-            lines = [ln for ln in r.stderr.strip().splitlines() if "Error" in ln or "error:" in ln]
-            raise RunFailure(f"{nproc} ranks, {runs} failed (exit {r.returncode}): " + " | ".join(lines[-3:]))
-        ranks = [json.loads(Path(f"{out}.{k}").read_text()) for k in range(nproc)]
+    ranks = torchrun_ranks(__file__, nproc, [",".join(runs), *overrides], timeout, what=f"{nproc} ranks, {runs}",
+                           prefix="tgdist-membench-")
     return [[ranks[k][i] for k in range(nproc)] for i in range(len(runs))]  # [run][rank]
 
 

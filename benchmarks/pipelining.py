@@ -36,14 +36,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import at_least, emit, free_port, machine, note, run_main
+from common import at_least, emit, machine, note, rank_records, run_main, torchrun_ranks
 
 SECTIONS = ("speed", "accuracy", "single")
 SLOW_LINK = "100mbps:50us"
@@ -117,47 +115,18 @@ def one_run(spec: list[str], base: list[str], groups, rank: int, trace: bool) ->
 
 
 def worker(out: str, specs: list[list[str]], traced: list[bool], base: list[str]) -> None:
-    from tgdist.distributed import collectives
-    from tgdist.distributed.schedule import Layout
-    from tgdist.distributed.world import ProcessGroups, detect
-    from tgdist.runtime.build import compose
-
-    world = detect()
-    cfg = compose(base)
-    groups = ProcessGroups.init(world, Layout(cfg.parallel.i, cfg.parallel.j, cfg.parallel.k))
-    try:
-        result = [one_run(spec, base, groups, world.rank, trace and world.rank == 0)
-                  for spec, trace in zip(specs, traced)]
-        Path(f"{out}.{world.rank}").write_text(json.dumps(result))
-        collectives.barrier(groups.get("world"), name="shutdown")
-    finally:
-        groups.destroy()
+    rank_records(out, base, lambda groups, rank: [one_run(spec, base, groups, rank, trace and rank == 0)
+                                                  for spec, trace in zip(specs, traced)])
 
 
 # ------------------------------------------------------------------------------------------------
 # The parent
 
 
-
 def launch(nproc: int, specs: list[list[str]], traced: list[bool], base: list[str], timeout: float) -> list[list[dict]]:
     """One torchrun of ``nproc`` ranks training ``specs`` in turn; per spec, per rank, its record."""
-    from tgdist.errors import RunFailure
-
-    with tempfile.TemporaryDirectory(prefix="tgdist-pipebench-") as d:
-        out = f"{d}/rank"
-        plan = Path(d) / "plan.json"
-        plan.write_text(json.dumps({"specs": specs, "traced": traced}))
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--rdzv-backend",
-               "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", __file__, "--worker", out, str(plan), *base]
-        try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                               env={**os.environ, "OMP_NUM_THREADS": "1"}, check=False)
-        except subprocess.TimeoutExpired:
-            raise RunFailure(f"{nproc} ranks: no result within {timeout:.0f} s") from None
-        if r.returncode:
-            lines = [ln for ln in r.stderr.strip().splitlines() if "Error" in ln or "error:" in ln]
-            raise RunFailure(f"{nproc} ranks failed (exit {r.returncode}): " + " | ".join(lines[-3:]))
-        ranks = [json.loads(Path(f"{out}.{k}").read_text()) for k in range(nproc)]
+    ranks = torchrun_ranks(__file__, nproc, base, timeout, plan={"specs": specs, "traced": traced},
+                           prefix="tgdist-pipebench-")
     return [[ranks[k][i] for k in range(nproc)] for i in range(len(specs))]
 
 

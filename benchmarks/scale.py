@@ -118,22 +118,25 @@ class Poller(threading.Thread):
                 "peak_machine_used_mib": round(self.peak["machine_used"] / MIB, 1)}
 
 
+def written_once(args, name: str, write) -> Path:
+    """``--workdir``/``name``, made by ``write(path)`` unless an earlier run left it there."""
+    path = Path(args.workdir) / name
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        note(f"scale: writing {path} ({args.events:,} events, {args.nodes:,} nodes)")
+        t0 = time.perf_counter()
+        write(path)
+        note(f"scale: written in {time.perf_counter() - t0:.0f} s ({path.stat().st_size / MIB:,.0f} MiB)")
+    return path
+
+
 def stream_file(args) -> Path:
-    """The synthetic stream as a tgdist .npz under ``--workdir``, written once."""
+    """The synthetic stream, with ``--edge-dim`` features, as a tgdist .npz."""
     from tgdist.data.graph import save_native
     from tgdist.data.synthetic import generate
 
-    work = Path(args.workdir)
-    work.mkdir(parents=True, exist_ok=True)
-    path = work / f"synthetic-{args.events}-{args.nodes}-{args.edge_dim}.npz"
-    if not path.exists():
-        note(f"scale: generating {args.events:,} events, {args.nodes:,} nodes, edge_dim {args.edge_dim} -> {path}")
-        t0 = time.perf_counter()
-        g = generate(num_events=args.events, num_nodes=args.nodes, edge_dim=args.edge_dim, seed=0)
-        save_native(g, path)
-        del g
-        note(f"scale: written in {time.perf_counter() - t0:.0f} s ({path.stat().st_size / MIB:,.0f} MiB)")
-    return path
+    return written_once(args, f"synthetic-{args.events}-{args.nodes}-{args.edge_dim}.npz", lambda path: save_native(
+        generate(num_events=args.events, num_nodes=args.nodes, edge_dim=args.edge_dim, seed=0), path))
 
 
 def train_ranks(args, path: Path | None, backend: str) -> dict:
@@ -321,14 +324,8 @@ def section_build(args) -> dict:
     from tgdist.data.graph import save_edgelist
     from tgdist.data.synthetic import generate
 
-    work = Path(args.workdir)
-    work.mkdir(parents=True, exist_ok=True)
-    csv = work / f"edges-{args.events}-{args.nodes}.csv"
-    if not csv.exists():
-        note(f"scale: writing {csv} ({args.events:,} lines)")
-        t0 = time.perf_counter()
-        save_edgelist(generate(num_events=args.events, num_nodes=args.nodes, seed=0), csv, chunk=1 << 20)
-        note(f"scale: written in {time.perf_counter() - t0:.0f} s")
+    csv = written_once(args, f"edges-{args.events}-{args.nodes}.csv", lambda path: save_edgelist(
+        generate(num_events=args.events, num_nodes=args.nodes, seed=0), path, chunk=1 << 20))
     cache = Path(args.cache_dir) / "build"
     import shutil
     shutil.rmtree(cache, ignore_errors=True)

@@ -1347,10 +1347,7 @@ def _load_source(origin: Path, data: bytes | None, fmt: str, columns: str | None
         return _parse_source(origin, data, fmt, columns, bipartite, strict_order, strict_columns, gname, digest, size,
                              status, cached=False)
 
-    graph = cached_graph(entry, build, status=status, in_memory=in_memory)
-    if graph.mapped is not None:
-        _prune_stale_cache(folder)
-    return graph
+    return cached_graph(entry, build, status=status, in_memory=in_memory)
 
 
 def _parse_source(origin: Path, data: bytes | None, fmt: str, columns: str | None, bipartite: bool | None,
@@ -1466,7 +1463,9 @@ def cached_graph(folder: str | Path, build, status: Status | None = None, in_mem
         log.warning("could not write cache %s: %s", folder, e.strerror or e)
         graph, _ = made[0] if made else (in_memory or build)()
         return graph
-    if not built:
+    if built:  # a new entry: those an older tgdist wrote beside it are never read again
+        _prune_stale_cache(folder.parent)
+    else:
         for note in meta.get("notes", []):  # what reading the source said (unsorted events, a likely time column)
             warnings.warn(str(note), stacklevel=3)
     log.debug("%s %s from %s", "built" if built else "mapped", meta.get("name"), folder)
