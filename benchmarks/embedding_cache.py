@@ -19,6 +19,7 @@ setting's: load that comes and goes hits every setting alike.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import tempfile
 import time
@@ -47,6 +48,7 @@ def base_overrides(args, data: str, seed: int) -> list[str]:
     return [f"data={data}", "model=tgat2", f"train.batch_size={args.batch}", f"train.epochs={args.epochs}",
             f"train.num_neg_eval={args.num_neg_eval}", f"train.seed={seed}", f"train.num_threads={args.threads}",
             f"sampler.num_threads={args.threads}", "train.progress=false", "train.test_every_epoch=false",
+            *([f"train.device={args.device}"] if getattr(args, "device", None) else []),
             *([f"data.max_events={args.max_events}"] if args.max_events else [])]
 
 
@@ -97,13 +99,59 @@ def step_times(trainers: dict, batches) -> dict:
     return times
 
 
+@contextlib.contextmanager
+def cache_parts(trainers: dict):
+    """Seconds of the cache's own work in each step of the trainers that have a cache: its lookup
+    (id map, staleness, which rows to compute), ``prune_nodes`` and its admission after backward,
+    ``{name: {part: [seconds per call]}}`` (one call of each per training step). On a GPU the device
+    is synchronised around each part, so a part's time is what the step waits for it; the
+    synchronisations add a little to the steps of these trainers."""
+    from tgdist.runtime import trainer as trainer_module
+
+    parts = {name: {"lookup": [], "prune_nodes": [], "admit": []} for name, tr in trainers.items()
+             if tr.cache is not None}
+    owner = {}  # which trainer's cache a prune_nodes call serves: the one whose lookup ran last
+
+    def timed(name, part, fn):
+        def call(*a, **kw):
+            sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+            sync()
+            t0 = time.perf_counter()
+            out = fn(*a, **kw)
+            sync()
+            parts[name][part].append(time.perf_counter() - t0)
+            if part == "lookup":
+                owner["last"] = name
+            return out
+        return call
+
+    prune = trainer_module.prune_nodes
+    for name in parts:
+        cache = trainers[name].cache
+        cache.lookup = timed(name, "lookup", cache.lookup)
+        cache.admit = timed(name, "admit", cache.admit)
+
+    def prune_timed(*a, **kw):
+        return timed(owner["last"], "prune_nodes", prune)(*a, **kw)
+
+    trainer_module.prune_nodes = prune_timed
+    try:
+        yield parts
+    finally:
+        trainer_module.prune_nodes = prune
+        for name in parts:
+            for attr in ("lookup", "admit"):
+                vars(trainers[name].cache).pop(attr, None)
+
+
 def paired(args, data: str, settings: list[str]) -> dict:
     """Per-step time of every setting stepped in lockstep (seed 0), over ``--paired-steps`` training
-    batches after ``--paired-warmup``."""
+    batches after ``--paired-warmup``; with ``--breakdown``, the cache's own work in those steps."""
     trainers = {s: build_trainer(compose(base_overrides(args, data, 0) + setting_overrides(s)), progress=False)
                 for s in settings}
     batches = list(next(iter(trainers.values())).batches("train"))[: args.paired_warmup + args.paired_steps]
-    times = step_times(trainers, batches)
+    with cache_parts(trainers) if args.breakdown else contextlib.nullcontext() as parts:
+        times = step_times(trainers, batches)
     base = np.array(times[settings[0]][args.paired_warmup:])
     out = {"steps": len(base), "warmup": args.paired_warmup, "relative_to": settings[0]}
     for name in settings:
@@ -112,6 +160,12 @@ def paired(args, data: str, settings: list[str]) -> dict:
                      "median_speedup": round(float(np.median(base / t)), 3)}
         if trainers[name].cache is not None:
             out[name]["hit_rate"] = round(trainers[name].cache.take_stats()["hit_rate"], 4)
+        if parts and name in parts:
+            own = {p: np.array(v[args.paired_warmup:]) for p, v in parts[name].items()}
+            out[name]["cache_ms_median"] = {p: round(1000 * float(np.median(v)), 3) for p, v in own.items() if len(v)}
+            total = sum(1000 * float(np.median(v)) for v in own.values() if len(v))
+            out[name]["cache_ms_median"]["total"] = round(total, 3)
+            out[name]["median_step_ms_without_cache_work"] = round(out[name]["median_step_ms"] - total, 2)
     return out
 
 
@@ -128,6 +182,12 @@ def main() -> int:
     ap.add_argument("--paired-steps", type=at_least(0), default=60, help="0: no paired section")
     ap.add_argument("--paired-warmup", type=at_least(0), default=20, help="untimed steps first (the cache fills)")
     ap.add_argument("--no-runs", action="store_true", help="the paired section only")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="paired section: time the cache's own lookup, pruning and admission in each step")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="train.device of every trainer")
+    ap.add_argument("--host-features", action="store_true",
+                    help="on a GPU, leave the features in host memory and gather each batch's rows there, as for a "
+                         "graph whose features do not fit the device (tgdist.runtime.features.HostRows)")
     args = ap.parse_args()
     for s in args.settings:
         try:
@@ -136,6 +196,12 @@ def main() -> int:
             ap.error(str(e))
     if args.settings[0] != "off":
         ap.error("--settings: the first setting is the baseline and must be off")
+    if args.host_features:
+        if args.device != "cuda":
+            ap.error("--host-features: only with --device cuda (on the CPU the features are host memory already)")
+        from tgdist.runtime import features
+
+        features.DEVICE_SHARE = 0.0  # no table is small enough for the device
     for data in args.data:  # a bad name fails before any work
         compose(base_overrides(args, data, 0))
     result = {"machine": machine(), "args": vars(args), "runs": [], "paired": {}}

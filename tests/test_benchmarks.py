@@ -33,6 +33,7 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
     ("pipelining.py", ["--merge", "no-such-output.json"], "--merge no-such-output.json: [Errno 2]"),
     ("embedding_cache.py", ["--settings", "off", "0.9"], "setting '0.9': give off or P_GRAD:T_STALE"),
     ("embedding_cache.py", ["--settings", "0.9:5"], "--settings: the first setting is the baseline and must be off"),
+    ("embedding_cache.py", ["--host-features"], "--host-features: only with --device cuda"),
     ("mspipe.py", ["--epochs", "0"], "argument --epochs: 0: give at least 1"),
     ("mspipe.py", ["--seeds", "0", "-1"], "argument --seeds: -1: give at least 0"),
     ("mspipe.py", ["--points", "K=1", "auto"], "--points: the baseline 'none' is needed"),
@@ -126,3 +127,25 @@ def test_scale_build_and_gather_print_their_figures(tmp_path):
             assert got["events"] == 20000 and got["output_mib"] > 0 and got["peak_rss_mib"] > got["baseline_rss_mib"]
         else:
             assert got["rows_per_batch"] > 0 and set(got["median_over_in_memory"]) == {"mapped_warm", "mapped_cold"}
+
+
+def test_embedding_cache_breakdown_times_the_cache_work_of_each_step(monkeypatch):
+    """``--breakdown``: the cached trainer's lookup, pruning and admission are timed once per step,
+    the uncached one has none, and the timers are taken off again afterwards."""
+    import argparse
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    from embedding_cache import paired
+
+    from tgdist.runtime import trainer as trainer_module
+
+    prune = trainer_module.prune_nodes
+    args = argparse.Namespace(batch=100, epochs=1, num_neg_eval=1, threads=1, max_events=1500, device="cpu",
+                              paired_warmup=3, paired_steps=5, breakdown=True)
+    out = paired(args, "collegemsg", ["off", "0.9:20"])
+    assert "cache_ms_median" not in out["off"]
+    own = out["0.9:20"]["cache_ms_median"]
+    assert set(own) == {"lookup", "prune_nodes", "admit", "total"}
+    assert 0 < own["lookup"] and 0 < own["admit"] and own["total"] < out["0.9:20"]["median_step_ms"]
+    assert out["0.9:20"]["hit_rate"] > 0  # served rows: pruning ran on real work
+    assert trainer_module.prune_nodes is prune

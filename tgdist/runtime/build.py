@@ -229,6 +229,10 @@ def build_cache(cfg: DictConfig, graph: TemporalGraph, model, fanouts: list[int]
     size = c.size or default_size(c.p_grad, c.t_stale, rows_per_batch, graph.num_events)
     log.info("historical embedding cache: p_grad %g, t_stale %d, %d rows of %d", c.p_grad, c.t_stale, size,
              model.mem_dim)
+    if torch.device(device).type == "cuda":
+        log.warning("cache.enabled=true on a GPU: measured slower there (0.84-0.92x a step on an H200, Wikipedia, "
+                    "batch 600-2000): the layer-1 work it skips is nearly free on a GPU and its bookkeeping runs on "
+                    "the host (benchmarks/results/gpu_checks.md)")
     return EmbeddingCache(graph.src, model.mem_dim, p_grad=c.p_grad, t_stale=c.t_stale, size=size,
                           share=c.share_in_batch, device=device)
 
