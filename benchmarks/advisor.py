@@ -40,6 +40,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 from common import at_least, emit, machine, note, rank_records, run_main, torchrun_ranks
 
 SETTINGS = [(2, "eth10"), (2, "ib100"), (4, "eth10"), (4, "ib100")]
@@ -76,6 +78,8 @@ def one_run(spec: list[str], base: list[str], groups, rank: int) -> dict:
 
     def ended(evaluates):  # the training loop is over; evaluation is not timed
         rec["train_seconds"] = time.perf_counter() - rec.pop("_start")
+        rec["cpu_seconds"] = time.process_time() - rec.pop("_cpu")  # every thread of the rank (gloo's too)
+        rec["main_thread_cpu_seconds"] = time.thread_time() - rec.pop("_thread_cpu")
         rec["stage_seconds"] = {k: round(v, 4) for k, v in tr.timer.seconds.items()}
         rec["counters"] = driver.counter.as_dict()  # the training iterations' calls, bytes, modelled link seconds
         end_training(evaluates)
@@ -87,7 +91,7 @@ def one_run(spec: list[str], base: list[str], groups, rank: int) -> dict:
 
     store.end_training = ended
     try:
-        rec["_start"] = time.perf_counter()
+        rec["_start"], rec["_cpu"], rec["_thread_cpu"] = time.perf_counter(), time.process_time(), time.thread_time()
         summary = driver.train(on_iteration=tick)
     finally:
         if run_dir is not None:
@@ -95,8 +99,8 @@ def one_run(spec: list[str], base: list[str], groups, rank: int) -> dict:
     if "_start" in rec:  # end_training never ran (one process, or the warm-up stopped early): to the last iteration
         rec["train_seconds"] = rec.pop("_last", time.perf_counter()) - rec.pop("_start")
         rec["stage_seconds"] = {k: round(v, 4) for k, v in rec.get("_stages", tr.timer.seconds).items()}
-    rec.pop("_last", None)
-    rec.pop("_stages", None)
+    for key in ("_last", "_stages", "_cpu", "_thread_cpu"):
+        rec.pop(key, None)
     rec["pipeline"] = summary.get("pipeline")
     return rec
 
@@ -239,7 +243,11 @@ def main() -> int:
                 sent = sum(sum(v["bytes_sent"] for v in r.get("counters", {}).values()) for r in ranks) / (j * k)
                 stages = {s: round(max(r.get("stage_seconds", {}).get(s, 0.0) for r in ranks) / (j * k), 3)
                           for s in ("sample", "features", "memory_read", "compute", "memory_write")}
+                cpu = {key: round(float(np.mean([r.get(key, float("nan")) for r in ranks])) / (j * k), 3)
+                       for key in ("cpu_seconds", "main_thread_cpu_seconds")}
                 diag[key_of(c)] = {"link_seconds_measured": round(link_s / (j * k), 3),
+                                   "rank_cpu_seconds_measured": cpu["cpu_seconds"],
+                                   "rank_main_thread_cpu_seconds_measured": cpu["main_thread_cpu_seconds"],
                                    "collectives_per_iteration": round(calls, 2), "bytes_per_epoch_measured": sent,
                                    "iterations_measured": max(r["iterations"] for r in ranks) // (j * k),
                                    "stages_measured_s": stages}

@@ -13,7 +13,7 @@ from tgdist.errors import ConfigError
 from tgdist.launcher.advisor import cluster as clusters
 from tgdist.launcher.advisor import model
 from tgdist.launcher.advisor.cluster import Cluster
-from tgdist.launcher.advisor.profile import BatchProfile, PlacementShare, Profile, read, write
+from tgdist.launcher.advisor.profile import STAGES, BatchProfile, PlacementShare, Profile, read, write
 
 ROW_BYTES = (4 * 100 + 8) + (4 * 372 + 8)  # mem_dim 100, mail_dim 372, one mail
 
@@ -177,6 +177,38 @@ def test_measured_core_sharing_scales_the_cpu_stages():
     assert g.iteration_s == pytest.approx(cpu)
 
 
+def test_expected_max_of_normals():
+    """E[max of n standard normals]: 0, 1 / sqrt(pi), 1.0294 (tables of normal order statistics)."""
+    assert model.expected_max_normal(1) == 0.0
+    assert model.expected_max_normal(2) == pytest.approx(1 / math.sqrt(math.pi), rel=1e-6)
+    assert model.expected_max_normal(4) == pytest.approx(1.02938, rel=1e-4)
+    assert model.expected_max_normal(16) == pytest.approx(1.76599, rel=1e-4)
+
+
+def test_synchronised_ranks_wait_for_the_slowest():
+    """A step-time spread cv adds cv E[max of W] of the rank's CPU seconds to an iteration of W
+    ranks, sqrt(3) times that for a store whose ranks meet three times an iteration (sven's
+    dispatch and aggregation, then the gradients), and nothing to one trainer."""
+    two = dataclasses.replace(clusters.preset("dgx-8"), name="two", trainers_per_machine=2)
+    base = profile(sizes=(600,))
+    spread = dataclasses.replace(base, batches=[dataclasses.replace(b, step_cv=0.1) for b in base.batches])
+    cpu = sum(base.batches[0].seconds.values())  # each trainer has a device: no shared cores, no real collectives
+
+    def one(p, backend):
+        return next(c for c in model.predict(p, two, batch_sizes=[600], backends=[backend], pipelines=["none"])
+                    if c.refused is None and (c.i, c.j, c.k) == ((1, 1, 2) if backend == "local" else (2, 1, 1)))
+
+    for backend, phases in (("local", 1), ("sven", 3)):
+        quiet, waited = one(base, backend), one(spread, backend)
+        wait = 0.1 * model.expected_max_normal(2) * math.sqrt(phases) * cpu
+        assert quiet.stages["straggler"] == 0.0
+        assert waited.iteration_s - quiet.iteration_s == pytest.approx(wait, rel=1e-6)
+        assert waited.stages["straggler"] == pytest.approx(wait * waited.iterations, rel=1e-6)
+    single = [c for c in model.predict(spread, clusters.preset("gpu-1"), batch_sizes=[600], pipelines=["none"])
+              if c.refused is None]
+    assert single and all(c.stages["straggler"] == 0.0 for c in single)
+
+
 def test_placement_share_prices_the_dispatch():
     """sven's dispatch time follows the placement's remote share and imbalance (profiled at M)."""
     p = profile(sizes=(600,), placements=[PlacementShare("range", 4, 0.75, 2.0), PlacementShare("reflexbicut", 4, 0.3, 1.0)])
@@ -239,6 +271,12 @@ def test_profile_round_trip(tmp_path):
     write(p, tmp_path / "p.json")
     q = read(tmp_path / "p.json")
     assert q == p and math.isinf(q.collectives["bytes_per_s"])
+    # a profile written before the stream factor and the step spread reads with neither
+    old = p.as_json()
+    for b in old["batches"]:
+        del b["stream_factor"], b["step_cv"]
+    (tmp_path / "old.json").write_text(__import__("json").dumps(old))
+    assert read(tmp_path / "old.json").batches[0].step_cv == 0.0
     (tmp_path / "bad.json").write_text("{")
     with pytest.raises(ConfigError, match="not a profile"):
         read(tmp_path / "bad.json")
@@ -278,6 +316,7 @@ def test_plan_profile_then_advise(tmp_path, capsys):
     assert p.placement("range", 2) is not None and p.data["num_train_events"] > 0
     assert 0.0 <= p.overlap["prefetch"] <= 1.0
     assert all(b.rows_distinct <= b.rows_sampled and b.seconds["compute"] > 0 for b in p.batches)
+    assert all(set(b.stream_factor) == set(STAGES) and b.step_cv >= 0 for b in p.batches)
     assert "epoch s" in out and "best: " in out and p.data["device"] == "cpu" and "note: the profile" not in out
     launch = next(ln for ln in out.splitlines() if ln.strip().startswith("tgdist launch --nproc 2"))
     assert "parallel.link=eth10" in launch and "data.synthetic.num_events=3000" in launch

@@ -7,7 +7,10 @@ In one process, as ``tgdist train`` would build it for the data the overrides na
    compute = forward, backward and optimizer, memory write; the loop's own work between them is
    added to compute, so the stages sum to the iteration), and each batch's rows counted: sampled
    N1, distinct N1 (1 - eta1),
-   roots N2, distinct roots N2 (1 - eta2) (Sven 3.2);
+   roots N2, distinct roots N2 (1 - eta2) (Sven 3.2); then, since that window is the stream's
+   first batches, whose neighbourhoods are still filling, the stages and rows are measured again
+   on batches spread over the whole training range (``_over_the_stream``), the loop's own work
+   kept from the window, and the spread of the step time is kept (``step_cv``);
 2. for each trainer count M and partition method, the access graph of one pre-sampled epoch
    (``first_pass_access``) and the placement's remote share and imbalance (``measures``);
 3. the cost of a collective between two processes of this machine (gloo, loopback): what a
@@ -75,10 +78,13 @@ def _rows(tr, p, lo: int, hi: int) -> tuple[float, float, float, float]:
     return sampled, distinct, roots, roots_distinct
 
 
-def _time_batch(cfg_over: list[str], graph, b: int, warmup: int, iterations: int):
+def _time_batch(cfg_over: list[str], graph, b: int, warmup: int, iterations: int, over_stream: bool = True):
     """``warmup + iterations`` iterations of the loop a run makes (``Run``, one process, stopped by
     ``train.stop_after_batches``), the last ``iterations`` timed: wall seconds per iteration from the
-    loop's own ticks, each stage's from the trainer's ``StageTimer``, the rows of each batch read."""
+    loop's own ticks, each stage's from the trainer's ``StageTimer``, the rows of each batch read;
+    with ``over_stream``, scaled to the whole training range (``_over_the_stream``). Returns the
+    batch's profile, the (scaled) wall, the gradient bytes, the trainer, its config, and the wall
+    of the timed window itself (what two loops over the same window compare by)."""
     import shutil
 
     from tgdist.runtime.build import build_trainer, compose
@@ -121,14 +127,77 @@ def _time_batch(cfg_over: list[str], graph, b: int, warmup: int, iterations: int
         raise RuntimeError(f"batch {b}: the run stopped before its {warmup + iterations} iterations")
     wall = (marks["t1"] - marks["t0"]) / iterations
     secs = {s: (marks["s1"].get(s, 0.0) - marks["s0"].get(s, 0.0)) / iterations for s in STAGES}
-    # the loop's own work between the stages (schedule, negatives, hooks, the loss read back) joins compute
-    secs["compute"] += max(wall - sum(secs.values()), 0.0)
+    window_wall = wall
+    loop = max(wall - sum(secs.values()), 0.0)
     rows = np.mean(np.array(counts[:iterations], dtype=np.float64), axis=0)
+    factor, cv = dict.fromkeys(STAGES, 1.0), 0.0
+    stream = _over_the_stream(tr, warmup, iterations) if over_stream else None
+    if stream is not None:  # the stages and rows over the training range, measured there
+        before = sum(secs.values()) + loop
+        secs, factor, cv, rows = stream
+        wall *= (sum(secs.values()) + loop) / before if before > 0 else 1.0  # (stages in threads overlap)
+    # the loop's own work between the stages (schedule, negatives, hooks, the loss read back) joins compute
+    secs["compute"] += loop
     grad_bytes = sum(4 * q.numel() for q in tr.model.parameters() if q.requires_grad)
     bp = BatchProfile(batch_size=b, seconds={k: round(v, 7) for k, v in secs.items()}, rows_sampled=float(rows[0]),
                       rows_distinct=float(rows[1]), roots=float(rows[2]), roots_distinct=float(rows[3]),
-                      iterations=iterations)
-    return bp, wall, grad_bytes, tr, cfg
+                      iterations=iterations, stream_factor={k: round(v, 4) for k, v in factor.items()},
+                      step_cv=round(cv, 4))
+    return bp, wall, grad_bytes, tr, cfg, window_wall
+
+
+def _over_the_stream(tr, warmup: int, iterations: int):
+    """The stages and rows of an iteration over the whole training range, where the Run loop times
+    only the stream's first ``warmup + iterations`` batches, whose neighbourhoods are still filling:
+    later batches sample more neighbours and read more memory rows (all of Wikipedia at batch 300:
+    the epoch's iteration is 1.24x the first 40's, its sampled rows more too). With the same
+    trainer, memory reset, the window is stepped again and then ``2 x iterations`` (at least 60)
+    batches spread evenly over the rest of the training range. Returns the spread batches' seconds
+    per stage and rows (as ``_rows`` counts them), each stage's spread seconds over the window's
+    (``stream_factor``, a record of how far the window was off), and the spread batches' step
+    times' standard deviation over their mean (how much one rank's iteration varies: what
+    synchronised ranks wait for, ``model._straggler``); None where no batch follows the window."""
+    import torch
+
+    batches = list(tr.batches("train"))
+    window, later = batches[:warmup + iterations], batches[warmup + iterations:]
+    if not later:
+        return None
+    spread_n = min(len(later), max(2 * iterations, 60))  # (30 spread batches left a 5% error in the factor)
+    picked = [later[i] for i in np.unique(np.linspace(0, len(later) - 1, spread_n).astype(int))]
+    cuda = tr.device.type == "cuda"
+    prepare, counts = tr.prepare, []
+
+    def counting_prepare(lo_, hi_, neg, read=None, **kw):
+        p = prepare(lo_, hi_, neg, read, **kw)
+        counts.append(_rows(tr, p, lo_, hi_))
+        return p
+
+    def steps(span: list, timed_from: int) -> tuple[dict, np.ndarray]:
+        walls, s0 = [], None
+        for n, (lo, hi) in enumerate(span):
+            if n == timed_from:
+                s0 = dict(tr.timer.seconds)
+            t0 = time.perf_counter()
+            tr.step(lo, hi, tr.negatives.train(hi - lo, 1), train=True)
+            if cuda:
+                torch.cuda.synchronize(tr.device)
+            if n >= timed_from:
+                walls.append(time.perf_counter() - t0)
+        per = {s: (tr.timer.seconds.get(s, 0.0) - s0.get(s, 0.0)) / max(len(walls), 1) for s in STAGES}
+        return per, np.array(walls)
+
+    tr.memory.reset_state()
+    tr.model.train()
+    first, _ = steps(window, warmup)
+    tr.prepare = counting_prepare
+    try:
+        spread, walls = steps(picked, 0)
+    finally:
+        tr.prepare = prepare
+    factor = {s: (spread[s] / first[s] if first[s] > 0 else 1.0) for s in STAGES}
+    cv = float(walls.std() / walls.mean()) if walls.size > 1 and walls.mean() > 0 else 0.0
+    return spread, factor, cv, np.mean(np.array(counts, dtype=np.float64), axis=0)
 
 
 def _val_ap(cfg_over: list[str], graph, b: int, events: int | None) -> float:
@@ -289,18 +358,20 @@ def measure(overrides: list[str], *, batch_sizes: list[int], iterations: int = 3
     steps = (len(set(batch_sizes)) + (2 if collectives else 0) + (1 if parts else 0) + (0 if largest_batch else 1)
              + (1 if overlap_check else 0))
     n = 0
-    batches, per_iter = [], []
+    batches, per_iter, window = [], [], {}
     graph = tr = cfg = None
     grad_bytes = 0
     for b in sorted(set(batch_sizes)):
         n += 1
         t0 = time.perf_counter()
-        bp, wall, grad_bytes, tr, cfg = _time_batch(base, graph, b, warmup, iterations)
+        bp, wall, grad_bytes, tr, cfg, window[b] = _time_batch(base, graph, b, warmup, iterations)
         graph = tr.g
         batches.append(bp)
         per_iter.append(wall)
-        _say(f"[{n}/{steps}] batch {b}: {bp.iterations} iterations, {1e3 * wall:.1f} ms each "
-             f"({b / wall:,.0f} events/s), eta1 {bp.eta1:.2f}, eta2 {bp.eta2:.2f} ({time.perf_counter() - t0:.1f} s)")
+        _say(f"[{n}/{steps}] batch {b}: {bp.iterations} iterations, {1e3 * wall:.1f} ms each over the epoch "
+             f"(x{bp.stream_factor.get('compute', 1.0):.2f} the first batches' compute, step spread "
+             f"{100 * bp.step_cv:.0f}%; {b / wall:,.0f} events/s), eta1 {bp.eta1:.2f}, eta2 {bp.eta2:.2f} "
+             f"({time.perf_counter() - t0:.1f} s)")
     sizes = [bp.batch_size for bp in batches]
     S = saturation(sizes, [b / w for b, w in zip(sizes, per_iter)])
     overlap = {}
@@ -308,10 +379,13 @@ def measure(overrides: list[str], *, batch_sizes: list[int], iterations: int = 3
         n += 1
         t0 = time.perf_counter()
         at = next(bp for bp in batches if bp.batch_size == S)
-        _, pre_wall, *_ = _time_batch([o for o in base if o != "pipeline=none"] + ["pipeline=prefetch"], graph, S,
-                                      warmup, iterations)
-        plain = per_iter[sizes.index(S)]
-        front = at.seconds["sample"] + at.seconds["features"]
+        # the prefetching loop against the plain one over the same window, unscaled: a like-for-like
+        # ratio (scaling each by its own measure of the stream would add that measure's noise)
+        *_, pre_wall = _time_batch([o for o in base if o != "pipeline=none"] + ["pipeline=prefetch"], graph, S,
+                                   warmup, iterations, over_stream=False)
+        plain = window[S]
+        scale = plain / per_iter[sizes.index(S)]  # the stages below are over the epoch: back to the window
+        front = (at.seconds["sample"] + at.seconds["features"]) * scale
         rest = max(plain - front, 0.0)
         ideal = min(front, rest)
         share = (plain - pre_wall) / ideal if ideal > 0 else 1.0

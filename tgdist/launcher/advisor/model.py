@@ -36,6 +36,11 @@ trainers, memory groups of G = i j trainers (DistTGL 3.2), Q trainers per machin
   link leaves its core to another), the CPU stages run s(x) times slower, s measured by the
   profile on its machine (``core_sharing``: its cores, and the load others put on them), else
   s(x) = x / cores: the iteration is the path plus (s(x) - 1) times the rank's CPU seconds on it.
+- Synchronised ranks: every iteration ends in the gradient all-reduce, so it lasts as long as the
+  slowest of the W ranks: the profile's spread of the step time (``step_cv``) and the expected
+  maximum of W normal variables add ``cv * E[max of W]`` of the rank's CPU seconds, times the square
+  root of the times per iteration the ranks meet (``_straggler``; an order statistic, not one of the
+  papers' formulas).
 - Epoch: ceil(E / (W b)) iterations per trainer, plus j - 1 for the epoch-parallel subgroups' fill.
 
 Memory per rank: node memory and mails (num_nodes rows of mem_dim floats, a float64 time, the
@@ -50,6 +55,7 @@ memory in host memory (k >= machines, a memory group on one machine).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -61,7 +67,7 @@ from tgdist.launcher.advisor.cluster import Cluster
 from tgdist.launcher.advisor.profile import STAGES, Profile
 
 __all__ = ["PIPELINES", "BACKWARD_SHARE", "DAEMON_FACTOR", "StageFit", "RowFit", "Candidate", "volumes",
-           "paper_volumes", "sven_beats_depcache", "micro_count", "predict", "layouts"]
+           "paper_volumes", "sven_beats_depcache", "micro_count", "predict", "layouts", "expected_max_normal"]
 
 # pipeline level -> the overrides that run it (configs/pipeline/*.yaml)
 PIPELINES = {
@@ -464,15 +470,48 @@ def _time(c: Candidate, profile: Profile, cluster: Cluster, stage: StageFit, row
         T = path + (slower - 1.0) * min(cpu_rank, path)
         if slower > 1.0:
             c.notes.append(f"shared cores: {busy:.1f} processes at work, CPU stages {slower:.2f}x slower")
+    phases = (1 if n_disp and G > 1 else 0) + (1 if n_agg and G > 1 else 0) + 1  # points where ranks meet
+    wait = _straggler(profile, b, W, phases) * min(cpu_rank + (T - path), T)
+    T += wait
     iters = max(1, math.ceil(E / (W * b)))
     c.iterations = iters
     c.micro_batches = n
     c.iteration_s = T
     c.epoch_s = (iters + c.j - 1) * T
     per = {"sample": S, "features": F, "memory_read": R, "dispatch": D, "compute": C, "memory_write": Wr,
-           "aggregation": A, "allreduce": Gr, "collective_cpu": coll_cpu}
+           "aggregation": A, "allreduce": Gr, "collective_cpu": coll_cpu, "straggler": wait}
     c.stages = {s: v * iters for s, v in per.items()}
     c.bytes_per_epoch = iters * W * ((disp_b + agg_b if G > 1 else 0.0) + (2 * (W - 1) / W * profile.grad_bytes))
+
+
+@functools.cache
+def expected_max_normal(n: int) -> float:
+    """E[max of n independent standard normal variables] (0 for n = 1, 1 / sqrt(pi) for 2, 1.029 for
+    4): integral of x n phi(x) Phi(x)^(n - 1), numerically."""
+    if n <= 1:
+        return 0.0
+    x = np.linspace(-12.0, 12.0, 48001)
+    phi = np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+    cdf = 0.5 * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2.0)))
+    y = x * n * phi * cdf ** (n - 1)
+    return float(np.sum((y[1:] + y[:-1]) * 0.5 * np.diff(x)))
+
+
+def _straggler(profile: Profile, b: float, W: int, phases: int = 1) -> float:
+    """What W ranks that synchronise every iteration wait for the slowest, as a share of a rank's CPU
+    seconds: an iteration's time varies from rank to rank (other batches, another part of the
+    stream, the machine's jitter); with the profile's step-time spread cv at batch b (``step_cv``,
+    interpolated between the profiled sizes), the slowest of W is modelled as normal, E[max] = mean
+    + cv * mean * ``expected_max_normal(W)``. A store whose exchanges meet ``phases`` times per
+    iteration (sven's and depcomm's dispatch and aggregation, and the gradients) splits the
+    iteration into that many parts, each waited for: with independent parts of variance
+    1 / phases each, the waits sum to sqrt(phases) times one. Not from the four papers: an order
+    statistic; 0 for one trainer or a profile without the spread."""
+    if W <= 1:
+        return 0.0
+    pts = sorted((bp.batch_size, float(bp.step_cv)) for bp in profile.batches)
+    cv = float(np.interp(b, [p[0] for p in pts], [p[1] for p in pts]))
+    return cv * expected_max_normal(W) * math.sqrt(max(phases, 1)) if cv > 0 else 0.0
 
 
 def _overlap(profile: Profile) -> float:

@@ -6,9 +6,11 @@ machine that took it; the cluster's trainers are assumed as fast (a profile of a
 cluster).
 
 - ``batches``: per profiled local batch size, the seconds per iteration of each stage of the step
-  (``STAGES``, the trainer's ``StageTimer``), and the rows of Sven 3.2: ``rows_sampled`` N1 (roots
-  and sampled neighbours), ``rows_distinct`` N1 (1 - eta1), ``roots`` N2 (sources and
-  destinations), ``roots_distinct`` N2 (1 - eta2); ``val_ap`` where accuracy was swept.
+  (``STAGES``, the trainer's ``StageTimer``) and the rows of Sven 3.2, over the whole training
+  range (``stream_factor``: each stage there over the stream's first batches), how much the step
+  time varies (``step_cv``); the rows: ``rows_sampled`` N1 (roots and sampled neighbours),
+  ``rows_distinct`` N1 (1 - eta1), ``roots`` N2 (sources and destinations), ``roots_distinct`` N2
+  (1 - eta2); ``val_ap`` where accuracy was swept.
 - ``placements``: per partition method and trainer count M, the share of a trainer's distinct rows
   that another trainer owns (``remote_share``) and the busiest trainer's load over the mean
   (``imbalance``), from the access graph of one pre-sampled epoch (``tgdist.partition.measures``).
@@ -48,6 +50,10 @@ class BatchProfile:
     roots_distinct: float
     iterations: int = 0
     val_ap: float | None = None
+    # stage -> its seconds over the whole training range (above) over its seconds in the stream's
+    # first batches, which the Run loop timed (measure._over_the_stream); {}: not measured
+    stream_factor: dict = field(default_factory=dict)
+    step_cv: float = 0.0  # the step time's standard deviation over its mean, over the training range
 
     @property
     def eta1(self) -> float:

@@ -149,7 +149,7 @@ def draw(ranked: list[Candidate], path: str | Path, top: int = 8, title: str = "
 
     ok = [c for c in ranked if c.refused is None][:top]
     stages = ["sample", "features", "memory_read", "dispatch", "compute", "memory_write", "aggregation", "allreduce",
-              "collective_cpu"]
+              "collective_cpu", "straggler"]
     fig, ax = plt.subplots(figsize=(11, 0.55 * len(ok) + 1.8))
     colors = plt.get_cmap("tab10").colors
     for y, c in enumerate(ok):
