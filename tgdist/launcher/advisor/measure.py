@@ -8,9 +8,9 @@ In one process, as ``tgdist train`` would build it for the data the overrides na
    added to compute, so the stages sum to the iteration), and each batch's rows counted: sampled
    N1, distinct N1 (1 - eta1),
    roots N2, distinct roots N2 (1 - eta2) (Sven 3.2); then, since that window is the stream's
-   first batches, whose neighbourhoods are still filling, the stages and rows are measured again
-   on batches spread over the whole training range (``_over_the_stream``), the loop's own work
-   kept from the window, and the spread of the step time is kept (``step_cv``);
+   first batches, whose neighbourhoods are still filling, each stage is scaled by its cost over
+   batches spread over the whole training range against the window's (``_over_the_stream``), the
+   rows are counted on those batches, and the spread of the step time is kept (``step_cv``);
 2. for each trainer count M and partition method, the access graph of one pre-sampled epoch
    (``first_pass_access``) and the placement's remote share and imbalance (``measures``);
 3. the cost of a collective between two processes of this machine (gloo, loopback): what a
@@ -132,9 +132,14 @@ def _time_batch(cfg_over: list[str], graph, b: int, warmup: int, iterations: int
     rows = np.mean(np.array(counts[:iterations], dtype=np.float64), axis=0)
     factor, cv = dict.fromkeys(STAGES, 1.0), 0.0
     stream = _over_the_stream(tr, warmup, iterations) if over_stream else None
-    if stream is not None:  # the stages and rows over the training range, measured there
+    if stream is not None:  # the stages and rows over the training range
         before = sum(secs.values()) + loop
-        secs, factor, cv, rows = stream
+        factor, cv, rows = stream
+        # the Run loop's stages scaled by the trainer's own ratio (spread over window): the loop's
+        # stages cost more than the trainer's bare steps (its schedule, hooks, negatives), which
+        # the spread batches, stepped bare, would leave out (on Wikipedia the epoch predicted from
+        # the bare spread steps was 15-28% short at M = 2, from the scaled window 5-19%)
+        secs = {s: v * factor[s] for s, v in secs.items()}
         wall *= (sum(secs.values()) + loop) / before if before > 0 else 1.0  # (stages in threads overlap)
     # the loop's own work between the stages (schedule, negatives, hooks, the loss read back) joins compute
     secs["compute"] += loop
@@ -147,16 +152,15 @@ def _time_batch(cfg_over: list[str], graph, b: int, warmup: int, iterations: int
 
 
 def _over_the_stream(tr, warmup: int, iterations: int):
-    """The stages and rows of an iteration over the whole training range, where the Run loop times
-    only the stream's first ``warmup + iterations`` batches, whose neighbourhoods are still filling:
-    later batches sample more neighbours and read more memory rows (all of Wikipedia at batch 300:
-    the epoch's iteration is 1.24x the first 40's, its sampled rows more too). With the same
-    trainer, memory reset, the window is stepped again and then ``2 x iterations`` (at least 60)
-    batches spread evenly over the rest of the training range. Returns the spread batches' seconds
-    per stage and rows (as ``_rows`` counts them), each stage's spread seconds over the window's
-    (``stream_factor``, a record of how far the window was off), and the spread batches' step
-    times' standard deviation over their mean (how much one rank's iteration varies: what
-    synchronised ranks wait for, ``model._straggler``); None where no batch follows the window."""
+    """How an iteration over the whole training range differs from one of the stream's first
+    ``warmup + iterations`` batches, which the Run loop times and whose neighbourhoods are still
+    filling: later batches sample more neighbours and read more memory rows (all of Wikipedia at
+    batch 300: the epoch's iteration is 1.24x the first 40's). With the same trainer, memory reset,
+    the window is stepped again and then ``2 x iterations`` (at least 60) batches spread evenly over
+    the rest of the training range. Returns each stage's spread seconds over its window seconds
+    (``stream_factor``), the spread batches' step times' standard deviation over their mean (how
+    much one rank's iteration varies: what synchronised ranks wait for, ``model._straggler``) and
+    their rows as ``_rows`` counts them; None where no batch follows the window."""
     import torch
 
     batches = list(tr.batches("train"))
@@ -197,7 +201,7 @@ def _over_the_stream(tr, warmup: int, iterations: int):
         tr.prepare = prepare
     factor = {s: (spread[s] / first[s] if first[s] > 0 else 1.0) for s in STAGES}
     cv = float(walls.std() / walls.mean()) if walls.size > 1 and walls.mean() > 0 else 0.0
-    return spread, factor, cv, np.mean(np.array(counts, dtype=np.float64), axis=0)
+    return factor, cv, np.mean(np.array(counts, dtype=np.float64), axis=0)
 
 
 def _val_ap(cfg_over: list[str], graph, b: int, events: int | None) -> float:

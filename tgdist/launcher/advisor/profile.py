@@ -7,7 +7,7 @@ cluster).
 
 - ``batches``: per profiled local batch size, the seconds per iteration of each stage of the step
   (``STAGES``, the trainer's ``StageTimer``) and the rows of Sven 3.2, over the whole training
-  range (``stream_factor``: each stage there over the stream's first batches), how much the step
+  range (``stream_factor``: what the first batches' stages were scaled by), how much the step
   time varies (``step_cv``); the rows: ``rows_sampled`` N1 (roots and sampled neighbours),
   ``rows_distinct`` N1 (1 - eta1), ``roots`` N2 (sources and destinations), ``roots_distinct`` N2
   (1 - eta2); ``val_ap`` where accuracy was swept.
@@ -50,8 +50,8 @@ class BatchProfile:
     roots_distinct: float
     iterations: int = 0
     val_ap: float | None = None
-    # stage -> its seconds over the whole training range (above) over its seconds in the stream's
-    # first batches, which the Run loop timed (measure._over_the_stream); {}: not measured
+    # stage -> what the Run loop's seconds in the stream's first batches were scaled by: the stage
+    # over batches spread over the training range over the same first batches (measure._over_the_stream)
     stream_factor: dict = field(default_factory=dict)
     step_cv: float = 0.0  # the step time's standard deviation over its mean, over the training range
 
