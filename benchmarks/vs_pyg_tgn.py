@@ -32,6 +32,7 @@ from common import DATA_FILES, DATASETS, at_least, emit, machine, note, peak_rss
 from tgdist.data.graph import chronological_split, load_graph
 from tgdist.data.sampler import NegativeSampler
 from tgdist.runtime.build import build_trainer, compose
+from tgdist.runtime.features import host_tensor  # (the graph's arrays are read-only maps)
 from tgdist.runtime.metrics import average_precision, roc_auc
 
 # ------------------------------------------------------------------------------------------------
@@ -46,7 +47,7 @@ class PygTGN:
         self.g, self.device = graph, torch.device(device)
         n = graph.num_nodes
         msg_dim = max(graph.edge_dim, 1)  # PyG's message module needs a raw message; zeros when absent
-        msg = torch.zeros(graph.num_events, msg_dim) if graph.edge_feat is None else torch.from_numpy(graph.edge_feat)
+        msg = torch.zeros(graph.num_events, msg_dim) if graph.edge_feat is None else host_tensor(graph.edge_feat)
         self.msg = msg.to(self.device)
         self.t = torch.from_numpy((graph.t - graph.t[0]).astype(np.int64)).to(self.device)
         self.memory = TGNMemory(n, msg_dim, dim, dim, message_module=IdentityMessage(msg_dim, dim, dim),
@@ -77,7 +78,7 @@ class PygTGN:
         self.loader = LastNeighborLoader(n, size=num_nbrs, device=self.device)
         self.assoc = torch.empty(n, dtype=torch.long, device=self.device)
         self.opt = torch.optim.Adam(set(self.memory.parameters()) | set(self.gnn.parameters()) | set(self.pred.parameters()), lr=lr)
-        self.src, self.dst = torch.from_numpy(graph.src).to(self.device), torch.from_numpy(graph.dst).to(self.device)
+        self.src, self.dst = host_tensor(graph.src).to(self.device), host_tensor(graph.dst).to(self.device)
 
     def reset(self):
         self.memory.reset_state()

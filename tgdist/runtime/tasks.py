@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from tgdist.data.graph import NodeLabels, class_targets, label_ranges
 from tgdist.models.modules import MLPClassifier
 from tgdist.runtime.build import check_labels
+from tgdist.runtime.features import host_tensor
 from tgdist.runtime.metrics import f1_multilabel, roc_auc
 from tgdist.runtime.trainer import SIDE_STREAMS, Progress, Trainer, memory_for
 
@@ -27,8 +28,8 @@ def pretrain_static(tr: Trainer, epochs: int) -> None:
     log.info("static memory pre-training: %d epoch%s, Adam lr %g (train.lr, at least 1e-3), batches of %d events",
              epochs, "s" * (epochs != 1), lr, 4 * tr.batch_size)
     lo, hi = tr.split.range("train")
-    src = torch.from_numpy(tr.g.src[lo:hi])
-    dst = torch.from_numpy(tr.g.dst[lo:hi])
+    src = host_tensor(tr.g.src[lo:hi])  # (a read-only map of the cache entry: never written)
+    dst = host_tensor(tr.g.dst[lo:hi])
     for ep in range(epochs):
         total = 0.0
         for s in range(0, hi - lo, 4 * tr.batch_size):
