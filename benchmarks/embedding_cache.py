@@ -111,15 +111,15 @@ def cache_parts(trainers: dict):
     parts = {name: {"lookup": [], "prune_nodes": [], "admit": []} for name, tr in trainers.items()
              if tr.cache is not None}
     owner = {}  # which trainer's cache a prune_nodes call serves: the one whose lookup ran last
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
 
-    def timed(name, part, fn):
+    def timed(part, fn, name=None):  # name None: the trainer whose lookup ran last
         def call(*a, **kw):
-            sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
             sync()
             t0 = time.perf_counter()
             out = fn(*a, **kw)
             sync()
-            parts[name][part].append(time.perf_counter() - t0)
+            parts[name or owner["last"]][part].append(time.perf_counter() - t0)
             if part == "lookup":
                 owner["last"] = name
             return out
@@ -128,13 +128,9 @@ def cache_parts(trainers: dict):
     prune = trainer_module.prune_nodes
     for name in parts:
         cache = trainers[name].cache
-        cache.lookup = timed(name, "lookup", cache.lookup)
-        cache.admit = timed(name, "admit", cache.admit)
-
-    def prune_timed(*a, **kw):
-        return timed(owner["last"], "prune_nodes", prune)(*a, **kw)
-
-    trainer_module.prune_nodes = prune_timed
+        cache.lookup = timed("lookup", cache.lookup, name)
+        cache.admit = timed("admit", cache.admit, name)
+    trainer_module.prune_nodes = timed("prune_nodes", prune)
     try:
         yield parts
     finally:
