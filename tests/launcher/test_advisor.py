@@ -367,6 +367,70 @@ def test_collective_costs_on_this_machine():
     assert got["fixed_s"] > 0 and got["bytes_per_s"] > 0, got
 
 
+def test_paid_costs_take_what_two_processes_paid_beyond_the_model():
+    """A collective as a run pays it: two ranks of local memory over one process, less the model's
+    own wait for the slower of two and the bytes at the idle rate, is the gradients' all-reduce;
+    sven over local memory, less the waits at its two more meetings and its bytes, per collective,
+    is a store collective; the median over batch sizes, never below 0."""
+    from tgdist.launcher.advisor.measure import paid_costs
+
+    runs = {"batches": [100, 200, 400], "local_s": [0.014, 0.016, 0.030], "sven_s": [0.020, 0.0232, 0.0412],
+            "calls": [6.0, 6.0, 6.0], "bytes": [200_000, 400_000, 800_000]}
+    alone, bps, grad = [0.010, 0.012, 0.020], 1e9, 1_000_000
+    got = paid_costs(runs, alone, [0.0, 0.0, 0.0], grad, bps)
+    # gradients: 14 - 10 - 1, 16 - 12 - 1, 30 - 20 - 1 ms -> median 3 ms
+    assert got["gradient_s"] == pytest.approx(0.003)
+    # store: (6 - 0.2) / 6, (7.2 - 0.4) / 6, (11.2 - 0.8) / 6 ms -> median 1.1333 ms
+    assert got["exchange_s"] == pytest.approx(0.0068 / 6, rel=1e-4)
+    assert got["paid"]["alone_s"] == alone and got["paid"]["sven_s"] == runs["sven_s"]
+    # a step-time spread: the model's own waits (cv E[max of 2] of the step, times sqrt(3) for sven's
+    # three meetings) are taken off, so that the model does not count them twice; shared cores too
+    one = {k: v[1:2] for k, v in runs.items()}  # batch 200 alone
+    spread = paid_costs(one, alone[1:2], [0.1], grad, bps, sharing_2=1.05)
+    wait = 0.1 * model.expected_max_normal(2) * 0.012
+    assert spread["gradient_s"] == pytest.approx(0.016 - 0.012 * 1.05 - wait - 0.001, abs=1e-7)  # (7 decimals kept)
+    assert spread["exchange_s"] == pytest.approx((0.0232 - 0.016 - (math.sqrt(3) - 1) * wait - 0.0004) / 6, abs=1e-7)
+    # two processes no slower than one: nothing to charge, not a negative cost
+    free = paid_costs({**runs, "local_s": alone, "sven_s": alone}, alone, [0.0] * 3, grad, bps)
+    assert free["gradient_s"] == 0.0 and free["exchange_s"] == 0.0
+
+
+def test_paid_collectives_price_the_profile_machine_only():
+    """On the profile's machine (a simulated cluster) sven pays its six collectives at the paid
+    store cost and the all-reduce at the paid gradient cost, besides their bytes at the idle rate;
+    without the paid measure both fall back to the idle cost; a real cluster pays neither."""
+    coll = {"fixed_s": 1e-4, "bytes_per_s": 1e9}
+    paid = {**coll, "exchange_s": 1e-3, "gradient_s": 3e-3}
+    cpu2 = dataclasses.replace(clusters.preset("cpu-2-ib100"), cores_per_machine=64)  # no shared cores
+
+    def pick(p, cluster, backend):
+        return next(c for c in model.predict(p, cluster, batch_sizes=[600], backends=[backend], pipelines=["none"])
+                    if c.refused is None and (c.i, c.j, c.k) == ((1, 1, 2) if backend == "local" else (2, 1, 1)))
+
+    for backend, store_calls in (("local", 0), ("sven", 6)):
+        with_paid = pick(profile(sizes=(600,), collectives=paid), cpu2, backend)
+        idle = pick(profile(sizes=(600,), collectives=coll), cpu2, backend)
+        per_with, per_idle = (c.stages["collective_cpu"] / c.iterations for c in (with_paid, idle))
+        assert per_with - per_idle == pytest.approx(store_calls * (1e-3 - 1e-4) + (3e-3 - 1e-4), rel=1e-6)
+        two_gpus = dataclasses.replace(clusters.preset("dgx-8"), name="two", trainers_per_machine=2)
+        real = pick(profile(sizes=(600,), collectives=paid), two_gpus, backend)
+        assert real.stages["collective_cpu"] == 0.0
+
+
+def test_exchange_runs_on_this_machine():
+    """Two real trainer processes of local memory and of sven over the same window: an iteration's
+    wall each, and sven's six collectives an iteration (request, dispatch, aggregation: two each)
+    with the bytes its store sent."""
+    from tgdist.launcher.advisor.measure import exchange_runs
+
+    got = exchange_runs([*TINY, "model=tgn", "train.device=cpu", "train.progress=false", "train.num_neg_eval=1"],
+                        [(50, 2, 6), (100, 2, 6)], timeout=300)
+    assert got["batches"] == [50, 100] and got["windows"] == [[50, 2, 6], [100, 2, 6]]
+    assert all(x > 0 for x in got["local_s"] + got["sven_s"])
+    assert got["calls"] == [6.0, 6.0] and all(b > 0 for b in got["bytes"]), got
+    assert set(got["calls_by_name"][50]) >= {"dispatch.sizes", "aggregation.sizes"}
+
+
 def test_saturation_and_largest_safe():
     from tgdist.launcher.advisor.measure import largest_safe, saturation
 

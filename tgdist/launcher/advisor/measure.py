@@ -14,8 +14,10 @@ In one process, as ``tgdist train`` would build it for the data the overrides na
 2. for each trainer count M and partition method, the access graph of one pre-sampled epoch
    (``first_pass_access``) and the placement's remote share and imbalance (``measures``);
 3. the cost of a collective between two processes of this machine (gloo, loopback): what a
-   parallel run pays besides the modelled link; and how much slower 1, 2, M processes run side by
-   side than one alone (``core_sharing``: the cores as they are shared now);
+   parallel run pays besides the modelled link, idle (``collective_costs``) and as two training
+   processes pay it (``exchange_runs``, ``paid_costs``: two ranks of local memory and of sven over
+   the same window); and how much slower 1, 2, M processes run side by side than one alone
+   (``core_sharing``: the cores as they are shared now);
 4. how much of the ideal overlap a background stage thread buys on this machine: the loop with
    ``pipeline=prefetch`` at S against the plain loop, over what perfect overlap of sampling and
    features would save (``overlap``; threads of one process share its interpreter and cores);
@@ -84,7 +86,9 @@ def _time_batch(cfg_over: list[str], graph, b: int, warmup: int, iterations: int
     loop's own ticks, each stage's from the trainer's ``StageTimer``, the rows of each batch read;
     with ``over_stream``, scaled to the whole training range (``_over_the_stream``). Returns the
     batch's profile, the (scaled) wall, the gradient bytes, the trainer, its config, and the wall
-    of the timed window itself (what two loops over the same window compare by)."""
+    of the timed window itself (what two loops over the same window compare by), and the window
+    (``warmup``, ``iterations``) with the middle-80% mean of its iterations' walls (``wall``,
+    ``_middle_mean``: what ``paid_costs`` compares two processes' by)."""
     import shutil
 
     from tgdist.runtime.build import build_trainer, compose
@@ -109,8 +113,12 @@ def _time_batch(cfg_over: list[str], graph, b: int, warmup: int, iterations: int
             counts.append(_rows(tr, p, lo_, hi_))
         return p
 
+    ticks = []
+
     def tick(t, loss):
         done = t + 1
+        if warmup <= done <= warmup + iterations:
+            ticks.append(time.perf_counter())
         if done == warmup:
             marks["t0"], marks["s0"] = time.perf_counter(), dict(tr.timer.seconds)
         elif done == warmup + iterations:
@@ -128,6 +136,8 @@ def _time_batch(cfg_over: list[str], graph, b: int, warmup: int, iterations: int
     wall = (marks["t1"] - marks["t0"]) / iterations
     secs = {s: (marks["s1"].get(s, 0.0) - marks["s0"].get(s, 0.0)) / iterations for s in STAGES}
     window_wall = wall
+    # the window as exchange_runs repeats it with two processes, and its measure of an iteration
+    window_middle = {"warmup": warmup, "iterations": iterations, "wall": _middle_mean(np.diff(ticks))}
     loop = max(wall - sum(secs.values()), 0.0)
     rows = np.mean(np.array(counts[:iterations], dtype=np.float64), axis=0)
     factor, cv = dict.fromkeys(STAGES, 1.0), 0.0
@@ -148,7 +158,7 @@ def _time_batch(cfg_over: list[str], graph, b: int, warmup: int, iterations: int
                       rows_distinct=float(rows[1]), roots=float(rows[2]), roots_distinct=float(rows[3]),
                       iterations=iterations, stream_factor={k: round(v, 4) for k, v in factor.items()},
                       step_cv=round(cv, 4))
-    return bp, wall, grad_bytes, tr, cfg, window_wall
+    return bp, wall, grad_bytes, tr, cfg, window_wall, window_middle
 
 
 def _over_the_stream(tr, warmup: int, iterations: int):
@@ -277,6 +287,199 @@ def collective_costs(repeats: int = 30, timeout: float = 300.0) -> dict:
     return {"fixed_s": round(fixed, 7), "bytes_per_s": round(bps, 1), "sizes": sizes, "repeats": repeats}
 
 
+EXCHANGE_LAYOUTS = {"sven": (2, 1, 1), "local": (1, 1, 2)}  # exchange_costs: the run measured, its baseline
+
+
+def _exchange_worker(out: str, plan: str) -> None:
+    """One rank of ``exchange_costs``'s two-process runs (started with torchrun's environment): for each
+    (batch size, warm-up, timed iterations) of the plan, a ``Run`` of the plan's layout stopped after
+    ``warmup + iterations`` batches, after a short warm-up run (imports, numba compiles); written to ``OUT.RANK``: per batch,
+    the timed iterations' wall seconds (from the Run loop's own ticks) and the store's collective
+    calls and bytes sent over them (its ``ByteCounter``, the gradients' all-reduce apart)."""
+    import json
+    import shutil
+
+    import torch
+
+    from tgdist.distributed import collectives
+    from tgdist.distributed.schedule import Layout
+    from tgdist.distributed.world import ProcessGroups, detect
+    from tgdist.runtime.build import build_trainer, compose
+    from tgdist.runtime.run import Run
+
+    spec = json.loads(Path(plan).read_text())
+    torch.set_num_threads(1)
+    world = detect()
+    base, (i, j, k) = spec["overrides"], spec["layout"]
+    groups = ProcessGroups.init(world, Layout(i, j, k))
+    got = {}
+    try:
+        first = spec["batches"][0]
+        for b, warmup, stop in [(first[0], 1, 3)] + [(b, w, w + n) for b, w, n in spec["batches"]]:
+            cfg = compose([*base, f"train.batch_size={b}", f"train.stop_after_batches={stop}",
+                           f"train.epochs={j * k}"])  # (a memory group makes one pass)
+            run_dir = tempfile.mkdtemp(prefix="tgdist-advisor-") if world.rank == 0 else None
+            ticks, marks = [], {}
+            try:
+                driver = Run(cfg, run_dir, groups=groups,
+                             trainer=build_trainer(cfg, progress=False, local_memory=cfg.memory.backend == "auto"))
+
+                def tick(t, loss, driver=driver, ticks=ticks, marks=marks, warmup=warmup, stop=stop):
+                    ticks.append(time.perf_counter())
+                    if len(ticks) == warmup or len(ticks) == stop:  # the timed window's ends
+                        marks[len(ticks)] = {n: (v["calls"], v["bytes_sent"]) for n, v in
+                                             driver.counter.as_dict().items() if n != "gradients"}
+
+                driver.train(on_iteration=tick)
+            finally:
+                if run_dir is not None:
+                    shutil.rmtree(run_dir, ignore_errors=True)
+            if stop == 3:
+                continue  # the warm-up
+            if len(ticks) < stop:
+                raise RuntimeError(f"batch {b}: the run stopped after {len(ticks)} of {stop} iterations")
+            w0, w1 = marks[warmup], marks[stop]
+            by_name = {n: c - w0.get(n, (0, 0))[0] for n, (c, _) in w1.items()}
+            got[str(b)] = {"walls": np.diff(ticks[warmup - 1:]).tolist(), "calls": _gloo_calls(by_name),
+                           "bytes": sum(x - w0.get(n, (0, 0))[1] for n, (_, x) in w1.items()),
+                           "calls_by_name": by_name}
+        Path(f"{out}.{world.rank}").write_text(json.dumps(got))
+        collectives.barrier(groups.get("world"), name="shutdown")
+    finally:
+        groups.destroy()
+
+
+def _gloo_calls(by_name: dict) -> int:
+    """Collectives the backend ran, from a ``ByteCounter``'s calls by name: a packed exchange
+    (``all_to_all_rows``, ``all_gather_parts``) counts ``NAME.sizes`` once and its ``NAME.index``
+    and ``NAME.payload`` besides, but is two collectives (the counts, then the rows)."""
+    calls = 0
+    for name, n in by_name.items():
+        if name.endswith(".sizes"):
+            calls += 2 * n
+        elif not name.endswith((".index", ".payload")):
+            calls += n
+    return calls
+
+
+def _middle_mean(x: np.ndarray, share: float = 0.8) -> float:
+    """The mean of the middle ``share`` of ``x`` (the extremes cut evenly): an iteration's typical
+    wall with the rare long pause (a page fault, another process's burst) left out."""
+    x = np.sort(np.asarray(x, dtype=np.float64))
+    cut = int(round(x.size * (1 - share) / 2))
+    return float(x[cut:x.size - cut].mean()) if x.size > 2 * cut else float(x.mean())
+
+
+def _two_ranks(plan: dict, timeout: float) -> list[dict]:
+    """``_exchange_worker`` as two ranks of this machine (torchrun's environment, a free port);
+    their records, by rank. A failure raises ``RuntimeError`` with the rank's last error line."""
+    import json
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.TemporaryDirectory(prefix="tgdist-advisor-") as d:
+        Path(d, "plan.json").write_text(json.dumps(plan))
+        procs = []
+        for r in range(2):
+            env = {**os.environ, "OMP_NUM_THREADS": "1", "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
+                   "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+            procs.append(subprocess.Popen([sys.executable, "-m", "tgdist.launcher.advisor.measure", "--exchange-worker",
+                                           f"{d}/rank", f"{d}/plan.json"], env=env, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.PIPE, text=True))
+        failed = ""
+        deadline = time.monotonic() + timeout
+        for p in procs:
+            try:
+                _, err = p.communicate(timeout=max(deadline - time.monotonic(), 1.0))
+                if p.returncode and not failed:
+                    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+                    failed = (lines or [f"exit {p.returncode}"])[-1]
+            except subprocess.TimeoutExpired:
+                failed = failed or f"no result within {timeout:.0f} s"
+                for q in procs:
+                    q.kill()
+                    q.communicate()
+        if failed:
+            raise RuntimeError(failed)
+        return [json.loads(Path(f"{d}/rank.{r}").read_text()) for r in range(2)]
+
+
+def _two_processes_refused(tr) -> str | None:
+    """Why ``exchange_runs`` cannot run two trainers here (None: it can): a CUDA device per rank."""
+    if tr.device.type == "cuda":
+        import torch
+
+        if torch.cuda.device_count() < 2:
+            return "one GPU: no second trainer to exchange with"
+    return None
+
+
+def exchange_runs(overrides: list[str], windows: list[tuple[int, int, int]], *, timeout: float = 900.0) -> dict:
+    """Two trainer processes of this machine train the stream's first ``warmup + iterations``
+    batches twice per (batch size, warmup, iterations) of ``windows`` (the one-process loop's): with local memory (1 x 1 x 2: the gradients' all-reduce, nothing
+    else between them) and with sven (2 x 1 x 1: its dispatch and aggregation besides). Each
+    iteration counts at the slower rank's wall (the ranks meet every iteration) and the middle 80%
+    of the timed iterations are averaged. Returns per batch size ``local_s``, ``sven_s`` and the
+    collective calls and bytes a rank's sven store sent per iteration (its counter): what
+    ``paid_costs`` turns into the cost of a collective as a run pays it."""
+    per, t0 = {}, time.perf_counter()
+    base = [o for o in overrides if not o.startswith(("parallel.", "memory.backend=", "pipeline="))]
+    for store, layout in EXCHANGE_LAYOUTS.items():
+        plan = {"overrides": [*base, f"parallel.i={layout[0]}", f"parallel.j={layout[1]}", f"parallel.k={layout[2]}",
+                              f"memory.backend={'auto' if store == 'local' else store}", "pipeline=none",
+                              "parallel.link=none"],
+                "layout": layout, "batches": sorted(windows)}
+        ranks = _two_ranks(plan, max(timeout - (time.perf_counter() - t0), 60.0))
+        per[store] = {b: {"wall": _middle_mean(np.max([r[str(b)]["walls"] for r in ranks], axis=0)),
+                          "calls": float(np.mean([r[str(b)]["calls"] for r in ranks])) / n,
+                          "bytes": float(np.mean([r[str(b)]["bytes"] for r in ranks])) / n,
+                          "by_name": {k: round(v / n, 3) for k, v in ranks[0][str(b)]["calls_by_name"].items()}}
+                      for b, _, n in windows}
+    sizes = sorted(per["sven"])
+    return {"batches": sizes, "local_s": [round(per["local"][b]["wall"], 7) for b in sizes],
+            "sven_s": [round(per["sven"][b]["wall"], 7) for b in sizes],
+            "calls": [round(per["sven"][b]["calls"], 3) for b in sizes],
+            "bytes": [round(per["sven"][b]["bytes"]) for b in sizes],
+            "calls_by_name": {b: per["sven"][b]["by_name"] for b in sizes},
+            "windows": [list(w) for w in sorted(windows)]}
+
+
+def paid_costs(runs: dict, alone_s: list[float], step_cv: list[float], grad_bytes: int, bytes_per_s: float,
+               sharing_2: float = 1.0) -> dict:
+    """The cost of a collective as a run pays it here, from ``exchange_runs`` and the one-process
+    loop over the same window (``alone_s``, its middle-80% iteration wall per batch size; ``step_cv``
+    its step-time spread): per batch size,
+
+    - the gradients' all-reduce: what two ranks of local memory pay over one process (the
+      iteration's excess), less what the model already adds for two ranks (their sharing of the
+      cores, ``sharing_2``, and the wait for the slower at one meeting, ``model._straggler``) and
+      the bytes at the idle rate ``bytes_per_s``: ``gradient_s``;
+    - a store collective: what sven pays over local memory, less the waits at its two more
+      meetings and its bytes at ``bytes_per_s``, over its calls: ``exchange_s``;
+
+    each the median over the batch sizes, at least 0. The excess holds what idle collectives
+    (``collective_costs``) miss: the peer busy, the threads woken, the store's bookkeeping."""
+    from tgdist.launcher.advisor.model import expected_max_normal
+
+    e2 = expected_max_normal(2)
+    grad, exch = [], []
+    for k, b in enumerate(runs["batches"]):
+        one, cv = float(alone_s[k]), float(step_cv[k])
+        local, sven = float(runs["local_s"][k]), float(runs["sven_s"][k])
+        wait_1 = cv * e2 * one  # model._straggler at W = 2, one meeting
+        wait_3 = wait_1 * 3 ** 0.5  # three meetings (dispatch, aggregation, gradients)
+        grad.append(local - one * sharing_2 - wait_1 - grad_bytes / bytes_per_s)
+        calls = max(float(runs["calls"][k]), 1e-12)
+        exch.append((sven - local - (wait_3 - wait_1) - float(runs["bytes"][k]) / bytes_per_s) / calls)
+    return {"gradient_s": round(max(float(np.median(grad)), 0.0), 7),
+            "exchange_s": round(max(float(np.median(exch)), 0.0), 7),
+            "paid": {**runs, "alone_s": [round(float(v), 7) for v in alone_s],
+                     "gradient_s": [round(v, 7) for v in grad], "exchange_s": [round(v, 7) for v in exch]}}
+
+
 def _spin_worker(ready: str, go: str, out: str, seconds_of_work: int) -> None:
     """One of ``core_sharing``'s processes: a fixed amount of single-threaded torch work (small matrix
     products and elementwise operations, as a training step's), timed once every process is ready."""
@@ -359,16 +562,16 @@ def measure(overrides: list[str], *, batch_sizes: list[int], iterations: int = 3
     base = [*overrides, f"train.num_threads={threads}", f"sampler.num_threads={threads}", "train.progress=false",
             "train.num_neg_eval=1", "parallel.i=1", "parallel.j=1", "parallel.k=1", "memory.backend=auto",
             "pipeline=none"]
-    steps = (len(set(batch_sizes)) + (2 if collectives else 0) + (1 if parts else 0) + (0 if largest_batch else 1)
+    steps = (len(set(batch_sizes)) + (3 if collectives else 0) + (1 if parts else 0) + (0 if largest_batch else 1)
              + (1 if overlap_check else 0))
     n = 0
-    batches, per_iter, window = [], [], {}
+    batches, per_iter, window, middle = [], [], {}, {}
     graph = tr = cfg = None
     grad_bytes = 0
     for b in sorted(set(batch_sizes)):
         n += 1
         t0 = time.perf_counter()
-        bp, wall, grad_bytes, tr, cfg, window[b] = _time_batch(base, graph, b, warmup, iterations)
+        bp, wall, grad_bytes, tr, cfg, window[b], middle[b] = _time_batch(base, graph, b, warmup, iterations)
         graph = tr.g
         batches.append(bp)
         per_iter.append(wall)
@@ -385,7 +588,7 @@ def measure(overrides: list[str], *, batch_sizes: list[int], iterations: int = 3
         at = next(bp for bp in batches if bp.batch_size == S)
         # the prefetching loop against the plain one over the same window, unscaled: a like-for-like
         # ratio (scaling each by its own measure of the stream would add that measure's noise)
-        *_, pre_wall = _time_batch([o for o in base if o != "pipeline=none"] + ["pipeline=prefetch"], graph, S,
+        *_, pre_wall, _ = _time_batch([o for o in base if o != "pipeline=none"] + ["pipeline=prefetch"], graph, S,
                                    warmup, iterations, over_stream=False)
         plain = window[S]
         scale = plain / per_iter[sizes.index(S)]  # the stages below are over the epoch: back to the window
@@ -433,6 +636,29 @@ def measure(overrides: list[str], *, batch_sizes: list[int], iterations: int = 3
         sharing = core_sharing(tuple(sorted({1, 2, *parts})))
         _say(f"[{n}/{steps}] processes side by side: " + ", ".join(f"{r} -> {v}x" for r, v in sharing.items())
              + f" slower than one ({time.perf_counter() - t0:.1f} s)")
+    if collectives and coll.get("bytes_per_s"):
+        n += 1
+        t0 = time.perf_counter()
+        why = _two_processes_refused(tr)
+        if why is None:
+            try:
+                runs = exchange_runs(base, [(b, middle[b]["warmup"], middle[b]["iterations"]) for b in sizes])
+            except RuntimeError as e:
+                why = f"the two-process runs failed: {e}"
+        if why is None:
+            paid = paid_costs(runs, [middle[b]["wall"] for b in sizes], [bp.step_cv for bp in batches], grad_bytes,
+                              coll["bytes_per_s"], float(sharing.get("2", 1.0)))
+            coll = {**coll, **paid}
+            _say(f"[{n}/{steps}] collectives as two training processes pay them: the gradients' all-reduce "
+                 f"{1e6 * paid['gradient_s']:.0f} us, a store collective {1e6 * paid['exchange_s']:.0f} us "
+                 f"(local memory, sven: " + ", ".join(f"batch {b} {1e3 * x:.1f}, {1e3 * y:.1f} ms" for b, x, y in
+                                                      zip(runs["batches"], runs["local_s"], runs["sven_s"]))
+                 + " an iteration, one process " + ", ".join(f"{1e3 * middle[b]['wall']:.1f}" for b in sizes) + " ms) "
+                 f"({time.perf_counter() - t0:.1f} s)")
+        else:
+            coll = {**coll, "paid_note": why}
+            _say(f"[{n}/{steps}] collectives as training processes pay them: not measured ({why}); the idle "
+                 f"two-process cost stands in")
     source, L, aps = "given", largest_batch, {}
     if largest_batch is None:
         n += 1
@@ -463,6 +689,8 @@ def measure(overrides: list[str], *, batch_sizes: list[int], iterations: int = 3
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--spin-worker"]:  # one of core_sharing's processes
     _spin_worker(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
+if __name__ == "__main__" and sys.argv[1:2] == ["--exchange-worker"]:  # one of exchange_costs' two ranks
+    _exchange_worker(sys.argv[2], sys.argv[3])
 if __name__ == "__main__" and sys.argv[1:2] == ["--collective-worker"]:  # one of collective_costs' two processes
     _path, _out, _sizes, _repeats, _rank = sys.argv[2:7]
     _collective_worker(int(_rank), _path, _out, [int(x) for x in _sizes.split(",")], int(_repeats))

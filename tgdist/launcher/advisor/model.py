@@ -18,6 +18,13 @@ trainers, memory groups of G = i j trainers (DistTGL 3.2), Q trainers per machin
   gather moves M - 1: see ``volumes``). The share of rows another trainer owns is the profile's
   measure of the placement (``PlacementShare``) in place of the ideal (M - 1) / M, and the busiest
   trainer's load over the mean scales the time. Gradients: a ring all-reduce over all W trainers.
+- Collectives on the profile's own machine (a simulated cluster: the ranks are its processes): each
+  of the store's collectives and the gradients' all-reduce costs what two training processes paid
+  for one there (``exchange_s``, ``gradient_s``: ``measure.paid_costs``, two ranks of sven and of
+  local memory over the window the profile timed alone) and its bytes at the idle rate
+  (``bytes_per_s``); a profile without that measure prices each at the idle two-process cost
+  (``fixed_s``). Measured at two ranks, used for any W (as ``parallel.link`` prices a latency per
+  collective, whatever the group's size).
 - Overlap by pipeline level (``pipeline`` overrides in ``PIPELINES``):
   none: everything in turn, but the aggregation travels during the backward pass (the plain step
   starts it after the write: ``BACKWARD_SHARE`` of compute hides it);
@@ -422,12 +429,14 @@ def _time(c: Candidate, profile: Profile, cluster: Cluster, stage: StageFit, row
     D = (n_disp * lat + disp_b / mem_link.bandwidth) if n_disp and G > 1 else 0.0
     A = (n_agg * lat + agg_b / mem_link.bandwidth) if n_agg and G > 1 else 0.0
     Gr = link_seconds("all_reduce", profile.grad_bytes, W, grad_link)
-    n_coll = (n_disp + n_agg if G > 1 else 0) + (1 if W > 1 else 0)
     coll_cpu = 0.0
-    if here:  # the real collective between processes of this machine, besides the modelled link
+    if here:  # the real collectives between processes of this machine, besides the modelled link:
+        # each as training processes pay it where the profile measured that (measure.paid_costs), else idle
         bps = coll.get("bytes_per_s") or math.inf
-        coll_cpu = n_coll * coll.get("fixed_s", 0.0) + ((disp_b + agg_b) * (1 if G > 1 else 0)
-                                                         + (profile.grad_bytes if W > 1 else 0)) / bps
+        idle = coll.get("fixed_s", 0.0)
+        store_calls = n_disp + n_agg if G > 1 else 0
+        coll_cpu = (store_calls * coll.get("exchange_s", idle) + (coll.get("gradient_s", idle) if W > 1 else 0.0)
+                    + ((disp_b + agg_b) * (1 if G > 1 else 0) + (profile.grad_bytes if W > 1 else 0)) / bps)
     front = S + F
     micro_o = stage.a["sample"] + stage.a["features"] + stage.a["memory_read"] + stage.a["compute"] + n_disp * lat
     n = 1

@@ -15,7 +15,10 @@ cluster).
   that another trainer owns (``remote_share``) and the busiest trainer's load over the mean
   (``imbalance``), from the access graph of one pre-sampled epoch (``tgdist.partition.measures``).
 - ``collectives``: this machine's cost of a collective between processes apart from any modelled
-  link (gloo on loopback): ``fixed_s`` per collective and ``bytes_per_s``.
+  link (gloo on loopback): idle, ``fixed_s`` per collective and ``bytes_per_s``; and as two training
+  processes pay it (``measure.paid_costs``), ``gradient_s`` for the gradients' all-reduce and
+  ``exchange_s`` for one of a partitioned store's collectives, with the runs they came from
+  (``paid``; absent where they were not measured: a GPU profile, ``--no-collectives``).
 - ``core_sharing``: how much slower R single-threaded processes run side by side here than one
   alone (the cores, and whatever else ran on them when the profile was taken);
 - ``overlap``: ``prefetch``, the share of the ideal saving that prefetching measured at S (the loop
