@@ -287,15 +287,14 @@ def collective_costs(repeats: int = 30, timeout: float = 300.0) -> dict:
     return {"fixed_s": round(fixed, 7), "bytes_per_s": round(bps, 1), "sizes": sizes, "repeats": repeats}
 
 
-EXCHANGE_LAYOUTS = {"sven": (2, 1, 1), "local": (1, 1, 2)}  # exchange_costs: the run measured, its baseline
-
-
 def _exchange_worker(out: str, plan: str) -> None:
-    """One rank of ``exchange_costs``'s two-process runs (started with torchrun's environment): for each
-    (batch size, warm-up, timed iterations) of the plan, a ``Run`` of the plan's layout stopped after
-    ``warmup + iterations`` batches, after a short warm-up run (imports, numba compiles); written to ``OUT.RANK``: per batch,
-    the timed iterations' wall seconds (from the Run loop's own ticks) and the store's collective
-    calls and bytes sent over them (its ``ByteCounter``, the gradients' all-reduce apart)."""
+    """One rank of ``exchange_runs`` (started with torchrun's environment): for each (batch size,
+    warm-up, timed iterations) of the plan, a ``Run`` of sven at 2 x 1 x 1 stopped after
+    ``warmup + iterations`` batches, after a short warm-up run (imports, numba compiles). Written to
+    ``OUT.RANK``, per batch and timed iteration: the wall (the Run loop's ticks), the seconds in the
+    gradients' all-reduce (``average_gradients``), in the store (memory read and write stages, which
+    hold the dispatch and the aggregation's issue, and the loop's ``exchange``, which waits for the
+    aggregation and applies it); over the window, the store's collectives and bytes (its counter)."""
     import json
     import shutil
 
@@ -310,25 +309,46 @@ def _exchange_worker(out: str, plan: str) -> None:
     spec = json.loads(Path(plan).read_text())
     torch.set_num_threads(1)
     world = detect()
-    base, (i, j, k) = spec["overrides"], spec["layout"]
-    groups = ProcessGroups.init(world, Layout(i, j, k))
+    groups = ProcessGroups.init(world, Layout(2, 1, 1))
+    spent = {"gradients": 0.0, "exchange": 0.0}
+    average = collectives.average_gradients
+
+    def timed_average(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return average(*args, **kwargs)
+        finally:
+            spent["gradients"] += time.perf_counter() - t0
+
+    collectives.average_gradients = timed_average  # (the pipelines call it through the module)
     got = {}
     try:
         first = spec["batches"][0]
         for b, warmup, stop in [(first[0], 1, 3)] + [(b, w, w + n) for b, w, n in spec["batches"]]:
-            cfg = compose([*base, f"train.batch_size={b}", f"train.stop_after_batches={stop}",
-                           f"train.epochs={j * k}"])  # (a memory group makes one pass)
+            cfg = compose([*spec["overrides"], f"train.batch_size={b}", f"train.stop_after_batches={stop}",
+                           "train.epochs=1"])
             run_dir = tempfile.mkdtemp(prefix="tgdist-advisor-") if world.rank == 0 else None
-            ticks, marks = [], {}
+            marks: list[tuple] = []
             try:
-                driver = Run(cfg, run_dir, groups=groups,
-                             trainer=build_trainer(cfg, progress=False, local_memory=cfg.memory.backend == "auto"))
+                driver = Run(cfg, run_dir, groups=groups, trainer=build_trainer(cfg, progress=False))
+                tr, store = driver.trainer, driver.trainer.memory
+                exchange = store.exchange
 
-                def tick(t, loss, driver=driver, ticks=ticks, marks=marks, warmup=warmup, stop=stop):
-                    ticks.append(time.perf_counter())
-                    if len(ticks) == warmup or len(ticks) == stop:  # the timed window's ends
-                        marks[len(ticks)] = {n: (v["calls"], v["bytes_sent"]) for n, v in
-                                             driver.counter.as_dict().items() if n != "gradients"}
+                def timed_exchange(exchange=exchange):
+                    t0 = time.perf_counter()
+                    try:
+                        return exchange()
+                    finally:
+                        spent["exchange"] += time.perf_counter() - t0
+
+                store.exchange = timed_exchange
+
+                def tick(t, loss, driver=driver, tr=tr, marks=marks):
+                    counts = {n: v["calls"] for n, v in driver.counter.as_dict().items() if n != "gradients"}
+                    sent = sum(v["bytes_sent"] for n, v in driver.counter.as_dict().items() if n != "gradients")
+                    marks.append((time.perf_counter(), spent["gradients"],
+                                  spent["exchange"] + tr.timer.seconds.get("memory_read", 0.0)
+                                  + tr.timer.seconds.get("memory_write", 0.0), counts, sent))
 
                 driver.train(on_iteration=tick)
             finally:
@@ -336,16 +356,17 @@ def _exchange_worker(out: str, plan: str) -> None:
                     shutil.rmtree(run_dir, ignore_errors=True)
             if stop == 3:
                 continue  # the warm-up
-            if len(ticks) < stop:
-                raise RuntimeError(f"batch {b}: the run stopped after {len(ticks)} of {stop} iterations")
-            w0, w1 = marks[warmup], marks[stop]
-            by_name = {n: c - w0.get(n, (0, 0))[0] for n, (c, _) in w1.items()}
-            got[str(b)] = {"walls": np.diff(ticks[warmup - 1:]).tolist(), "calls": _gloo_calls(by_name),
-                           "bytes": sum(x - w0.get(n, (0, 0))[1] for n, (_, x) in w1.items()),
-                           "calls_by_name": by_name}
+            if len(marks) < stop:
+                raise RuntimeError(f"batch {b}: the run stopped after {len(marks)} of {stop} iterations")
+            timed = marks[warmup - 1:stop]
+            walls, grads, stores = (np.diff([m[k] for m in timed]).tolist() for k in range(3))
+            by_name = {n: c - timed[0][3].get(n, 0) for n, c in timed[-1][3].items()}
+            got[str(b)] = {"walls": walls, "gradients": grads, "store": stores, "calls": _gloo_calls(by_name),
+                           "bytes": timed[-1][4] - timed[0][4], "calls_by_name": by_name}
         Path(f"{out}.{world.rank}").write_text(json.dumps(got))
         collectives.barrier(groups.get("world"), name="shutdown")
     finally:
+        collectives.average_gradients = average
         groups.destroy()
 
 
@@ -419,64 +440,70 @@ def _two_processes_refused(tr) -> str | None:
 
 def exchange_runs(overrides: list[str], windows: list[tuple[int, int, int]], *, timeout: float = 900.0) -> dict:
     """Two trainer processes of this machine train the stream's first ``warmup + iterations``
-    batches twice per (batch size, warmup, iterations) of ``windows`` (the one-process loop's): with local memory (1 x 1 x 2: the gradients' all-reduce, nothing
-    else between them) and with sven (2 x 1 x 1: its dispatch and aggregation besides). Each
-    iteration counts at the slower rank's wall (the ranks meet every iteration) and the middle 80%
-    of the timed iterations are averaged. Returns per batch size ``local_s``, ``sven_s`` and the
-    collective calls and bytes a rank's sven store sent per iteration (its counter): what
-    ``paid_costs`` turns into the cost of a collective as a run pays it."""
-    per, t0 = {}, time.perf_counter()
+    global batches of 2 x b events per (b, warmup, iterations) of ``windows`` (the one-process
+    loop's) with sven at 2 x 1 x 1: both ranks meet at the store's dispatch and aggregation and at
+    the gradients' all-reduce every iteration. Timed directly in each rank, so that no other run's
+    stream position enters (memory parallelism, 1 x 1 x 2, would walk the stream from two places:
+    on Wikipedia its ranks' first batches differ by a third in cost): per batch size, the seconds an
+    iteration spends in the all-reduce (``gradients_s``) and in the store (``store_s``: read,
+    write, exchange), the middle 80% of each rank's timed iterations averaged, then the ranks'
+    means averaged; the iteration's wall (``wall_s``); the collectives (``calls``, the backend's:
+    two per packed exchange) and bytes a rank's store sent per iteration."""
+    t0 = time.perf_counter()
     base = [o for o in overrides if not o.startswith(("parallel.", "memory.backend=", "pipeline="))]
-    for store, layout in EXCHANGE_LAYOUTS.items():
-        plan = {"overrides": [*base, f"parallel.i={layout[0]}", f"parallel.j={layout[1]}", f"parallel.k={layout[2]}",
-                              f"memory.backend={'auto' if store == 'local' else store}", "pipeline=none",
-                              "parallel.link=none"],
-                "layout": layout, "batches": sorted(windows)}
-        ranks = _two_ranks(plan, max(timeout - (time.perf_counter() - t0), 60.0))
-        per[store] = {b: {"wall": _middle_mean(np.max([r[str(b)]["walls"] for r in ranks], axis=0)),
-                          "calls": float(np.mean([r[str(b)]["calls"] for r in ranks])) / n,
-                          "bytes": float(np.mean([r[str(b)]["bytes"] for r in ranks])) / n,
-                          "by_name": {k: round(v / n, 3) for k, v in ranks[0][str(b)]["calls_by_name"].items()}}
-                      for b, _, n in windows}
-    sizes = sorted(per["sven"])
-    return {"batches": sizes, "local_s": [round(per["local"][b]["wall"], 7) for b in sizes],
-            "sven_s": [round(per["sven"][b]["wall"], 7) for b in sizes],
-            "calls": [round(per["sven"][b]["calls"], 3) for b in sizes],
-            "bytes": [round(per["sven"][b]["bytes"]) for b in sizes],
-            "calls_by_name": {b: per["sven"][b]["by_name"] for b in sizes},
+    plan = {"overrides": [*base, "parallel.i=2", "parallel.j=1", "parallel.k=1", "memory.backend=sven",
+                          "pipeline=none", "parallel.link=none"], "batches": sorted(windows)}
+    ranks = _two_ranks(plan, max(timeout - (time.perf_counter() - t0), 60.0))
+    sizes = [b for b, _, _ in sorted(windows)]
+
+    def mean(key: str, b: int) -> float:
+        return float(np.mean([_middle_mean(r[str(b)][key]) for r in ranks]))
+
+    def per_iteration(key: str, b: int, n: int) -> float:
+        return float(np.mean([r[str(b)][key] for r in ranks])) / n
+
+    n_of = {b: n for b, _, n in windows}
+    return {"batches": sizes, "wall_s": [round(mean("walls", b), 7) for b in sizes],
+            "gradients_s": [round(mean("gradients", b), 7) for b in sizes],
+            "store_s": [round(mean("store", b), 7) for b in sizes],
+            "calls": [round(per_iteration("calls", b, n_of[b]), 3) for b in sizes],
+            "bytes": [round(per_iteration("bytes", b, n_of[b])) for b in sizes],
+            "calls_by_name": {b: {k: round(v / n_of[b], 3) for k, v in ranks[0][str(b)]["calls_by_name"].items()}
+                              for b in sizes},
             "windows": [list(w) for w in sorted(windows)]}
 
 
-def paid_costs(runs: dict, alone_s: list[float], step_cv: list[float], grad_bytes: int, bytes_per_s: float,
-               sharing_2: float = 1.0) -> dict:
+def paid_costs(runs: dict, alone_s: list[float], alone_store_s: list[float], step_cv: list[float], grad_bytes: int,
+               bytes_per_s: float) -> dict:
     """The cost of a collective as a run pays it here, from ``exchange_runs`` and the one-process
-    loop over the same window (``alone_s``, its middle-80% iteration wall per batch size; ``step_cv``
-    its step-time spread): per batch size,
+    loop over the same window (``alone_s``: its iteration; ``alone_store_s``: its memory read and
+    write; ``step_cv``: its step-time spread), per batch size:
 
-    - the gradients' all-reduce: what two ranks of local memory pay over one process (the
-      iteration's excess), less what the model already adds for two ranks (their sharing of the
-      cores, ``sharing_2``, and the wait for the slower at one meeting, ``model._straggler``) and
-      the bytes at the idle rate ``bytes_per_s``: ``gradient_s``;
-    - a store collective: what sven pays over local memory, less the waits at its two more
-      meetings and its bytes at ``bytes_per_s``, over its calls: ``exchange_s``;
+    - the gradients' all-reduce: its seconds in the two ranks, less the wait for the slower rank
+      at that meeting that the model adds by itself (``model._straggler``: cv E[max of 2] of the
+      iteration over three meetings, a third of the variance each) and its bytes at the idle rate
+      ``bytes_per_s``: ``gradient_s``;
+    - a store collective: the store's seconds in the two ranks less the one process's memory read
+      and write (which the model counts as stages), the waits at its two meetings and its bytes at
+      the idle rate, over its collectives: ``exchange_s``;
 
-    each the median over the batch sizes, at least 0. The excess holds what idle collectives
-    (``collective_costs``) miss: the peer busy, the threads woken, the store's bookkeeping."""
+    each the median over the batch sizes, at least 0. What remains is what idle collectives
+    (``collective_costs``) miss: the peer busy, the threads woken, the store's routing of ids to
+    owners and the packing of rows."""
     from tgdist.launcher.advisor.model import expected_max_normal
 
-    e2 = expected_max_normal(2)
+    meeting = expected_max_normal(2) / 3 ** 0.5  # one of three meetings' share of the wait, per iteration
     grad, exch = [], []
     for k, b in enumerate(runs["batches"]):
-        one, cv = float(alone_s[k]), float(step_cv[k])
-        local, sven = float(runs["local_s"][k]), float(runs["sven_s"][k])
-        wait_1 = cv * e2 * one  # model._straggler at W = 2, one meeting
-        wait_3 = wait_1 * 3 ** 0.5  # three meetings (dispatch, aggregation, gradients)
-        grad.append(local - one * sharing_2 - wait_1 - grad_bytes / bytes_per_s)
+        wait = float(step_cv[k]) * meeting * float(alone_s[k])
+        grad.append(float(runs["gradients_s"][k]) - wait - grad_bytes / bytes_per_s)
         calls = max(float(runs["calls"][k]), 1e-12)
-        exch.append((sven - local - (wait_3 - wait_1) - float(runs["bytes"][k]) / bytes_per_s) / calls)
+        exch.append((float(runs["store_s"][k]) - float(alone_store_s[k]) - 2 * wait
+                     - float(runs["bytes"][k]) / bytes_per_s) / calls)
     return {"gradient_s": round(max(float(np.median(grad)), 0.0), 7),
             "exchange_s": round(max(float(np.median(exch)), 0.0), 7),
             "paid": {**runs, "alone_s": [round(float(v), 7) for v in alone_s],
+                     "alone_store_s": [round(float(v), 7) for v in alone_store_s],
                      "gradient_s": [round(v, 7) for v in grad], "exchange_s": [round(v, 7) for v in exch]}}
 
 
@@ -646,15 +673,17 @@ def measure(overrides: list[str], *, batch_sizes: list[int], iterations: int = 3
             except RuntimeError as e:
                 why = f"the two-process runs failed: {e}"
         if why is None:
-            paid = paid_costs(runs, [middle[b]["wall"] for b in sizes], [bp.step_cv for bp in batches], grad_bytes,
-                              coll["bytes_per_s"], float(sharing.get("2", 1.0)))
+            # the one process's memory read and write over the window (the profile's are over the stream)
+            store_alone = [(bp.seconds["memory_read"] / bp.stream_factor.get("memory_read", 1.0)
+                            + bp.seconds["memory_write"] / bp.stream_factor.get("memory_write", 1.0)) for bp in batches]
+            paid = paid_costs(runs, [middle[b]["wall"] for b in sizes], store_alone, [bp.step_cv for bp in batches],
+                              grad_bytes, coll["bytes_per_s"])
             coll = {**coll, **paid}
             _say(f"[{n}/{steps}] collectives as two training processes pay them: the gradients' all-reduce "
-                 f"{1e6 * paid['gradient_s']:.0f} us, a store collective {1e6 * paid['exchange_s']:.0f} us "
-                 f"(local memory, sven: " + ", ".join(f"batch {b} {1e3 * x:.1f}, {1e3 * y:.1f} ms" for b, x, y in
-                                                      zip(runs["batches"], runs["local_s"], runs["sven_s"]))
-                 + " an iteration, one process " + ", ".join(f"{1e3 * middle[b]['wall']:.1f}" for b in sizes) + " ms) "
-                 f"({time.perf_counter() - t0:.1f} s)")
+                 f"{1e6 * paid['gradient_s']:.0f} us, a store collective {1e6 * paid['exchange_s']:.0f} us (sven "
+                 f"at 2 x 1 x 1, " + ", ".join(f"batch {b}: all-reduce {1e3 * g:.1f} ms, store {1e3 * x:.1f} ms"
+                                              for b, g, x in zip(runs["batches"], runs["gradients_s"], runs["store_s"]))
+                 + f" an iteration) ({time.perf_counter() - t0:.1f} s)")
         else:
             coll = {**coll, "paid_note": why}
             _say(f"[{n}/{steps}] collectives as training processes pay them: not measured ({why}); the idle "
