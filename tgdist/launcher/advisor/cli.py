@@ -67,7 +67,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--accuracy-events", type=_positive, metavar="N",
                     help="training events of each accuracy-sweep run (default: one whole pass)")
     ap.add_argument("--ap-tolerance", type=float, default=0.01, help="L: AP within this of the best (default 0.01)")
-    ap.add_argument("--no-collectives", action="store_true", help="skip timing a collective between two processes")
+    ap.add_argument("--no-collectives", action="store_true",
+                    help="skip timing collectives between two processes (idle, and as two sven trainers pay them) "
+                         "and the sharing of the cores")
     ap.add_argument("--cluster", metavar="NAME|FILE", help="the cluster to advise for (a preset or a YAML file)")
     ap.add_argument("--batch", type=_positive, nargs="+", metavar="B",
                     help="local batch sizes of the candidates (default: the profile's saturation batch S)")

@@ -15,9 +15,9 @@ In one process, as ``tgdist train`` would build it for the data the overrides na
    (``first_pass_access``) and the placement's remote share and imbalance (``measures``);
 3. the cost of a collective between two processes of this machine (gloo, loopback): what a
    parallel run pays besides the modelled link, idle (``collective_costs``) and as two training
-   processes pay it (``exchange_runs``, ``paid_costs``: two ranks of local memory and of sven over
-   the same window); and how much slower 1, 2, M processes run side by side than one alone
-   (``core_sharing``: the cores as they are shared now);
+   processes pay it (``exchange_runs``, ``paid_costs``: two sven ranks over the same window, their
+   all-reduce and store timed inside); and how much slower 1, 2, M processes run side by side than
+   one alone (``core_sharing``: the cores as they are shared now);
 4. how much of the ideal overlap a background stage thread buys on this machine: the loop with
    ``pipeline=prefetch`` at S against the plain loop, over what perfect overlap of sampling and
    features would save (``overlap``; threads of one process share its interpreter and cores);
