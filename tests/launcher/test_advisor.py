@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -431,6 +432,32 @@ def test_exchange_runs_on_this_machine():
         assert 0 < grads < wall and 0 < store < wall, got
     assert got["calls"] == [6.0, 6.0] and all(b > 0 for b in got["bytes"]), got
     assert set(got["calls_by_name"][50]) >= {"dispatch.sizes", "aggregation.sizes"}
+
+
+def test_exchange_runs_fail_with_the_ranks_error():
+    """A rank that fails names its error in one line (the profile then notes it and keeps the idle
+    cost), and neither rank is left behind."""
+    from tgdist.launcher.advisor.measure import exchange_runs
+
+    with pytest.raises(RuntimeError, match="nosuch"):
+        exchange_runs([*TINY, "train.device=cpu", "train.nosuch=1"], [(50, 2, 4)], timeout=120)
+    assert _children_running("--exchange-worker") == []
+
+
+def _children_running(word: str) -> list[str]:
+    """Command lines of this process's children that hold ``word`` (from /proc)."""
+    import os
+
+    found = []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == os.getpid():
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                if word in cmd:
+                    found.append(cmd)
+        except (OSError, IndexError, ValueError):  # (a process that ended meanwhile)
+            continue
+    return found
 
 
 def test_saturation_and_largest_safe():

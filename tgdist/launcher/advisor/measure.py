@@ -88,7 +88,7 @@ def _time_batch(cfg_over: list[str], graph, b: int, warmup: int, iterations: int
     batch's profile, the (scaled) wall, the gradient bytes, the trainer, its config, and the wall
     of the timed window itself (what two loops over the same window compare by), and the window
     (``warmup``, ``iterations``) with the middle-80% mean of its iterations' walls (``wall``,
-    ``_middle_mean``: what ``paid_costs`` compares two processes' by)."""
+    ``_middle_mean``: the iteration ``paid_costs`` sizes the model's own waits by)."""
     import shutil
 
     from tgdist.runtime.build import build_trainer, compose
@@ -136,7 +136,7 @@ def _time_batch(cfg_over: list[str], graph, b: int, warmup: int, iterations: int
     wall = (marks["t1"] - marks["t0"]) / iterations
     secs = {s: (marks["s1"].get(s, 0.0) - marks["s0"].get(s, 0.0)) / iterations for s in STAGES}
     window_wall = wall
-    # the window as exchange_runs repeats it with two processes, and its measure of an iteration
+    # the window as exchange_runs repeats it with two processes, and a typical iteration of it
     window_middle = {"warmup": warmup, "iterations": iterations, "wall": _middle_mean(np.diff(ticks))}
     loop = max(wall - sum(secs.values()), 0.0)
     rows = np.mean(np.array(counts[:iterations], dtype=np.float64), axis=0)
@@ -420,9 +420,10 @@ def _two_ranks(plan: dict, timeout: float) -> list[dict]:
                     failed = (lines or [f"exit {p.returncode}"])[-1]
             except subprocess.TimeoutExpired:
                 failed = failed or f"no result within {timeout:.0f} s"
-                for q in procs:
+                for q in procs:  # (a rank that waits for a dead peer would wait for gloo's timeout)
                     q.kill()
-                    q.communicate()
+                    q.wait()
+                break
         if failed:
             raise RuntimeError(failed)
         return [json.loads(Path(f"{d}/rank.{r}").read_text()) for r in range(2)]
@@ -718,7 +719,7 @@ def measure(overrides: list[str], *, batch_sizes: list[int], iterations: int = 3
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--spin-worker"]:  # one of core_sharing's processes
     _spin_worker(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]))
-if __name__ == "__main__" and sys.argv[1:2] == ["--exchange-worker"]:  # one of exchange_costs' two ranks
+if __name__ == "__main__" and sys.argv[1:2] == ["--exchange-worker"]:  # one of exchange_runs' two ranks
     _exchange_worker(sys.argv[2], sys.argv[3])
 if __name__ == "__main__" and sys.argv[1:2] == ["--collective-worker"]:  # one of collective_costs' two processes
     _path, _out, _sizes, _repeats, _rank = sys.argv[2:7]

@@ -20,10 +20,10 @@ trainers, memory groups of G = i j trainers (DistTGL 3.2), Q trainers per machin
   trainer's load over the mean scales the time. Gradients: a ring all-reduce over all W trainers.
 - Collectives on the profile's own machine (a simulated cluster: the ranks are its processes): each
   of the store's collectives and the gradients' all-reduce costs what two training processes paid
-  for one there (``exchange_s``, ``gradient_s``: ``measure.paid_costs``, two ranks of sven and of
-  local memory over the window the profile timed alone) and its bytes at the idle rate
-  (``bytes_per_s``); a profile without that measure prices each at the idle two-process cost
-  (``fixed_s``). Measured at two ranks, used for any W (as ``parallel.link`` prices a latency per
+  for one there (``exchange_s``, ``gradient_s``: ``measure.paid_costs``, two sven ranks over the
+  window the profile timed alone, their all-reduce and store timed inside) and its bytes at the
+  idle rate (``bytes_per_s``); a profile without that measure prices each at the idle two-process
+  cost (``fixed_s``). Measured at two ranks, used for any W (as ``parallel.link`` prices a latency per
   collective, whatever the group's size).
 - Overlap by pipeline level (``pipeline`` overrides in ``PIPELINES``):
   none: everything in turn, but the aggregation travels during the backward pass (the plain step
