@@ -444,6 +444,21 @@ def test_exchange_runs_fail_with_the_ranks_error():
     assert _children_running("--exchange-worker") == []
 
 
+def test_exchange_runs_end_the_peer_of_a_killed_rank(monkeypatch):
+    """One rank killed mid-run (``TGDIST_FAULT_KILL``): the call fails at once naming the exit, not
+    after gloo's timeout with the other rank waiting for its peer, and leaves no rank running."""
+    import time
+
+    from tgdist.launcher.advisor.measure import exchange_runs
+
+    monkeypatch.setenv("TGDIST_FAULT_KILL", "1:2")
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="rank 1: exit -9"):
+        exchange_runs([*TINY, "model=tgn", "train.device=cpu", "train.progress=false"], [(50, 2, 4)], timeout=240)
+    assert time.monotonic() - t0 < 120
+    assert _children_running("--exchange-worker") == []
+
+
 def _children_running(word: str) -> list[str]:
     """Command lines of this process's children that hold ``word`` (from /proc)."""
     import os

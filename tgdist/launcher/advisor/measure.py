@@ -393,7 +393,9 @@ def _middle_mean(x: np.ndarray, share: float = 0.8) -> float:
 
 def _two_ranks(plan: dict, timeout: float) -> list[dict]:
     """``_exchange_worker`` as two ranks of this machine (torchrun's environment, a free port);
-    their records, by rank. A failure raises ``RuntimeError`` with the rank's last error line."""
+    their records, by rank. A rank that fails ends the other at once (it would wait for its peer
+    until gloo's timeout), as does ``timeout``; either raises ``RuntimeError`` with the failed
+    rank's last error line. No rank outlives the call."""
     import json
     import socket
     import subprocess
@@ -403,27 +405,37 @@ def _two_ranks(plan: dict, timeout: float) -> list[dict]:
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory(prefix="tgdist-advisor-") as d:
         Path(d, "plan.json").write_text(json.dumps(plan))
-        procs = []
-        for r in range(2):
-            env = {**os.environ, "OMP_NUM_THREADS": "1", "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": "2",
-                   "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-            procs.append(subprocess.Popen([sys.executable, "-m", "tgdist.launcher.advisor.measure", "--exchange-worker",
-                                           f"{d}/rank", f"{d}/plan.json"], env=env, stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.PIPE, text=True))
-        failed = ""
-        deadline = time.monotonic() + timeout
-        for p in procs:
-            try:
-                _, err = p.communicate(timeout=max(deadline - time.monotonic(), 1.0))
-                if p.returncode and not failed:
-                    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
-                    failed = (lines or [f"exit {p.returncode}"])[-1]
-            except subprocess.TimeoutExpired:
-                failed = failed or f"no result within {timeout:.0f} s"
-                for q in procs:  # (a rank that waits for a dead peer would wait for gloo's timeout)
-                    q.kill()
-                    q.wait()
-                break
+        procs, logs = [], []
+        try:
+            for r in range(2):
+                env = {**os.environ, "OMP_NUM_THREADS": "1", "RANK": str(r), "LOCAL_RANK": str(r),
+                       "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+                logs.append(open(f"{d}/err.{r}", "w"))
+                procs.append(subprocess.Popen([sys.executable, "-m", "tgdist.launcher.advisor.measure",
+                                               "--exchange-worker", f"{d}/rank", f"{d}/plan.json"], env=env,
+                                              stdout=subprocess.DEVNULL, stderr=logs[-1]))
+            deadline, failed = time.monotonic() + timeout, ""
+            while any(p.poll() is None for p in procs):
+                bad = next((r for r, p in enumerate(procs) if p.poll() not in (None, 0)), None)
+                if bad is not None:
+                    lines = [ln for ln in Path(f"{d}/err.{bad}").read_text().splitlines() if ln.strip()]
+                    failed = (lines or [f"rank {bad}: exit {procs[bad].returncode}"])[-1]
+                    break
+                if time.monotonic() > deadline:
+                    failed = f"no result within {timeout:.0f} s"
+                    break
+                time.sleep(0.05)
+            for r, p in enumerate(procs):
+                if not failed and p.returncode:
+                    lines = [ln for ln in Path(f"{d}/err.{r}").read_text().splitlines() if ln.strip()]
+                    failed = (lines or [f"rank {r}: exit {p.returncode}"])[-1]
+        finally:
+            for p in procs:  # (a rank that waits for a dead peer would wait for gloo's timeout)
+                if p.poll() is None:
+                    p.kill()
+                p.wait()
+            for f in logs:
+                f.close()
         if failed:
             raise RuntimeError(failed)
         return [json.loads(Path(f"{d}/rank.{r}").read_text()) for r in range(2)]
