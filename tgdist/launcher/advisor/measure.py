@@ -311,20 +311,23 @@ def _exchange_worker(out: str, plan: str) -> None:
     world = detect()
     groups = ProcessGroups.init(world, Layout(2, 1, 1))
     spent = {"gradients": 0.0, "exchange": 0.0}
+
+    def timing(fn, key: str):  # fn, its seconds added to spent[key]
+        def run(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[key] += time.perf_counter() - t0
+        return run
+
     average = collectives.average_gradients
-
-    def timed_average(*args, **kwargs):
-        t0 = time.perf_counter()
-        try:
-            return average(*args, **kwargs)
-        finally:
-            spent["gradients"] += time.perf_counter() - t0
-
-    collectives.average_gradients = timed_average  # (the pipelines call it through the module)
+    collectives.average_gradients = timing(average, "gradients")  # (the pipelines call it through the module)
     got = {}
     try:
         first = spec["batches"][0]
-        for b, warmup, stop in [(first[0], 1, 3)] + [(b, w, w + n) for b, w, n in spec["batches"]]:
+        windows = [(True, first[0], 1, 3)] + [(False, b, w, w + n) for b, w, n in spec["batches"]]
+        for warm_up, b, warmup, stop in windows:
             cfg = compose([*spec["overrides"], f"train.batch_size={b}", f"train.stop_after_batches={stop}",
                            "train.epochs=1"])
             run_dir = tempfile.mkdtemp(prefix="tgdist-advisor-") if world.rank == 0 else None
@@ -332,20 +335,12 @@ def _exchange_worker(out: str, plan: str) -> None:
             try:
                 driver = Run(cfg, run_dir, groups=groups, trainer=build_trainer(cfg, progress=False))
                 tr, store = driver.trainer, driver.trainer.memory
-                exchange = store.exchange
-
-                def timed_exchange(exchange=exchange):
-                    t0 = time.perf_counter()
-                    try:
-                        return exchange()
-                    finally:
-                        spent["exchange"] += time.perf_counter() - t0
-
-                store.exchange = timed_exchange
+                store.exchange = timing(store.exchange, "exchange")
 
                 def tick(t, loss, driver=driver, tr=tr, marks=marks):
-                    counts = {n: v["calls"] for n, v in driver.counter.as_dict().items() if n != "gradients"}
-                    sent = sum(v["bytes_sent"] for n, v in driver.counter.as_dict().items() if n != "gradients")
+                    store_counts = {n: v for n, v in driver.counter.as_dict().items() if n != "gradients"}
+                    counts = {n: v["calls"] for n, v in store_counts.items()}
+                    sent = sum(v["bytes_sent"] for v in store_counts.values())
                     marks.append((time.perf_counter(), spent["gradients"],
                                   spent["exchange"] + tr.timer.seconds.get("memory_read", 0.0)
                                   + tr.timer.seconds.get("memory_write", 0.0), counts, sent))
@@ -354,8 +349,8 @@ def _exchange_worker(out: str, plan: str) -> None:
             finally:
                 if run_dir is not None:
                     shutil.rmtree(run_dir, ignore_errors=True)
-            if stop == 3:
-                continue  # the warm-up
+            if warm_up:
+                continue
             if len(marks) < stop:
                 raise RuntimeError(f"batch {b}: the run stopped after {len(marks)} of {stop} iterations")
             timed = marks[warmup - 1:stop]
