@@ -2,6 +2,10 @@
 do not depend on the number of threads."""
 
 import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numba
 import numpy as np
@@ -91,6 +95,24 @@ def test_time_encoding_keeps_the_quadrant_of_phases_past_two_to_the_31():
     got = enc(dt).double()
     phase = torch.addcmul(enc.b, dt.unsqueeze(-1), enc.w).double()
     torch.testing.assert_close(got, torch.cos(phase), rtol=0, atol=2e-7)
+
+
+def test_time_encoding_keeps_the_quadrant_where_numba_builds_without_fma():
+    """The test above in a process whose numba builds for a generic CPU (no fused multiply-add):
+    there the fast reduction is 0.05 off beyond ``_EXACT_PHASE``, so only the kernel's libm pass
+    over those phases keeps it right. On this machine's CPU the fast path alone passes, so
+    without this run nothing in the suite needs that pass. The child compiles only the
+    time encoding's row kernel (four gaps: below the parallel size) and reads it from numba's
+    cache after the first run (the cache keys an entry by the CPU it was built for)."""
+    code = ("import numba; assert numba.config.CPU_NAME == 'generic', numba.config.CPU_NAME\n"
+            "from tests.kernels.test_cpu_ops import test_time_encoding_keeps_the_quadrant_of_phases_past_two_to_the_31 "
+            "as check\ncheck()\nprint('generic ok')")
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "NUMBA_CPU_NAME": "generic", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(repo), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    r = subprocess.run([sys.executable, "-c", code], cwd=repo, env=env, capture_output=True, text=True, timeout=300,
+                       check=False)
+    assert r.returncode == 0 and r.stdout.strip() == "generic ok", r.stderr[-3000:]
 
 
 def test_dropout_masks_scale_and_backward():
