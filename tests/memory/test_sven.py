@@ -177,6 +177,41 @@ def test_a_partitioned_store_of_one_trainer_trains_as_local_memory():
         assert torch.equal(out[backend][1], out["local"][1]) and torch.equal(out[backend][2], out["local"][2])
 
 
+@pytest.mark.parametrize("remote_dispatch", ["occurrences", "distinct"])
+def test_a_remote_dispatch_a_row_short_is_refused_in_one_line(monkeypatch, remote_dispatch):
+    """An owner that sends one row fewer than a requester asked for (a row per occurrence, or per
+    distinct node) would shift every later node's updated memory onto another node's place (or
+    index past the end): the requester counts the rows from each owner and refuses the batch,
+    naming both counts. Without the fault the same steps train."""
+    from tgdist.distributed import collectives
+
+    cfg = compose([*SMALL, "partition.method=interval", f"memory.remote_dispatch={remote_dispatch}"])
+    tr = build_trainer(cfg, progress=False)
+    m = tr.model
+    tr.memory = memory.create("depcomm", memory.StoreContext(
+        tr.g.num_nodes, m.mem_dim, m.mail_dim, m.mailbox_size, cfg=cfg, batch_size=tr.batch_size,
+        fanouts=tuple(tr.sampler.fanouts), graph=tr.g, train_end=tr.split.range("train")[1]))
+    (lo, hi), (lo2, hi2) = list(tr.batches("train"))[:2]
+    tr.step(lo, hi, tr.negatives.train(hi - lo, 1), train=True)  # (memory and mails to update from)
+    tr.memory.exchange()
+    sent = collectives.all_to_all_rows
+
+    def a_row_short(parts, group=None, name="", **kw):
+        if name == "remote_dispatch":
+            parts = {p: [t[:-1] for t in v] for p, v in parts.items()}
+        return sent(parts, group, name, **kw)
+
+    monkeypatch.setattr(collectives, "all_to_all_rows", a_row_short)
+    with pytest.raises(RuntimeError) as e:
+        tr.step(lo2, hi2, tr.negatives.train(hi2 - lo2, 1), train=True)
+    per = "occurrence" if remote_dispatch == "occurrences" else "distinct node"
+    msg = str(e.value)
+    assert msg.startswith("memory.backend=depcomm: the remote dispatch brought [") and "\n" not in msg, msg
+    assert msg.endswith(f"(one row per {per}): an owner sent other rows than it was asked for"), msg
+    got, asked = (int(x.split("]")[0]) for x in msg.split("[")[1:3])
+    assert got == asked - 1 > 0, msg
+
+
 def test_sven_below_depcache_exactly_when_m_exceeds_t_plus_2():
     """Eq. (10): with T = N1 (1 - eta1) / (N2 (1 - eta2)), C_Sven < C_DepCache iff M > T + 2."""
     for n1, eta1, n2, eta2 in ((4000, 0.75, 800, 0.5), (3000, 0.9, 1000, 0.6), (5000, 0.2, 1000, 0.0)):

@@ -58,11 +58,16 @@ class _RemoteDispatch(torch.autograd.Function):
     their gradients, requester -> owner (phase ``backward``)."""
 
     @staticmethod
-    def forward(ctx, mem, mem_ts, updated, anchor, sizes, store):
+    def forward(ctx, mem, mem_ts, updated, anchor, sizes, expect, store):
         got = collectives.all_to_all_rows({"mem": list(mem.split(sizes)), "mem_ts": list(mem_ts.split(sizes)),
                                            "updated": list(updated.split(sizes))}, store.group,
                                           name="remote_dispatch", counter=store.counter)
         ctx.store, ctx.back = store, [t.shape[0] for t in got["mem"]]
+        if ctx.back != expect:  # rows lost or added on the way would shift every later node's row
+            raise RuntimeError(f"memory.backend=depcomm: the remote dispatch brought {ctx.back} rows from group ranks "
+                               f"0..{len(expect) - 1}, but this trainer asked them for {expect} (one row per "
+                               f"{'occurrence' if store.wants_occurrences else 'distinct node'}): an owner sent "
+                               f"other rows than it was asked for")
         ts, upd = torch.cat(got["mem_ts"]), torch.cat(got["updated"])
         ctx.mark_non_differentiable(ts, upd)
         return torch.cat(got["mem"]), ts, upd
@@ -72,7 +77,7 @@ class _RemoteDispatch(torch.autograd.Function):
         store = ctx.store
         got = collectives.all_to_all_rows({"grad": list(grad.contiguous().split(ctx.back))}, store.group,
                                           name="backward", counter=store.counter)
-        return torch.cat(got["grad"]), None, None, None, None, None
+        return torch.cat(got["grad"]), None, None, None, None, None, None
 
 
 # memory.remote_dispatch: a row per sampled occurrence (eq. (8)) | per distinct node
@@ -123,10 +128,13 @@ class DepCommMemory(PartitionedMemory):
             mem, mem_ts, updated = (x.index_select(0, copies) for x in (mem, mem_ts, updated))
             sizes = [int(r.sum()) for r in read.repeats]
         self._count_links("remote_dispatch", sizes)
+        # what each owner must send here: a row per distinct node asked of it, or per occurrence
+        expect = list(read.counts) if read.mine is None else \
+            [int(x) for x in torch.stack([m.sum() for m in read.mine.to(torch.int64).split(read.counts)]).tolist()]
         # anchor: the dispatch is recorded (and its backward collective made) on every trainer
         # while training, even one whose served rows need no gradient
         anchor = torch.zeros((), requires_grad=torch.is_grad_enabled())
-        mem, mem_ts, updated = _RemoteDispatch.apply(mem, mem_ts, updated, anchor, sizes, self)
+        mem, mem_ts, updated = _RemoteDispatch.apply(mem, mem_ts, updated, anchor, sizes, expect, self)
         if read.mine is not None:  # the first copy of each node: the copies are equal
             mine = read.mine.to(device=mem.device, dtype=torch.int64)
             first = torch.cumsum(mine, 0) - mine
