@@ -15,15 +15,18 @@ pytest.importorskip("matplotlib", reason="tgdist report draws with matplotlib (t
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def make_run(path, layout=(1, 1, 1), overrides=(), summary=True, rate=1000.0, test_ap=0.75, comm=None, epochs=2):
-    """A run directory as tgdist train writes it (a parallel run's metrics have no stage_seconds)."""
+def make_run(path, layout=(1, 1, 1), overrides=(), summary=True, rate=1000.0, test_ap=0.75, comm=None, epochs=2,
+             batch=100):
+    """A run directory as tgdist train writes it (a parallel run's metrics have no stage_seconds);
+    ``batch`` is train.batch_size, per trainer."""
     i, j, k = layout
     path.mkdir(parents=True)
     (path / ".tgdist-run").write_text("{}")
     (path / ".hydra").mkdir()
     (path / ".hydra" / "overrides.yaml").write_text(
         "".join(f"- {o}\n" for o in [f"parallel.i={i}", f"parallel.k={k}", *overrides, f"run_dir={path}"]))
-    (path / "config.yaml").write_text(f"parallel:\n  i: {i}\n  j: {j}\n  k: {k}\ntrain:\n  lr: {1e-4 * i}\n")
+    (path / "config.yaml").write_text(f"parallel:\n  i: {i}\n  j: {j}\n  k: {k}\ntrain:\n  lr: {1e-4 * i}\n"
+                                      f"  batch_size: {batch}\n")
     lines = []
     for e in range(epochs):
         line = {"epoch": e, "loss": 1.5 - 0.1 * e, "train_events": 1000, "events_per_s": rate + e,
@@ -36,7 +39,7 @@ def make_run(path, layout=(1, 1, 1), overrides=(), summary=True, rate=1000.0, te
     (path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     if summary:
         s = {"run_dir": str(path), "data": "collegemsg", "model": "tgn", "parallel": f"{i} x {j} x {k}",
-             "memory_backend": "local" if i * j == 1 else "depcache", "epochs": epochs, "batch_size": 100,
+             "memory_backend": "local" if i * j == 1 else "depcache", "epochs": epochs, "batch_size": batch,
              "loss": 1.5 - 0.1 * (epochs - 1), "val_ap": 0.6 + 0.05 * (epochs - 1), "test_ap": test_ap,
              "train_events_per_s": rate + 0.5, "traversed_events": 1000 * epochs, "communication": comm or {},
              "wall_seconds": 12.34}
@@ -63,26 +66,30 @@ def test_sweep_report_holds_the_summaries_numbers(tmp_path, capsys):
     assert capsys.readouterr().out.strip() == str(sweep / "report.md")
     text = (sweep / "report.md").read_text()
     header, *rows = md_table(text)
-    assert header == ["#", "settings", "layout", "processes", "memory backend", "epochs", "test AP", "val AP",
-                      "events/s", "speed-up", "ideal", "wall s", "bytes sent"]
+    assert header == ["#", "settings", "layout", "global batch", "processes", "memory backend", "epochs", "test AP",
+                      "val AP", "events/s", "speed-up", "over", "ideal", "wall s", "bytes sent"]
     summaries = {n: json.loads((sweep / str(n) / "summary.json").read_text()) for n in range(3)}
     base = summaries[0]["train_events_per_s"]
+    # batch size 100 per trainer: 2 x 1 x 1 trains a global batch of 200, which no 1 x 1 x 1 point has
+    speedup = {0: f"{1.0:.2f}", 1: "-", 2: f"{summaries[2]['train_events_per_s'] / base:.2f}"}
     for n, s in summaries.items():
         row = dict(zip(header, rows[n]))
         sent = sum(c["bytes_sent"] for c in s["communication"].values())
         assert row == {"#": str(n), "settings": "memory.backend=auto", "layout": s["parallel"],
+                       "global batch": {0: "100", 1: "200", 2: "100"}[n],
                        "processes": str({0: 1, 1: 2, 2: 2}[n]), "memory backend": s["memory_backend"],
                        "epochs": "2", "test AP": f"{s['test_ap']:.4f}", "val AP": f"{s['val_ap']:.4f}",
-                       "events/s": f"{s['train_events_per_s']:,.0f}",
-                       "speed-up": f"{s['train_events_per_s'] / base:.2f}", "ideal": row["processes"],
+                       "events/s": f"{s['train_events_per_s']:,.0f}", "speed-up": speedup[n],
+                       "over": "-" if n == 1 else "#0", "ideal": row["processes"],
                        "wall s": "12.34", "bytes sent": f"{sent:,}"}
-    assert rows[3][:3] == ["3", "memory.backend=daemon", "2 x 1 x 1"] and rows[3][6:10] == ["-"] * 4
+    assert rows[3][:4] == ["3", "memory.backend=daemon", "2 x 1 x 1", "200"] and rows[3][7:12] == ["-"] * 5
     assert "Without a summary (failed, stopped or still running): `#3 2x1x1 backend=daemon`." in text
     with open(sweep / "report" / "points.csv") as f:
         exact = list(csv.DictReader(f))
     for n, s in summaries.items():
         assert float(exact[n]["test AP"]) == s["test_ap"] and float(exact[n]["events/s"]) == s["train_events_per_s"]
-        assert float(exact[n]["speed-up"]) == s["train_events_per_s"] / base
+    assert [float(exact[n]["speed-up"]) for n in (0, 2)] == [1.0, summaries[2]["train_events_per_s"] / base]
+    assert exact[1]["speed-up"] == "" and exact[1]["global batch"] == "200"
     assert exact[3]["test AP"] == "" and exact[3]["speed-up"] == ""
     for name in ("scaling.png", "test_ap.png", "communication.png", "curves.png"):
         assert (sweep / "report" / name).read_bytes()[:8] == PNG and f"](report/{name})" in text
@@ -138,8 +145,9 @@ def test_a_sweep_record_names_the_points_that_left_no_directory(tmp_path):
     assert cli_main(["report", str(sweep)]) == 0
     text = (sweep / "report.md").read_text()
     rows = md_table(text)[1:]
-    assert [r[:4] for r in rows] == [["0", "model=tgn", "1 x 1 x 1", "1"], ["1", "model=jodie", "2 x 1 x 1", "2"]]
-    assert rows[1][6:10] == ["-"] * 4 and "Without a summary (failed, stopped or still running): `#1 2x1x1 model=jodie`" in text
+    assert [r[:5] for r in rows] == [["0", "model=tgn", "1 x 1 x 1", "100", "1"],
+                                     ["1", "model=jodie", "2 x 1 x 1", "-", "2"]]  # its batch size is not known
+    assert rows[1][7:12] == ["-"] * 5 and "Without a summary (failed, stopped or still running): `#1 2x1x1 model=jodie`" in text
 
 
 @pytest.fixture
@@ -235,3 +243,122 @@ def test_communication_is_drawn_in_a_unit_the_label_names(tmp_path, drawn, sent,
     scale = {"bytes": 1, "kB": 1e3, "MB": 1e6, "GB": 1e9}[unit]
     top = sum(b.get_height() for c in ax.containers for b in c)
     assert top == pytest.approx(sent / scale) and 1 <= top < 1000
+
+
+# ------------------------------------------------------------------ the plots answer their question
+
+
+def _sweep(root, points):
+    """A sweep of hand-built runs: (layout, batch size per trainer, events/s, extra overrides)."""
+    for n, (layout, batch, rate, extra) in enumerate(points):
+        make_run(root / str(n), layout, [f"train.batch_size={batch}", *extra], rate=rate, batch=batch)
+    return root
+
+
+def _speedup_panel(fig):
+    ups = [ax for ax in fig.axes if ax.get_title().startswith("speed-up")]
+    return ups[0] if ups else None
+
+
+def test_speed_up_compares_equal_global_batches_only(tmp_path, drawn):
+    """train.batch_size is per trainer: 2 x 1 x 1 at batch 100 trains a global batch of 200, so its
+    speed-up is over the 1 x 1 x 1 point of batch 200, never over the one of batch 100."""
+    from tgdist.cli import report
+    from tgdist.runtime import results
+
+    sweep = _sweep(tmp_path / "sweep", [((1, 1, 1), 100, 1000.0, []), ((1, 1, 1), 200, 1500.0, []),
+                                        ((2, 1, 1), 100, 2100.0, []), ((2, 1, 1), 200, 3000.0, [])])
+    points = results.sweep_points(results.read_sweep(sweep))
+    assert [p.global_batch for p in points] == [100, 200, 200, 400]
+    assert [(p.speedup, p.baseline) for p in points] == [(1.0, 0), (1.0, 1), ((2100.5) / 1500.5, 1), (None, None)]
+    series = report.scaling_series(points)
+    assert [(s.name, [p.num for p in s.points]) for s in series] == [
+        ("global batch 100", [0]), ("global batch 200", [1, 2]), ("global batch 400", [3])]
+    assert cli_main(["report", str(sweep)]) == 0
+    text = (sweep / "report.md").read_text()
+    assert "`train.batch_size` is per trainer: a point's global batch is i x batch_size events" in text
+    assert "the same global batch and the same other settings" in text
+    assert ("Without a 1 x 1 x 1 point of the same global batch, so on the throughput panel only: "
+            "`#3 2x1x1 batch_size=200` (global batch 400; a 1 x 1 x 1 point with `train.batch_size=400` would "
+            "be its baseline).") in text
+    fig = drawn["scaling.png"]
+    up = _speedup_panel(fig)
+    drawn_up = sorted((x, y) for line in up.get_lines() if line.get_label() != "ideal"
+                      for x, y in zip(line.get_xdata(), line.get_ydata()))
+    assert drawn_up == [(1, 1.0), (2, pytest.approx(2100.5 / 1500.5))]  # no lone baseline, no point #3
+    rate = fig.axes[0]
+    assert sorted(t.get_text() for t in rate.texts) == ["1x1x1, 100", "1x1x1, 200", "2x1x1, 200", "2x1x1, 400"]
+    assert [t.get_text() for t in rate.get_legend().get_texts()] == [s.name for s in series]
+
+
+def test_a_sweep_over_i_at_one_batch_size_draws_no_speed_up(tmp_path, drawn):
+    """The issue's case: parallel.i=1,2 at one batch size drew a speed-up of 2.10 "above ideal"."""
+    sweep = tmp_path / "sweep"
+    make_run(sweep / "0", (1, 1, 1), rate=1000.0)
+    make_run(sweep / "1", (2, 1, 1), rate=2100.0)
+    assert cli_main(["report", str(sweep)]) == 0
+    fig = drawn["scaling.png"]
+    assert len(fig.axes) == 1 and _speedup_panel(fig) is None
+    assert "no speed-up" in " ".join(t.get_text() for t in fig.axes[0].texts)
+    rows = md_table((sweep / "report.md").read_text())
+    assert [r[3] for r in rows[1:]] == ["100", "200"] and [r[10] for r in rows[1:]] == ["1.00", "-"]
+
+
+@pytest.mark.parametrize("layouts", [[(1, 1, 1), (1, 1, 1)], [(2, 1, 1), (1, 1, 2)]])
+def test_no_scaling_plot_without_a_parallel_axis(tmp_path, drawn, layouts):
+    from tgdist.cli import report
+    from tgdist.runtime import results
+
+    sweep = tmp_path / "sweep"
+    for n, (layout, model) in enumerate(zip(layouts, ["tgn", "jodie"])):
+        make_run(sweep / str(n), layout, [f"model={model}"])
+    assert report.scaling_series(results.sweep_points(results.read_sweep(sweep))) is None
+    assert cli_main(["report", str(sweep)]) == 0
+    text = (sweep / "report.md").read_text()
+    procs = layouts[0][0] * layouts[0][2]
+    assert f"No scaling.png: every point with a throughput ran on {procs} process(es)" in text
+    assert "scaling.png" not in drawn and not (sweep / "report" / "scaling.png").exists()
+    assert "](report/scaling.png)" not in text and "](report/curves.png)" in text
+
+
+def test_scaling_axes_start_at_0(tmp_path, drawn):
+    """A ratio is read off both panels (twice the events/s, twice the processes): no axis is cut."""
+    sweep = _sweep(tmp_path / "sweep", [((1, 1, 1), 200, 3000.0, []), ((2, 1, 1), 100, 3400.0, []),
+                                        ((1, 1, 2), 200, 3500.0, [])])
+    assert cli_main(["report", str(sweep)]) == 0
+    fig = drawn["scaling.png"]
+    assert len(fig.axes) == 2
+    for ax in fig.axes:
+        ys = [y for line in ax.get_lines() for y in line.get_ydata()]
+        xs = [x for line in ax.get_lines() for x in line.get_xdata()]
+        assert ax.get_ylim()[0] == 0 and ax.get_xlim()[0] == 0
+        assert ax.get_ylim()[1] > max(ys) and ax.get_xlim()[1] > max(xs)
+
+
+def test_one_colour_per_run_in_both_curve_panels(tmp_path, drawn):
+    """Each run is one colour in the loss panel and in the AP panel (val and test alike, told apart
+    by open and filled markers), and no two runs share one."""
+    from matplotlib.colors import to_rgba
+
+    sweep = tmp_path / "sweep"
+    for n in range(3):
+        make_run(sweep / str(n), (n + 1, 1, 1))
+    make_run(sweep / "3", (2, 1, 1), epochs=1)  # a parallel run: one metrics line, lone markers
+    assert cli_main(["report", str(sweep)]) == 0
+    loss, ap = drawn["curves.png"].axes
+    colour = {line.get_label(): to_rgba(line.get_color()) for line in loss.get_lines()}
+    assert len(colour) == 4 and len(set(colour.values())) == 4
+    for line in ap.get_lines():
+        run, kind = line.get_label().rsplit(" ", 1)
+        assert to_rgba(line.get_color()) == colour[run]
+        face = to_rgba(line.get_markerfacecolor())
+        assert face == (to_rgba("white") if kind == "val" else colour[run])
+    assert len(ap.get_lines()) == 8
+
+
+def test_run_colours_stay_distinct_past_ten():
+    from tgdist.cli.report import run_colours
+
+    for n in (1, 10, 11, 20, 25):
+        colours = run_colours([f"run {x}" for x in range(n)])
+        assert len(colours) == n and len(set(colours.values())) == n

@@ -6,10 +6,13 @@
 A run: loss and val/test AP per epoch, the seconds of each training stage per epoch (runs of one
 process record them), the summary's numbers and its communication per phase. A sweep: a table of
 every point (its numbers are the summaries', also written with full precision to
-``report/points.csv``), events/s and speed-up against processes (against the 1 x 1 x 1 point of the
-same settings, and ideal), test AP per point, communication bytes per phase, and the curves of
-every point. The plots go to ``PATH/report/`` (``--out DIR`` writes ``DIR/report.md`` and
-``DIR/report/`` instead). matplotlib draws them (the ``plot`` extra), without a display.
+``report/points.csv``), events/s against processes with each point's global batch, speed-up only
+between points of equal global batch (``train.batch_size`` is per trainer, so a point's global batch
+is ``i * batch_size``; see ``tgdist.runtime.results``), test AP per point, communication bytes per
+phase, and the curves of every point, one colour per point in both panels. A sweep whose points all
+ran on the same number of processes has no scaling plot. The plots go to ``PATH/report/``
+(``--out DIR`` writes ``DIR/report.md`` and ``DIR/report/`` instead). matplotlib draws them (the
+``plot`` extra), without a display.
 """
 
 from __future__ import annotations
@@ -19,17 +22,19 @@ import csv
 import io
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from tgdist.errors import ConfigError
 from tgdist.runtime import results
 from tgdist.runtime.results import Point, Run
 
-__all__ = ["POINT_COLUMNS", "byte_unit", "main", "stage_series", "write_report"]
+__all__ = ["POINT_COLUMNS", "byte_unit", "main", "run_colours", "scaling_notes", "scaling_series", "stage_series",
+           "write_report"]
 
 # the sweep table's columns: (header, how the cell is read from a point)
-POINT_COLUMNS = ("#", "settings", "layout", "processes", "memory backend", "epochs", "test AP", "val AP",
-                 "events/s", "speed-up", "ideal", "wall s", "bytes sent")
+POINT_COLUMNS = ("#", "settings", "layout", "global batch", "processes", "memory backend", "epochs", "test AP",
+                 "val AP", "events/s", "speed-up", "over", "ideal", "wall s", "bytes sent")
 
 
 def _fmt(value, spec: str) -> str:
@@ -43,14 +48,16 @@ def point_row(p: Point) -> dict:
     s = p.run.summary or {}
     i, j, k = p.run.layout
     return {"#": p.num, "settings": " ".join(f"{key}={value}" for key, value in p.settings.items()),
-            "layout": f"{i} x {j} x {k}", "processes": p.run.processes, "memory backend": s.get("memory_backend"),
-            "epochs": s.get("epochs"), "test AP": s.get("test_ap"), "val AP": s.get("val_ap"),
-            "events/s": s.get("train_events_per_s"), "speed-up": p.speedup, "ideal": p.run.processes,
+            "layout": f"{i} x {j} x {k}", "global batch": p.global_batch, "processes": p.run.processes,
+            "memory backend": s.get("memory_backend"), "epochs": s.get("epochs"), "test AP": s.get("test_ap"),
+            "val AP": s.get("val_ap"), "events/s": s.get("train_events_per_s"), "speed-up": p.speedup,
+            "over": None if p.baseline is None else f"#{p.baseline}", "ideal": p.run.processes,
             "wall s": s.get("wall_seconds"),
             "bytes sent": sum(results.communication_bytes(p.run).values()) if p.run.summary else None}
 
 
-_CELL = {"test AP": ".4f", "val AP": ".4f", "events/s": ",.0f", "speed-up": ".2f", "wall s": ".2f", "bytes sent": ","}
+_CELL = {"global batch": ",", "test AP": ".4f", "val AP": ".4f", "events/s": ",.0f", "speed-up": ".2f",
+         "wall s": ".2f", "bytes sent": ","}
 
 
 def format_row(row: dict) -> list[str]:
@@ -77,19 +84,38 @@ def _pyplot():
     return plt
 
 
+def run_colours(labels: list[str]) -> dict[str, tuple]:
+    """One colour (RGBA) per label, distinct for up to 20 labels (tab10, then tab20, then spread
+    over viridis), so a run, or a series, has the same colour in every panel of a figure."""
+    from matplotlib import colormaps
+
+    labels = list(dict.fromkeys(labels))
+    n = len(labels)
+    if n <= 10:
+        colours = [colormaps["tab10"](x) for x in range(n)]
+    elif n <= 20:
+        colours = [colormaps["tab20"](x) for x in range(n)]
+    else:
+        colours = [colormaps["viridis"](x / (n - 1)) for x in range(n)]
+    return dict(zip(labels, colours))
+
+
 def _curves(plt, runs: list[tuple[str, Run]], path: Path) -> bool:
-    """Loss, and val / test AP, per epoch (one line per run)."""
+    """Loss, and val (dashed, open markers) / test (solid, filled) AP, per epoch: one colour per
+    run in both panels (a parallel run's one metrics line is a lone marker, so the markers, not only
+    the line styles, tell val from test)."""
     runs = [(label, r) for label, r in runs if any(m.get("epoch", -1) >= 0 for m in r.metrics)]
     if not runs:
         return False
+    colour = run_colours([label for label, _ in runs])
     fig, (ax_loss, ax_ap) = plt.subplots(1, 2, figsize=(11, 4))
     for label, run in runs:
         lines = sorted((m for m in run.metrics if m.get("epoch", -1) >= 0), key=lambda m: m["epoch"])
         epochs = [m["epoch"] for m in lines]
-        ax_loss.plot(epochs, [m.get("loss") for m in lines], marker="o", label=label)
-        for key, style in (("val_ap", "--"), ("test_ap", "-")):
-            ax_ap.plot(epochs, [m.get(key) for m in lines], style, marker="o",
-                       label=f"{label} {key[:-3]}" if label else key[:-3])
+        ax_loss.plot(epochs, [m.get("loss") for m in lines], marker="o", color=colour[label], label=label)
+        for key, style, face in (("val_ap", "--", "white"), ("test_ap", "-", colour[label])):
+            ax_ap.plot(epochs, [m.get(key) for m in lines], style, marker="o", color=colour[label],
+                       markerfacecolor=face, label=f"{label} {key[:-3]}" if label else key[:-3])
     ax_loss.set(xlabel="epoch", ylabel="training loss", title="loss")
     ax_ap.set(xlabel="epoch", ylabel="AP", title="validation and test AP")
     epochs = [m["epoch"] for _, r in runs for m in r.metrics if m.get("epoch", -1) >= 0]
@@ -102,14 +128,18 @@ def _curves(plt, runs: list[tuple[str, Run]], path: Path) -> bool:
 
 
 def _finish_pair(plt, fig, left, right, left_legend: bool, path: Path) -> None:
-    """Two panels over integer x: grids, the right one's legend (the left one's too when it has
-    several series), saved to ``path``."""
+    """Two panels (or one: ``right`` None) over integer x: grids, the right one's legend (the left
+    one's too when it has several series, or when it is alone), saved to ``path``."""
+    if right is None:
+        right, left, left_legend = left, None, False
     for ax in (left, right):
+        if ax is None:
+            continue
         ax.grid(alpha=0.3)
         # one tick is enough: an axis one epoch wide would otherwise get fractional epochs
         ax.xaxis.get_major_locator().set_params(integer=True, min_n_ticks=1)
     right.legend(fontsize="small")
-    if left_legend:
+    if left is not None and left_legend:
         left.legend(fontsize="small")
     _save(plt, fig, path)
 
@@ -178,29 +208,69 @@ def _stages(plt, run: Run, path: Path) -> bool:
     return True
 
 
-def _scaling(plt, points: list[Point], path: Path) -> bool:
-    """events/s against processes, and speed-up against processes with the ideal line."""
+@dataclass
+class Series:
+    """The points of a scaling plot drawn in one colour: those of one global batch and the same
+    other settings (the only points a speed-up may compare)."""
+
+    name: str  # the legend's: "global batch 400" and the other settings
+    points: list[Point]  # by processes
+
+
+def scaling_series(points: list[Point]) -> list[Series] | None:
+    """The points with events/s, grouped by (global batch, other settings), in order of appearance;
+    None when they all ran on the same number of processes: such a sweep has no parallel axis,
+    and its scaling plot would be one column of dots."""
     done = [p for p in points if (p.run.summary or {}).get("train_events_per_s")]
-    if not done:
-        return False
-    fig, (ax_rate, ax_up) = plt.subplots(1, 2, figsize=(11, 4))
+    if len({p.run.processes for p in done}) < 2:
+        return None
     series: dict[str, list[Point]] = {}
     for p in done:
-        series.setdefault(" ".join(f"{k}={v}" for k, v in p.settings.items()), []).append(p)
-    for name, ps in series.items():
-        ps = sorted(ps, key=lambda p: p.run.processes)
-        procs = [p.run.processes for p in ps]
-        ax_rate.plot(procs, [p.run.summary["train_events_per_s"] for p in ps], "o", label=name or None)
-        for p in ps:
-            ax_rate.annotate("{}x{}x{}".format(*p.run.layout), (p.run.processes, p.run.summary["train_events_per_s"]),
-                             fontsize="x-small", xytext=(3, 3), textcoords="offset points")
-        up = [p for p in ps if p.speedup is not None]
-        ax_up.plot([p.run.processes for p in up], [p.speedup for p in up], "o", label=name or "speed-up")
-    most = max(p.run.processes for p in done)
-    ax_up.plot([1, most], [1, most], "k:", label="ideal")
-    ax_rate.set(xlabel="processes (i x j x k)", ylabel="training events/s", title="throughput")
-    ax_up.set(xlabel="processes (i x j x k)", ylabel="speed-up over 1 x 1 x 1", title="speed-up")
-    _finish_pair(plt, fig, ax_rate, ax_up, len(series) > 1, path)
+        g = "?" if p.global_batch is None else f"{p.global_batch:,}"
+        rest = " ".join(f"{k}={v}" for k, v in p.other_settings.items())
+        series.setdefault(f"global batch {g}" + (f" {rest}" if rest else ""), []).append(p)
+    return [Series(name, sorted(ps, key=lambda p: (p.run.processes, p.run.layout))) for name, ps in series.items()]
+
+
+def _scaling(plt, points: list[Point], path: Path) -> bool:
+    """events/s against processes, every point labelled with its layout and global batch; beside
+    it, where some parallel point has a 1 x 1 x 1 point of its global batch, speed-up against
+    processes with the ideal line. One colour per series (global batch and other settings) in both
+    panels; both axes of both panels from 0, since a ratio is read from them."""
+    series = scaling_series(points)
+    if series is None:
+        return False
+    with_up = any(p.speedup is not None and p.run.processes > 1 for s in series for p in s.points)
+    if with_up:
+        fig, (ax_rate, ax_up) = plt.subplots(1, 2, figsize=(11, 4.4))
+    else:
+        fig, ax_rate = plt.subplots(figsize=(6.5, 4.4))
+        ax_up = None
+    colour = run_colours([s.name for s in series])
+    for s in series:
+        rates = [p.run.summary["train_events_per_s"] for p in s.points]
+        ax_rate.plot([p.run.processes for p in s.points], rates, "o-", lw=1, color=colour[s.name], label=s.name)
+        for p, rate in zip(s.points, rates):
+            note = "{}x{}x{}".format(*p.run.layout) + ("" if p.global_batch is None else f", {p.global_batch:,}")
+            ax_rate.annotate(note, (p.run.processes, rate), fontsize="x-small", xytext=(3, 3),
+                             textcoords="offset points")
+        up = [p for p in s.points if p.speedup is not None]
+        if ax_up is not None and any(p.run.processes > 1 for p in up):  # not a lone baseline at 1.0
+            ax_up.plot([p.run.processes for p in up], [p.speedup for p in up], "o-", lw=1, color=colour[s.name],
+                       label=s.name)
+    if ax_up is None:  # said on the figure too, which may be read without report.md
+        ax_rate.text(0.98, 0.02, "no speed-up: no 1 x 1 x 1 point has a\nparallel point's global batch (report.md)",
+                     transform=ax_rate.transAxes, ha="right", va="bottom", fontsize="x-small", color="0.3")
+    most = max(p.run.processes for s in series for p in s.points)
+    top = max(p.run.summary["train_events_per_s"] for s in series for p in s.points)
+    ax_rate.set(xlabel="processes (i x j x k)", ylabel="training events/s",
+                title="throughput (labels: layout, global batch)", xlim=(0, most + 0.5), ylim=(0, top * 1.15))
+    if ax_up is not None:
+        ax_up.plot([1, most], [1, most], "k:", label="ideal")
+        best = max(p.speedup for s in series for p in s.points if p.speedup is not None)
+        ax_up.set(xlabel="processes (i x j x k)", ylabel="speed-up over 1 x 1 x 1, same global batch",
+                  title="speed-up at equal global batch", xlim=(0, most + 0.5), ylim=(0, max(most, best) * 1.1))
+    _finish_pair(plt, fig, ax_rate, ax_up, True, path)
     return True
 
 
@@ -312,12 +382,41 @@ def _sweep_markdown(path: Path, points: list[Point], images: list[str]) -> str:
     if failed:
         out += ["Without a summary (failed, stopped or still running): "
                 + ", ".join(f"`{p.label}`" for p in failed) + ".", ""]
-    out += ["Speed-up is events/s over the 1 x 1 x 1 point with the same settings; ideal is the number of "
-            "processes. Bytes are those rank 0 sent, summed over the phases. Full precision: "
+    out += [_SPEEDUP_RULE + " Bytes are those rank 0 sent, summed over the phases. Full precision: "
             "[report/points.csv](report/points.csv).", "",
             _table(list(POINT_COLUMNS), [format_row(point_row(p)) for p in points]), ""]
+    out += scaling_notes(points, "scaling.png" in images)
     out += [f"![{name}](report/{name})" for name in images]
     return "\n".join(out) + "\n"
+
+
+_SPEEDUP_RULE = ("`train.batch_size` is per trainer: a point's global batch is i x batch_size events, so points "
+                 "of one batch size but different i train different global batches. Speed-up is events/s over "
+                 "the 1 x 1 x 1 point (column `over`) of the same global batch and the same other settings; ideal "
+                 "is the number of processes.")
+
+
+def scaling_notes(points: list[Point], drawn: bool) -> list[str]:
+    """report.md's lines on the scaling plot: what it compares, or why there is none, and which
+    parallel points have no speed-up, with the batch size a 1 x 1 x 1 point would need."""
+    done = [p for p in points if (p.run.summary or {}).get("train_events_per_s")]
+    if not drawn:
+        if not done:
+            return []
+        counts = sorted({p.run.processes for p in done})
+        return [f"No scaling.png: every point with a throughput ran on {counts[0]} process(es), so the sweep "
+                "has no parallel axis.", ""]
+    out = ["scaling.png: training events/s of every point against its processes, one colour per global batch "
+           "(and other settings), each point labelled with its layout and global batch; the speed-up panel "
+           "holds only the points of the table's speed-up column (equal global batches), against the ideal "
+           "line. Both axes of both panels start at 0."]
+    alone = [p for p in done if p.speedup is None and p.run.processes > 1]
+    if alone:
+        out[0] += (" Without a 1 x 1 x 1 point of the same global batch, so on the throughput panel only: "
+                   + ", ".join(f"`{p.label}` (global batch {_fmt(p.global_batch, ',')}"
+                               + (f"; a 1 x 1 x 1 point with `train.batch_size={p.global_batch}` would be its "
+                                  "baseline)" if p.global_batch is not None else ")") for p in alone) + ".")
+    return out + [""]
 
 
 def write_report(path: Path, out: Path | None = None) -> Path:

@@ -5,9 +5,13 @@ A run directory (``tgdist train``, one ``tgdist launch``) holds ``config.yaml``,
 ``RUN_DIR``) holds one run directory per job, named by its number. Nothing here draws: these are
 plain functions over those files, so the report's tables can be checked against the summaries.
 
-Speed-up is a point's training events/s over that of the 1 x 1 x 1 point with the same other
-settings (the config keys that vary across the sweep, ``parallel.*`` aside); ideal is the number
-of processes i*j*k. A point without such a baseline has no speed-up.
+``train.batch_size`` is per trainer: the i trainers of a subgroup split a *global batch* of
+``i * batch_size`` events (the events of one memory update), so a sweep over ``parallel.i`` at one
+batch size trains its points on different global batches. Speed-up is therefore a point's training
+events/s over that of the 1 x 1 x 1 point with the same global batch and the same other settings
+(the keys that vary across the sweep, ``parallel.*`` and ``train.batch_size`` aside): a 2 x 1 x 1
+point of batch size 200 is held against a 1 x 1 x 1 point of batch size 400. Ideal is the number of
+processes i*j*k. A point without such a baseline has no speed-up.
 """
 
 from __future__ import annotations
@@ -19,14 +23,15 @@ from pathlib import Path
 
 from tgdist.errors import ConfigError
 
-__all__ = ["Run", "Point", "read_run", "is_run_dir", "read_sweep", "sweep_points", "layout_of", "flatten",
-           "STAGES"]
+__all__ = ["Run", "Point", "read_run", "is_run_dir", "read_sweep", "sweep_points", "layout_of", "batch_size_of",
+           "flatten", "STAGES", "BATCH_KEY"]
 
 STAGES = ("sample", "features", "memory_read", "compute", "memory_write")
 SWEEP_RECORD = "sweep.json"  # tgdist launch's list of a sweep's jobs
 _RUN_FILES = (".tgdist-run", "summary.json", "metrics.jsonl", "config.yaml")
 # keys that differ between the jobs of any sweep without being a setting of it
 _NOT_SETTINGS = ("run_dir", "train.resume", "train.overwrite", "train.progress")
+BATCH_KEY = "train.batch_size"  # events per trainer; a point's global batch is i times it
 
 
 @dataclass
@@ -52,12 +57,25 @@ class Run:
 @dataclass
 class Point:
     """One job of a sweep: its number, run, the settings that vary across the sweep, and its
-    speed-up (None without a 1 x 1 x 1 baseline of the same settings, or without a summary)."""
+    speed-up over point ``baseline`` (None without a 1 x 1 x 1 point of the same global batch and
+    the same other settings, or without a summary)."""
 
     num: int
     run: Run
     settings: dict = field(default_factory=dict)
     speedup: float | None = None
+    baseline: int | None = None  # the number of the point the speed-up is over
+
+    @property
+    def global_batch(self) -> int | None:
+        """``i * train.batch_size`` events (None when the batch size is not known)."""
+        b = batch_size_of(self.run)
+        return None if b is None else self.run.layout[0] * b
+
+    @property
+    def other_settings(self) -> dict:
+        """The settings besides the batch size (which the global batch stands for in comparisons)."""
+        return {k: v for k, v in self.settings.items() if k != BATCH_KEY}
 
     @property
     def label(self) -> str:
@@ -114,6 +132,19 @@ def read_run(path: Path) -> Run:
                overrides=overrides)
 
 
+def batch_size_of(run: Run) -> int | None:
+    """``train.batch_size`` (events per trainer) from the summary, else the config, else the
+    command line's overrides (a job that left no directory)."""
+    for value in ((run.summary or {}).get("batch_size"), run.config.get(BATCH_KEY),
+                  (run.overrides or {}).get(BATCH_KEY)):
+        try:
+            if value is not None and not isinstance(value, bool) and int(value) > 0:
+                return int(value)
+        except (TypeError, ValueError):
+            continue
+    return None
+
+
 def layout_of(run: Run) -> tuple[int, int, int]:
     """(i, j, k) from the summary (``"2 x 1 x 1"``), else from the config."""
     text = (run.summary or {}).get("parallel")
@@ -145,7 +176,8 @@ def read_sweep(path: Path) -> list[tuple[int, Run]]:
 def sweep_points(runs: list[tuple[int, Run]]) -> list[Point]:
     """The points of a sweep with the settings that vary across it and their speed-ups. The
     settings are the command-line overrides that differ between points (``.hydra/overrides.yaml``),
-    else the config values that do, save those a layout changes by itself (a scaled ``train.lr``)."""
+    else the config values that do, save those a layout changes by itself (a scaled ``train.lr``).
+    A point's speed-up is over the 1 x 1 x 1 point of its global batch and other settings."""
     typed = all(r.overrides is not None for _, r in runs)
     values = [(r.overrides if typed else r.config) for _, r in runs]
     keys = [k for k in dict.fromkeys(k for v in values for k in v)
@@ -157,9 +189,12 @@ def sweep_points(runs: list[tuple[int, Run]]) -> list[Point]:
         rate = _rate(p.run)
         if rate is None:
             continue
-        base = [q for q in points if q.run.layout == (1, 1, 1) and q.settings == p.settings and _rate(q.run)]
+        if p.global_batch is None:
+            continue
+        base = [q for q in points if q.run.layout == (1, 1, 1) and q.global_batch == p.global_batch
+                and q.other_settings == p.other_settings and _rate(q.run)]
         if base:
-            p.speedup = rate / _rate(base[0].run)
+            p.speedup, p.baseline = rate / _rate(base[0].run), base[0].num
     return points
 
 
