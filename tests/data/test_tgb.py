@@ -16,7 +16,7 @@ from tgdist.config import check_data_source, load_data
 from tgdist.data import tgb
 from tgdist.data.graph import chronological_split
 from tgdist.errors import ConfigError, DataError
-from tgdist.runtime.build import compose
+from tgdist.runtime.build import build_trainer, compose
 
 
 def tgb_dataset(name: str, root):
@@ -146,12 +146,99 @@ def test_negatives_of_another_edge_list_are_refused_naming_the_event(tmp_path):
     with open(info["folder"] / "tgbl-wiki_val_ns_v2.pkl", "wb") as fh:
         pickle.dump(table, fh)
     g = tgb.read("tgbl-wiki", tmp_path)
-    shipped = tgb.shipped_negatives("tgbl-wiki", tmp_path, g, chronological_split(g))
     with pytest.raises(DataError, match=r"no negatives for event \d+ \(src \d+, dst \d+, t \d+\)"):
-        shipped.part("val")
+        tgb.shipped_negatives("tgbl-wiki", tmp_path, g, chronological_split(g))
+    with open(info["folder"] / "tgbl-wiki_val_ns_v2.pkl", "wb") as fh:
+        pickle.dump(info["neg"]["val"], fh)
     (info["folder"] / "tgbl-wiki_test_ns_v2.pkl").write_bytes(b"not a pickle")
     with pytest.raises(DataError, match="not a TGB negative-sample file"):
-        shipped.part("test")
+        tgb.shipped_negatives("tgbl-wiki", tmp_path, g, chronological_split(g))
+
+
+def _run(tmp_path, *extra):
+    return subprocess.run([sys.executable, "-m", "tgdist", "train", *overrides(tmp_path), "train.eval=tgb",
+                           "model.mem_dim=8", "model.time_dim=4", "train.epochs=1", "train.num_threads=1",
+                           "sampler.num_threads=1", f"data.cache_dir={tmp_path / 'cache'}", f"run_dir={tmp_path / 'run'}",
+                           *extra], capture_output=True, text=True, timeout=300, env=dict(os.environ))
+
+
+def _refused(r, start: str) -> str:
+    """The one line a refused ``tgdist train`` prints (exit 2), which must start with ``start``."""
+    assert r.returncode == 2, r.stderr[-2000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"tgdist train: error: {start}"), last
+    assert "Traceback" not in r.stderr and "epoch 0" not in r.stderr  # refused before training
+    return last
+
+
+def test_a_damaged_test_negatives_file_is_refused_at_the_start_not_after_training(tmp_path):
+    """It was read when the test part was evaluated, after all of training."""
+    info = write_wiki(tmp_path)
+    path = info["folder"] / "tgbl-wiki_test_ns_v2.pkl"
+    path.write_bytes(path.read_bytes()[:-100])  # a download cut short
+    _refused(_run(tmp_path), f"{path}: not a TGB negative-sample file: ")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_cut_leaving_tgb_evaluation_no_events_is_refused_before_training(tmp_path):
+    """``data.max_events`` keeping only TGB's training part trained, evaluated nothing and exited 0
+    with null metrics."""
+    write_wiki(tmp_path)
+    last = _refused(_run(tmp_path, "data.max_events=300"), "data=tgb: data.max_events=300 keeps the first 300 events "
+                    "of tgbl-wiki, and none of them is in TGB's val part")
+    assert last.endswith("drop data.max_events, or raise it")
+    assert not (tmp_path / "run").exists()
+    g = tgb.read("tgbl-wiki", tmp_path)  # a cut into the val part leaves the test part empty: refused the same
+    cut = chronological_split(g).range("val")[0] + 10
+    with pytest.raises(ConfigError, match=rf"^data=tgb: data.max_events={cut} keeps the first {cut} events of "
+                                          rf"tgbl-wiki, and none of them is in TGB's test part"):
+        build_trainer(compose(overrides(tmp_path, f"data.max_events={cut}", "train.eval=tgb")))
+
+
+class _Payload:
+    """What a crafted negatives file holds: unpickling it calls ``call(*args)``."""
+
+    def __init__(self, call, *args):
+        self.call, self.args = call, args
+
+    def __reduce__(self):
+        return self.call, self.args
+
+
+@pytest.mark.parametrize("payload", ["system", "eval", "nested"])
+def test_a_crafted_negatives_file_is_refused_and_does_not_run(tmp_path, payload):
+    """TGB's negatives were read with ``pickle.load``: a crafted file ran its payload."""
+    info = write_wiki(tmp_path)
+    marker = tmp_path / "ran"
+    code = {"system": _Payload(os.system, f"touch {marker}"),
+            "eval": _Payload(eval, f"open({str(marker)!r}, 'w').close()"),
+            # hidden as one negatives array of an otherwise genuine table
+            "nested": {**info["neg"]["val"], next(iter(info["neg"]["val"])): _Payload(os.system, f"touch {marker}")}}
+    path = info["folder"] / "tgbl-wiki_val_ns_v2.pkl"
+    path.write_bytes(pickle.dumps(code[payload], protocol=pickle.HIGHEST_PROTOCOL))
+    g = tgb.read("tgbl-wiki", tmp_path)
+    with pytest.raises(DataError) as e:
+        tgb.shipped_negatives("tgbl-wiki", tmp_path, g, chronological_split(g))
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(f"{path}: not a TGB negative-sample file: UnpicklingError: it asks for ")
+    assert ("builtins.eval" if payload == "eval" else "posix.system") in msg and "refused, not run" in msg
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+def test_the_restricted_unpickler_reads_what_pickle_reads(tmp_path, protocol):
+    """The files as py-tgb writes them (protocol 5), and older protocols: the same table as
+    ``pickle.load``, with float64 arrays (an event without historical negatives), int64 arrays,
+    an empty array and a non-contiguous one."""
+    table = {(np.int64(1), np.int64(2), np.int64(3)): np.array([4.0, 5.0]),
+             (np.int64(2), np.int64(3), np.int64(4)): np.arange(6, dtype=np.int64)[::2],
+             (np.int64(3), np.int64(4), np.int64(5)): np.zeros(0), (6, 7, 8): np.array([9], dtype=np.int32)}
+    path = tmp_path / "n.pkl"
+    path.write_bytes(pickle.dumps(table, protocol=protocol))
+    got = tgb._load_pickle(path)
+    assert list(got) == list(table)
+    for key, value in table.items():
+        assert got[key].dtype == value.dtype and (got[key] == value).all()
 
 
 def test_tgb_evaluation_needs_a_tgb_data_set(tmp_path):
@@ -205,3 +292,24 @@ def test_cached_read_is_parsed_once_and_equal(tmp_path, monkeypatch):
     edges.write_text(edges.read_text() + "0,0,99999.0,0,0.1,0.2,0.3\n")
     load_data(cfg.data)
     assert len(parses) == 1
+
+
+def test_an_edge_list_changed_in_place_with_its_size_and_time_is_parsed_again(tmp_path):
+    """The entry was keyed by the file's path, size and time: a file changed in place, its time put
+    back, was served from the old entry bit for bit."""
+    info = write_wiki(tmp_path / "data")
+    cfg = compose(overrides(tmp_path / "data", f"data.cache_dir={tmp_path / 'cache'}"))
+    old = load_data(cfg.data)
+    edges = info["folder"] / "tgbl-wiki_edgelist_v2.csv"
+    before = edges.stat()
+    text = edges.read_text()
+    end = text.index("\n", text.index("\n") + 1)  # the first event's line; its last character is a digit
+    digit = text[end - 1]
+    edges.write_text(text[:end - 1] + ("1" if digit != "1" else "2") + text[end:])
+    os.utime(edges, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert (edges.stat().st_size, edges.stat().st_mtime_ns) == (before.st_size, before.st_mtime_ns)
+    new = load_data(cfg.data)
+    fresh = tgb.read("tgbl-wiki", tmp_path / "data")  # parsed from the file as it is now
+    np.testing.assert_array_equal(new.edge_feat, fresh.edge_feat)
+    assert new.edge_feat[0, -1] != old.edge_feat[0, -1] and (new.edge_feat[1:] == old.edge_feat[1:]).all()
+    assert new.source_hash != old.source_hash  # a checkpoint of the old file is refused for the new

@@ -119,26 +119,44 @@ def test_a_reused_run_directory_drops_the_old_runs_checkpoint_and_summary(tmp_pa
     assert not (tmp_path / "a" / "checkpoints" / "last.pt").exists() and not (tmp_path / "a" / "summary.json").exists()
 
 
-def test_an_empty_evaluation_part_is_said_before_training(caplog):
-    """A part left empty by the split's cut to whole timestamps is warned about; one asked for
-    with a fraction of 0 is not (the warning blamed data.max_events for it)."""
+def test_an_empty_evaluation_part_is_refused_before_training(tmp_path):
+    """A part left empty by the split's cut to whole timestamps was a warning, then a run that exited
+    0 with null metrics; a part asked for with a fraction of 0 is left out on purpose."""
     g = _labelled_graph("node", 1000)
     g.t[:] = np.r_[np.repeat(np.arange(6), 100), np.full(400, 6)]  # both cuts move back to event 600
-    with caplog.at_level("WARNING"):
+    with pytest.raises(ConfigError, match=r"^no val events: in the chronological split of 1,000 events both of its "
+                                          r"cuts fall among the events at time 6 \(from event 600 on\), and a part "
+                                          r"never splits a timestamp, so no val metric could be computed: raise "
+                                          r"data.val_frac, or set data.val_frac=0 to run without a val part$"):
         build_trainer(compose(SMALL), graph=g)
-    assert "the val part of the split has no events: its metrics are null" in caplog.text
-    caplog.clear()
-    with caplog.at_level("WARNING"):
-        build_trainer(compose(SMALL + ["data.test_frac=0"]))
-    assert "part of the split" not in caplog.text
+    assert build_trainer(compose(SMALL + ["data.val_frac=0"]), graph=g) is not None
+    assert build_trainer(compose(SMALL + ["data.test_frac=0"])) is not None
+    with pytest.raises(ConfigError, match=r"^no test events: .* data.test_frac=1e-12 of 1,000 events is less than "
+                                          r"one event"):
+        build_trainer(compose(SMALL + ["data.test_frac=1e-12"]), graph=_labelled_graph("node", 1000))
+    import subprocess
+    import sys
+
+    from tgdist.data.graph import save_native
+
+    g = _labelled_graph("node", 1000)  # a data set's own split (TGL's ext_roll) cut by data.max_events
+    g.ext_roll = np.repeat(np.array([0, 1, 2], np.int8), [700, 150, 150])
+    save_native(g, tmp_path / "roll.npz")
+    small = [x for x in SMALL if not x.startswith("data.max_events=")]
+    r = subprocess.run([sys.executable, "-m", "tgdist", "train", *small, f"data.path={tmp_path / 'roll.npz'}",
+                        "data.max_events=500", f"data.cache_dir={tmp_path / 'cache'}", f"run_dir={tmp_path / 'r'}"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and not (tmp_path / "r").exists()
+    assert r.stderr.strip().splitlines()[-1] == (
+        "tgdist train: error: data.max_events=500 keeps the first 500 events of roll, and none of them is in the val "
+        "part of the data's own split (ext_roll), so no val metric could be computed: drop data.max_events, or raise it")
 
 
-def test_an_empty_val_part_reports_null_metrics_and_no_best_epoch(tmp_path):
+def test_an_empty_val_part_asked_for_reports_null_metrics_and_no_best_epoch(tmp_path):
     """Its keys were left out, and epoch 0 was named best (every epoch tied at -inf) with its test
     AP as test_ap_at_best_val."""
     g = _labelled_graph("node", 1000)
-    g.t[:] = np.r_[np.repeat(np.arange(6), 100), np.full(400, 6)]  # both cuts move back to event 600
-    cfg = compose(SMALL + ["train.epochs=2", f"run_dir={tmp_path / 'r'}"])
+    cfg = compose(SMALL + ["train.epochs=2", "data.val_frac=0", f"run_dir={tmp_path / 'r'}"])
     s = Run(cfg, tmp_path / "r", trainer=build_trainer(cfg, graph=g)).train()
     assert s["val_ap"] is None and s["val_auc"] is None and "val_mrr" not in s  # (train.val_mrr=false)
     assert s["best_epoch"] is None and s["best_val_ap"] is None and s["test_ap_at_best_val"] is None
@@ -728,10 +746,13 @@ def test_every_memory_store_on_one_process_gives_the_metrics_of_local_memory(tmp
     epoch, between which the stream restarts) exactly as local memory does. DepCache, Sven and
     DepComm hold a batch's writes until the store's exchange; evaluation made none, so it read
     lagging memory (val AP 0.8832 against 0.8959) and the next epoch applied the held writes after
-    its reset. No write may be pending when an evaluation starts or ends."""
+    its reset. No write may be pending when an evaluation starts or ends, and every batch's writes
+    are pending just before its exchange (the count the run's check reads is a real one)."""
+    from tgdist.memory.depcache import DepCacheMemory
+    from tgdist.memory.sven import PartitionedMemory
     from tgdist.runtime.trainer import Trainer
 
-    pending = []
+    pending, before_exchange = [], []
     evaluate = Trainer.evaluate
 
     def checked(self, part, *a, **k):
@@ -740,13 +761,22 @@ def test_every_memory_store_on_one_process_gives_the_metrics_of_local_memory(tmp
         pending.append(self.memory.pending_writes())
         return out
 
+    def counted(exchange):
+        def exchange_counted(self):
+            before_exchange.append(self.pending_writes())
+            return exchange(self)
+        return exchange_counted
+
     monkeypatch.setattr(Trainer, "evaluate", checked)
+    for store in (DepCacheMemory, PartitionedMemory):  # the stores that hold writes until the exchange
+        monkeypatch.setattr(store, "exchange", counted(store.exchange))
     over = SMALL + ["train.epochs=2", f"model={model}", "train.checkpoint_every=4", "train.test_every_epoch=true"] + \
         (["model.mailbox_size=3"] if model == "apan" else [])
     local, d_local = run(tmp_path, "local", over)
     lines = {}
     for backend in ("local", "depcache", "daemon", "depcomm", "sven"):
         pending.clear()
+        before_exchange.clear()
         got, d = (local, d_local) if backend == "local" else run(tmp_path, backend, over + [f"memory.backend={backend}"])
         assert got["memory_backend"] == backend
         assert metrics(got) == metrics(local) and got["best_epoch"] == local["best_epoch"], backend
@@ -755,6 +785,8 @@ def test_every_memory_store_on_one_process_gives_the_metrics_of_local_memory(tmp
         assert lines[backend] == lines["local"], backend
         if backend != "local":  # (local's ran before the probe was cleared; it holds none anyway)
             assert len(pending) == 2 * 5 and set(pending) == {0}, (backend, pending)  # 2 x (val, test) + final test
+        if backend in ("depcache", "depcomm", "sven"):  # every training and evaluation batch wrote, then exchanged
+            assert len(before_exchange) > got["iterations"] and min(before_exchange) > 0, (backend, before_exchange)
     assert [x["epoch"] for x in lines["local"]] == [0, 1] and "test_ap" in lines["local"][0]
 
 
@@ -864,30 +896,37 @@ def test_node_task_on_node_labels_at_times(tmp_path):
     assert g.node_labels.t[t1 - 1] < g.t[split.train_end] <= g.node_labels.t[t1]
 
 
-def test_downstream_metrics_of_a_part_without_labels_or_with_one_class_are_null(tmp_path, caplog):
-    """Not 0.0 as if measured, and not NaN, which is not JSON: null, with a warning naming why."""
+def test_a_part_without_labels_or_of_one_class_is_refused_before_training():
+    """Its ROC-AUC or F1 cannot be computed: the run trained, then reported null (before that, 0.0
+    as if measured)."""
     from tgdist.data.graph import NodeLabels, chronological_split, label_ranges
-    from tgdist.runtime.build import build_trainer
 
     g = _node_labelled_graph()
     split = chronological_split(g)
     keep = g.node_labels.t < g.t[split.val_end]  # no test labels
     lab = NodeLabels(g.node_labels.node[keep], g.node_labels.t[keep], g.node_labels.label[keep].copy())
+    node = SMALL + ["train.task=node"]
+    with pytest.raises(ConfigError, match=r"^train.task=node: none of the [\d,]+ node labels of data '.*' falls in the "
+                                          r"test part, so no test node metric could be computed: move the split"):
+        build_trainer(compose(node), graph=dataclasses.replace(g, node_labels=lab))
     (v0, v1) = label_ranges(lab, g, split)["val"]
     lab.label[v0:v1] = 1  # val labels all of one class: ROC-AUC is undefined
-    g = dataclasses.replace(g, node_labels=lab)
-    cfg = compose(SMALL + ["train.epochs=1", "train.task=node", "train.node_class_epochs=1", f"run_dir={tmp_path / 'n'}"])
-    with caplog.at_level("WARNING", logger="tgdist"):
-        summary = Run(cfg, tmp_path / "n", trainer=build_trainer(cfg, graph=g)).train()
-    assert summary["val_node_auc"] is None and summary["test_node_auc"] is None
-    assert "the val labels are all 1, so ROC-AUC is undefined (null)" in caplog.text
-    assert "no test labels, so test_node_auc is null" in caplog.text
+    with pytest.raises(ConfigError, match=rf"^train.task=node: the {v1 - v0} node labels of the val part are all 1, "
+                                          r"so its ROC-AUC could not be computed"):
+        build_trainer(compose(node), graph=dataclasses.replace(g, node_labels=lab))
+    edge = _labelled_graph("node")
+    edge.label[split.train_end:split.val_end] = 0
+    with pytest.raises(ConfigError, match=r"^train.task=edge: the [\d,]+ event labels of the val part are all 0, so "
+                                          r"its F1 could not be computed"):
+        build_trainer(compose(SMALL + ["train.task=edge"]), graph=edge)
+    assert build_trainer(compose(SMALL + ["train.task=link"]), graph=edge) is not None  # the link task has no labels
+    multi = _labelled_graph("edge")  # multi-label: F1 over columns is defined
+    multi.label[split.train_end:split.val_end] = 0
+    assert build_trainer(compose(SMALL + ["train.task=edge"]), graph=multi) is not None
 
-    def no_nan(name):
-        raise AssertionError(f"{name} in summary.json")
 
-    assert json.loads((tmp_path / "n" / "summary.json").read_text(), parse_constant=no_nan)["test_node_auc"] is None
-
+def test_downstream_metrics_of_a_part_asked_away_are_null(tmp_path, caplog):
+    """Not 0.0 as if measured, and not NaN, which is not JSON: null, with a warning naming why."""
     edge = _labelled_graph("classes")
     cfg = compose(SMALL + ["train.epochs=1", "train.task=edge", "train.node_class_epochs=1", "data.test_frac=0",
                            f"run_dir={tmp_path / 'e'}"])
@@ -897,21 +936,10 @@ def test_downstream_metrics_of_a_part_without_labels_or_with_one_class_are_null(
     assert summary["val_f1_micro"] is not None
     assert "no test labels, so test_f1_micro and test_f1_macro are null" in caplog.text
 
+    def no_nan(name):
+        raise AssertionError(f"{name} in summary.json")
 
-def test_a_one_class_part_of_a_binary_edge_label_reports_null_f1(tmp_path, caplog):
-    """As the node task: a 0/1 edge label that is 0 throughout the val part has no F1 (it was 0.0,
-    as if the model had been scored and failed)."""
-    from tgdist.data.graph import chronological_split
-
-    g = _labelled_graph("node")
-    split = chronological_split(g)
-    g.label[split.train_end:split.val_end] = 0
-    cfg = compose(SMALL + ["train.epochs=1", "train.task=edge", "train.node_class_epochs=1", f"run_dir={tmp_path / 'e'}"])
-    with caplog.at_level("WARNING", logger="tgdist"):
-        summary = Run(cfg, tmp_path / "e", trainer=build_trainer(cfg, graph=g)).train()
-    assert summary["val_f1_micro"] is None and summary["val_f1_macro"] is None
-    assert "edge classification: the val labels are all 0, so F1 is undefined (null)" in caplog.text
-    assert summary["test_f1_micro"] is not None
+    assert json.loads((tmp_path / "e" / "summary.json").read_text(), parse_constant=no_nan)["test_f1_micro"] is None
 
 
 def test_untrained_baseline_of_a_classification_task(tmp_path):
@@ -1000,3 +1028,36 @@ def test_a_resume_into_a_store_that_reads_other_files_is_refused_naming_both():
     checkpoint.check_store("last.pt", {"memory_backend": "depcache", "placement": None},
                            compose([*par, "memory.backend=daemon"]))  # a whole copy per group, both
     checkpoint.check_store("last.pt", {}, compose([*par, "memory.backend=depcache"]))  # an older checkpoint
+
+
+@pytest.mark.parametrize("backend, store, held", [("depcache", "DepCacheMemory", 2), ("sven", "SvenMemory", 1),
+                                                 ("depcomm", "DepCommMemory", 1)])
+def test_writes_left_unexchanged_at_an_evaluation_stop_the_run_in_one_line(tmp_path, monkeypatch, backend, store,
+                                                                            held):
+    """A store that holds a batch's writes until its exchange, with the exchange of the epoch's
+    last batch skipped: validation would read memory without that batch's writes (AP from lagging
+    memory, then the writes applied after the next epoch's reset). The run stops before evaluating,
+    naming how many write batches are held (DepCache: the batch's memory and mail writes; Sven and
+    DepComm: its aggregation, issued during the step) and where; nothing is recorded for the epoch."""
+    r = Run(compose(SMALL + ["train.epochs=1", f"memory.backend={backend}", f"run_dir={tmp_path / 'r'}"]),
+            tmp_path / "r")
+    try:
+        cls = type(r.trainer.memory)
+        assert cls.__name__ == store
+        exchange, calls = cls.exchange, []
+
+        def skipping_the_last(self):
+            calls.append(1)
+            if len(calls) != r.batches_per_epoch:  # (one exchange per training iteration)
+                exchange(self)
+
+        monkeypatch.setattr(cls, "exchange", skipping_the_last)
+        with pytest.raises(RuntimeError) as e:
+            r.train()
+        assert str(e.value) == (f"{held} memory write batches not yet exchanged at epoch 0's validation: the memory "
+                                f"store ({store}) would be read without them")
+        assert len(calls) == r.batches_per_epoch > 1
+        lines = tmp_path / "r" / "metrics.jsonl"
+        assert not lines.exists() or lines.read_text() == ""
+    finally:
+        r.close()

@@ -15,7 +15,14 @@ The split is TGB's: by time quantiles of all events, train ``t <= q(0.70)``, val
 ``q(0.70) < t <= q(0.85)``, test ``t > q(0.85)`` (numpy's linear quantile), carried as
 ``TemporalGraph.ext_roll`` so that ``chronological_split`` keeps it.
 
-The pickles are Python pickles: read only files from a source you trust (TGB's download).
+The pickles are read through a restricted unpickler (``NegativesUnpickler``) that builds only what
+TGB's files hold, a dict of tuples of numpy integers to numpy arrays, and refuses any other
+global, so a crafted file cannot run code. Both are read and matched to their events when the
+trainer is built (``shipped_negatives``): a damaged or foreign file is refused before training.
+
+A cached edge list (``read(cache=True)``) is keyed by the BLAKE2b digest of its bytes (and of the
+airport file's), as plain files are: a file changed in place, even to the same size and time, is
+parsed again.
 """
 
 from __future__ import annotations
@@ -23,16 +30,18 @@ from __future__ import annotations
 import csv
 import datetime
 import hashlib
+import importlib.util
 import logging
 import os
 import pickle
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from tgdist.data.graph import TemporalGraph
+from tgdist.data.mapped import digest_file
 from tgdist.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -53,7 +62,7 @@ DATASETS = {
 PARTS = ("val", "test")
 VAL_RATIO = TEST_RATIO = 0.15  # TGB's split of every tgbl data set
 MAX_WORDS = 5000  # tgbl-comment: its word counts are divided by this
-READER_VERSION = 1  # bump when a reader's output changes, so cache entries made by the old one are not used
+READER_VERSION = 2  # bump when a reader's output changes, so cache entries made by the old one are not used
 
 
 def check_name(name: str) -> tuple[int, str]:
@@ -255,19 +264,26 @@ def _airports(path: Path, ids: dict) -> np.ndarray:
 def read(name: str, root=None, cache: bool = False, cache_dir: str | Path | None = None) -> TemporalGraph:
     """TGB data set ``name`` as a ``TemporalGraph`` with TGB's node ids and split (``ext_roll``).
     ``cache``: through the processed-graph cache (``graph.cached_graph``, in ``cache_dir`` or the
-    default folder), keyed by the files' paths, sizes and times: parsed once per machine, then
-    mapped by every process (the larger TGB edge lists take minutes to parse)."""
+    default folder), keyed by the digest of the files' bytes: parsed once per machine, then mapped
+    by every process (the larger TGB edge lists take minutes to parse; hashing them, seconds)."""
     f = check_files(name, root, parts=("edges",))
+    digest = source_digest(f)
     if not cache:
-        return _parse(name, f)
+        return _parse(name, f, digest)
     from tgdist.data import graph as tdata
-    stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in (f.edges, f.nodes) if p is not None]
-    key = hashlib.blake2b(repr((READER_VERSION, tdata.CACHE_VERSION, name, stats)).encode(), digest_size=16).hexdigest()
+    key = hashlib.blake2b(repr((READER_VERSION, tdata.CACHE_VERSION, name, digest)).encode(), digest_size=16).hexdigest()
     folder = Path(cache_dir or tdata.default_cache_dir()) / f"{name}-{key}"
-    return tdata.cached_graph(folder, lambda: (_parse(name, f), []))
+    return tdata.cached_graph(folder, lambda: (_parse(name, f, digest), []))
 
 
-def _parse(name: str, f: Files) -> TemporalGraph:
+def source_digest(f: Files) -> str:
+    """What names the edge list's content: the BLAKE2b digests of its bytes and of the airport file's
+    (tgbl-flight), not their paths or times, so a file changed in place is never taken for the old."""
+    return hashlib.blake2b(repr([digest_file(p) for p in (f.edges, f.nodes) if p is not None]).encode(),
+                           digest_size=16).hexdigest()
+
+
+def _parse(name: str, f: Files, digest: str) -> TemporalGraph:
     family = DATASETS[name][1]
     reader = {"jodie": _read_jodie, "weight": _read_weight, "comment": _read_comment}.get(family)
     try:
@@ -290,8 +306,6 @@ def _parse(name: str, f: Files) -> TemporalGraph:
     num_nodes = max(int(per_event["src"].max()), int(per_event["dst"].max())) + 1
     if node_feat is not None:
         num_nodes = max(num_nodes, len(node_feat))
-    stat = f.edges.stat()
-    digest = hashlib.sha256(f"tgb:{name}:{f.edges.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
     g = TemporalGraph(per_event["src"], per_event["dst"], per_event["t"], num_nodes, np.arange(num_nodes),
                       edge_feat=per_event["edge_feat"], node_feat=node_feat, bipartite=bool(raw.get("bipartite")),
                       num_src_nodes=int(raw.get("num_src_nodes", 0)), ext_roll=tgb_roll(per_event["t"]), name=name,
@@ -332,12 +346,43 @@ class OneVsMany:
         return out, valid
 
 
+# numpy's own module for its reconstruction helpers: ``numpy._core`` from numpy 2 on (which still
+# reads the ``numpy.core`` of files written by numpy 1), ``numpy.core`` before
+_CORE = "numpy._core" if importlib.util.find_spec("numpy._core") is not None else "numpy.core"
+
+# What a TGB negatives file is made of (protocols 2 to 5): numpy arrays (``_frombuffer`` from
+# protocol 5, ``_reconstruct`` with ``ndarray`` before), numpy integer scalars (the keys), their
+# dtypes, and the bytes protocol 2 spells through ``_codecs.encode``. Dicts, tuples, lists,
+# numbers and strings are opcodes and need no global.
+ALLOWED_GLOBALS = frozenset({
+    ("numpy", "dtype"), ("numpy", "ndarray"), ("numpy.core.multiarray", "_reconstruct"),
+    ("numpy.core.multiarray", "scalar"), ("numpy.core.numeric", "_frombuffer"),
+    ("_codecs", "encode"), ("builtins", "bytes"), ("__builtin__", "bytes"),
+})
+
+
+class NegativesUnpickler(pickle.Unpickler):
+    """``pickle.Unpickler`` that resolves only ``ALLOWED_GLOBALS``: any other global (``os.system``,
+    ``builtins.eval``, a class with a ``__reduce__``) is an ``UnpicklingError`` raised before it is
+    imported, so a crafted file cannot run code; persistent ids are refused by ``pickle.Unpickler``
+    itself."""
+
+    def find_class(self, module: str, name: str):
+        canonical = module.replace("numpy._core.", "numpy.core.")
+        if (canonical, name) not in ALLOWED_GLOBALS:
+            raise pickle.UnpicklingError(f"it asks for {module}.{name}, which a TGB negative-sample file never holds "
+                                         f"(it holds numpy arrays in a dict): refused, not run")
+        return super().find_class(canonical.replace("numpy.core.", f"{_CORE}."), name)
+
+
 def _load_pickle(path: Path) -> dict:
     try:
         with open(path, "rb") as fh:
-            table = pickle.load(fh)  # noqa: S301 - TGB's format; the docstring says to trust its source
-    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError) as e:
-        raise DataError(f"{path}: not a TGB negative-sample file: {type(e).__name__}: {e}") from None
+            table = NegativesUnpickler(fh).load()
+    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, ValueError, TypeError,
+            IndexError, KeyError, MemoryError) as e:
+        text = " ".join(str(e).split()) or "truncated or damaged"
+        raise DataError(f"{path}: not a TGB negative-sample file: {type(e).__name__}: {text}") from None
     if not isinstance(table, dict):
         raise DataError(f"{path}: not a TGB negative-sample file (a {type(table).__name__}, not a dict keyed by "
                         f"(src, dst, t))")
@@ -367,31 +412,31 @@ def match_negatives(table: dict, graph: TemporalGraph, lo: int, hi: int, where: 
 
 @dataclass
 class ShippedNegatives:
-    """The val and test negatives of a TGB data set, each file read when its part is first evaluated
-    (only the rank that evaluates reads them). ``ranges[part]``: the part's events ``(lo, hi)``."""
+    """The val and test negatives of a TGB data set, ``parts[part]`` a ``OneVsMany`` over the part's
+    events. ``shipped_negatives`` reads and matches both files when the trainer is built, so a
+    damaged or foreign file is refused before training, not after it."""
 
-    paths: dict
-    graph: TemporalGraph
-    ranges: dict
-    _loaded: dict = field(default_factory=dict, repr=False)
+    parts: dict
 
     def has(self, part: str) -> bool:
-        return part in self.paths
+        return part in self.parts
 
     def part(self, part: str) -> OneVsMany:
-        if part not in self._loaded:
-            path = self.paths[part]
-            if not path.is_file():
-                raise DataError(f"data=tgb: {path} is missing; {how_to_get(self.graph.name, path.parent)}")
-            lo, hi = self.ranges[part]
-            log.info("reading the %s negatives of %s from %s", part, self.graph.name, path)
-            self._loaded[part] = match_negatives(_load_pickle(path), self.graph, lo, hi, str(path))
-        return self._loaded[part]
+        return self.parts[part]
+
+
+def read_negatives(path: Path, graph: TemporalGraph, lo: int, hi: int) -> OneVsMany:
+    """The negatives file ``path`` (restricted unpickling) matched to the events ``[lo, hi)``."""
+    log.info("reading the negatives of %s's events %d..%d from %s", graph.name, lo, hi - 1, path)
+    return match_negatives(_load_pickle(path), graph, lo, hi, str(path))
 
 
 def shipped_negatives(name: str, root, graph: TemporalGraph, split) -> ShippedNegatives:
+    """Both parts' negatives, read and checked now (at the run's start): each file whole, through
+    ``NegativesUnpickler``, every event of its part matched to its list. What is kept is the
+    ``OneVsMany`` arrays (8 bytes a negative), not the pickled dict."""
     f = check_files(name, root, parts=PARTS)
-    return ShippedNegatives(dict(f.negatives), graph, {p: split.range(p) for p in PARTS})
+    return ShippedNegatives({p: read_negatives(f.negatives[p], graph, *split.range(p)) for p in PARTS})
 
 
 def root_of(data_cfg) -> str | None:

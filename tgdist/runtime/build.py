@@ -34,6 +34,7 @@ from tgdist.memory.placement import check_settings
 from tgdist.models.modules import build_model, use_cpu_kernels
 from tgdist.runtime import checkpoint, pipelines, tensorboard
 from tgdist.runtime.cache import EmbeddingCache, default_size
+from tgdist.runtime.tasks import check_evaluation
 from tgdist.runtime.trainer import Trainer, memory_for, time_scale
 
 log = logging.getLogger(__name__)
@@ -307,19 +308,13 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
         raise ConfigError(f"no training events: the chronological split of {n:,} event{'s' * (n != 1)} "
                           f"(val_frac {cfg.data.val_frac}, test_frac {cfg.data.test_frac}, cut back to whole "
                           f"timestamps) leaves none before the validation part{why}")
+    check_evaluation(cfg, graph, split)  # no val/test events (or labels) to compute a metric on: refused
     # after the checks of the data: an error in it, or in the task it is read for, stays the one line on stderr
     log.info("%s", graph.describe())
     log.info("%s; threads: %d torch, %d numba; OpenMP %s", version_line(), torch_threads, numba_threads, wait_policy())
     if graph.mapped is None:  # a mapped graph's were found when its cache entry was built (its notes)
         for note in feature_scale_notes(graph):
             log.warning("%s", note)
-    empty = [part for part in ("val", "test") if split.range(part)[0] == split.range(part)[1]
-             and cfg.data[f"{part}_frac"] > 0]  # one asked for with a fraction of 0 is no surprise
-    if empty and graph.num_events > 1:  # e.g. data.max_events cutting a TGL directory's ext_roll split short
-        cut = (f" (data.max_events={cfg.data.max_events} keeps the first events only)"
-               if cfg.data.max_events and graph.num_events >= cfg.data.max_events else "")  # if it cut the stream
-        log.warning("the %s part%s of the split %s no events%s: %s metrics are null", " and ".join(empty),
-                    "s" * (len(empty) > 1), "have" if len(empty) > 1 else "has", cut, "their" if len(empty) > 1 else "its")
     unit = cfg.data.time_unit
     if unit == "auto":
         unit = epoch_time_unit(graph.t)
@@ -356,7 +351,7 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
                  num_neg_eval=cfg.train.num_neg_eval, device=dev,
                  progress=cfg.train.progress if progress is None else progress, num_threads=torch_threads,
                  units_per_second=units_per_second, cache=cache)
-    if cfg.train.eval == "tgb":  # read when a part is first evaluated (by the rank that evaluates)
+    if cfg.train.eval == "tgb":  # both files read and matched now, before training (tgb.shipped_negatives)
         tr.shipped = tgb.shipped_negatives(cfg.data.name, tgb.root_of(cfg.data), graph, split)
     return tr
 

@@ -1,5 +1,6 @@
 """What a run does around training: DistTGL's static-memory pre-training, the replay that collects
-embeddings, and the downstream node / edge classification on frozen embeddings."""
+embeddings, the downstream node / edge classification on frozen embeddings, and the check, before
+training, that every evaluation the run will report has events to be computed on."""
 
 from __future__ import annotations
 
@@ -9,14 +10,78 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tgdist.data.graph import NodeLabels, class_targets, label_ranges
+from tgdist.data.graph import NodeLabels, Split, TemporalGraph, class_targets, label_ranges
+from tgdist.errors import ConfigError
 from tgdist.models.modules import MLPClassifier
-from tgdist.runtime.build import check_labels
 from tgdist.runtime.features import host_tensor
 from tgdist.runtime.metrics import f1_multilabel, roc_auc
 from tgdist.runtime.trainer import SIDE_STREAMS, Progress, Trainer, memory_for
 
 log = logging.getLogger(__name__)
+
+
+def check_evaluation(cfg, graph: TemporalGraph, split: Split) -> None:
+    """Refuse, before training, a run that would report a metric it cannot compute (a
+    ``ConfigError``, one line naming the cause and the fix): a validation or test part without
+    events (the split's cut to whole timestamps, or ``data.max_events`` cutting a data set's own
+    split: TGB's, TGL's ``ext_roll``), and with ``train.task=node|edge`` a part without labels or
+    whose 0/1 labels are all one value (ROC-AUC and F1 are undefined). A part asked for with
+    ``data.val_frac=0`` / ``data.test_frac=0`` is left out on purpose: its metrics stay null."""
+    wanted = [part for part in ("val", "test") if graph.ext_roll is not None or cfg.data[f"{part}_frac"] > 0]
+    for part in wanted:
+        lo, hi = split.range(part)
+        if hi <= lo:
+            raise ConfigError(_empty_part(cfg, graph, split, part))
+    if cfg.train.task in ("node", "edge"):
+        _check_label_parts(cfg.train.task, graph, split, wanted)
+
+
+def _empty_part(cfg, graph: TemporalGraph, split: Split, part: str) -> str:
+    n, m, name = graph.num_events, cfg.data.max_events, cfg.data.name or graph.name
+    cut = m is not None and n >= m  # data.max_events cut the stream (the graph kept m events)
+    if cfg.data.format == "tgb":
+        if cut:
+            return (f"data=tgb: data.max_events={m} keeps the first {n:,} events of {name}, and none of them is in "
+                    f"TGB's {part} part (its split is by time over the whole data set, and its negatives are for "
+                    f"those events), so no {part} metric could be computed: drop data.max_events, or raise it")
+        return f"data=tgb: TGB's split of {name}'s {n:,} events leaves no {part} events, so no {part} metric could be computed"
+    if graph.ext_roll is not None:  # a TGL directory's own split
+        if cut:
+            return (f"data.max_events={m} keeps the first {n:,} events of {name}, and none of them is in the {part} "
+                    f"part of the data's own split (ext_roll), so no {part} metric could be computed: drop "
+                    f"data.max_events, or raise it")
+        return f"the data's own split (ext_roll) of {name} has no {part} events, so no {part} metric could be computed"
+    frac = cfg.data[f"{part}_frac"]
+    if part == "val":  # both cuts moved back to the first event of one timestamp
+        why = (f"both of its cuts fall among the events at time {graph.t[split.train_end]} (from event "
+               f"{split.train_end:,} on), and a part never splits a timestamp")
+    else:  # the test cut at or past the end
+        why = f"data.test_frac={frac} of {n:,} events is less than one event"
+    return (f"no {part} events: in the chronological split of {n:,} events {why}, so no {part} metric could be "
+            f"computed: raise data.{part}_frac, or set data.{part}_frac=0 to run without a {part} part")
+
+
+def _check_label_parts(task: str, graph: TemporalGraph, split: Split, wanted: list[str]) -> None:
+    """Each wanted part has labels, and 0/1 labels of both values where the metric needs them."""
+    if graph.label is None:  # node labels at times (build.check_labels: task node)
+        labels, ranges, what = graph.node_labels.label, label_ranges(graph.node_labels, graph, split), "node labels"
+    else:
+        labels, ranges, what = graph.label, {p: split.range(p) for p in wanted}, "event labels"
+    targets, classes = class_targets(labels, graph.name)
+    for part in wanted:
+        a, b = ranges[part]
+        if b <= a:
+            raise ConfigError(f"train.task={task}: none of the {len(labels):,} {what} of data {graph.name!r} falls in "
+                              f"the {part} part, so no {part} {task} metric could be computed: move the split "
+                              f"(data.val_frac, data.test_frac) or keep more events (data.max_events)")
+        if classes is not None or (task == "edge" and targets.shape[1] > 1):
+            continue  # classes and multi-label targets: F1 over classes or columns is defined
+        col = targets[a:b, 0]
+        if col.min() == col.max():
+            metric = "ROC-AUC" if task == "node" else "F1"
+            raise ConfigError(f"train.task={task}: the {b - a:,} {what} of the {part} part are all {int(col[0])}, so its "
+                              f"{metric} could not be computed: move the split (data.val_frac, data.test_frac) so "
+                              f"that it holds both values")
 
 
 def pretrain_static(tr: Trainer, epochs: int) -> None:
@@ -93,8 +158,7 @@ def downstream(tr: Trainer, task: str, epochs: int) -> dict:
     A 0/1 label gives ROC-AUC for the node task and F1 for the edge task; multi-label 0/1
     targets give micro and macro F1 over their columns; integer classes (one per event) are
     learnt with cross-entropy and give micro F1 (accuracy) and macro F1 over the classes."""
-    g = tr.g
-    check_labels(task, g, tr.split)
+    g = tr.g  # (build_trainer checked the labels: build.check_labels, check_evaluation)
     if g.label is None:  # node labels at times (check_labels: task node)
         targets, classes = class_targets(g.node_labels.label, g.name)
         x = collect_embeddings(tr, g.node_labels)[2]

@@ -36,12 +36,14 @@ def ranks(pos: np.ndarray, neg: np.ndarray, valid: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(pos[:, 0]) | np.isnan(neg).any(1), np.nan, rank)
 
 
-def one_vs_many(trainer, part: str, negatives: OneVsMany, scores_dir: str | Path | None = None) -> dict:
+def one_vs_many(trainer, part: str, negatives: OneVsMany, scores_dir: str | Path | None = None,
+                progress=None) -> dict:
     """``{part}_mrr`` and ``{part}_hits@10`` of ``trainer`` over the events of ``part`` against
     their shipped ``negatives``, batch after batch (``trainer.eval_step``: scores, then the
     write). ``scores_dir``: also write the scores to ``scores_dir/{part}.npz`` (``pos [n]``,
     ``neg [ptr[-1]]``, ``ptr [n + 1]``: event k's negatives' scores are ``neg[ptr[k]:ptr[k + 1]]``),
-    which TGB's ``Evaluator`` can score again."""
+    which TGB's ``Evaluator`` can score again. ``progress``: told each batch's events
+    (``update(n)``), the progress line training and tgdist's own evaluation print."""
     lo, hi = trainer.split.range(part)
     g = trainer.g
     all_ranks, kept_pos, kept_neg = [], [], []
@@ -49,6 +51,8 @@ def one_vs_many(trainer, part: str, negatives: OneVsMany, scores_dir: str | Path
         neg, valid = negatives.padded(s, e, pad=g.dst[s:e])
         pos, score = trainer.eval_step(s, e, neg)
         all_ranks.append(ranks(pos, score, valid))
+        if progress is not None:
+            progress.update(e - s)
         if scores_dir is not None:
             kept_pos.append(pos.astype(np.float32))
             kept_neg.append(score[valid].astype(np.float32))

@@ -588,7 +588,8 @@ class Trainer:
             return dict.fromkeys(keys, float("nan"))
         with self.side_stream(SIDE_STREAMS[part]):
             if shipped:  # every event against its own shipped negatives, whatever num_neg says
-                return one_vs_many(self, part, self.shipped.part(part), self.scores_dir)
+                return one_vs_many(self, part, self.shipped.part(part), self.scores_dir,
+                                   Progress(hi - lo, f"  {part}", self.progress))
             return self._evaluate(part, lo, hi, num_neg)
 
     def side_stream(self, key: int):
