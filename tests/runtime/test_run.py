@@ -746,10 +746,13 @@ def test_every_memory_store_on_one_process_gives_the_metrics_of_local_memory(tmp
     epoch, between which the stream restarts) exactly as local memory does. DepCache, Sven and
     DepComm hold a batch's writes until the store's exchange; evaluation made none, so it read
     lagging memory (val AP 0.8832 against 0.8959) and the next epoch applied the held writes after
-    its reset. No write may be pending when an evaluation starts or ends."""
+    its reset. No write may be pending when an evaluation starts or ends, and every batch's writes
+    are pending just before its exchange (the count the run's check reads is a real one)."""
+    from tgdist.memory.depcache import DepCacheMemory
+    from tgdist.memory.sven import PartitionedMemory
     from tgdist.runtime.trainer import Trainer
 
-    pending = []
+    pending, before_exchange = [], []
     evaluate = Trainer.evaluate
 
     def checked(self, part, *a, **k):
@@ -758,13 +761,22 @@ def test_every_memory_store_on_one_process_gives_the_metrics_of_local_memory(tmp
         pending.append(self.memory.pending_writes())
         return out
 
+    def counted(exchange):
+        def exchange_counted(self):
+            before_exchange.append(self.pending_writes())
+            return exchange(self)
+        return exchange_counted
+
     monkeypatch.setattr(Trainer, "evaluate", checked)
+    for store in (DepCacheMemory, PartitionedMemory):  # the stores that hold writes until the exchange
+        monkeypatch.setattr(store, "exchange", counted(store.exchange))
     over = SMALL + ["train.epochs=2", f"model={model}", "train.checkpoint_every=4", "train.test_every_epoch=true"] + \
         (["model.mailbox_size=3"] if model == "apan" else [])
     local, d_local = run(tmp_path, "local", over)
     lines = {}
     for backend in ("local", "depcache", "daemon", "depcomm", "sven"):
         pending.clear()
+        before_exchange.clear()
         got, d = (local, d_local) if backend == "local" else run(tmp_path, backend, over + [f"memory.backend={backend}"])
         assert got["memory_backend"] == backend
         assert metrics(got) == metrics(local) and got["best_epoch"] == local["best_epoch"], backend
@@ -773,6 +785,8 @@ def test_every_memory_store_on_one_process_gives_the_metrics_of_local_memory(tmp
         assert lines[backend] == lines["local"], backend
         if backend != "local":  # (local's ran before the probe was cleared; it holds none anyway)
             assert len(pending) == 2 * 5 and set(pending) == {0}, (backend, pending)  # 2 x (val, test) + final test
+        if backend in ("depcache", "depcomm", "sven"):  # every training and evaluation batch wrote, then exchanged
+            assert len(before_exchange) > got["iterations"] and min(before_exchange) > 0, (backend, before_exchange)
     assert [x["epoch"] for x in lines["local"]] == [0, 1] and "test_ap" in lines["local"][0]
 
 
@@ -1014,3 +1028,36 @@ def test_a_resume_into_a_store_that_reads_other_files_is_refused_naming_both():
     checkpoint.check_store("last.pt", {"memory_backend": "depcache", "placement": None},
                            compose([*par, "memory.backend=daemon"]))  # a whole copy per group, both
     checkpoint.check_store("last.pt", {}, compose([*par, "memory.backend=depcache"]))  # an older checkpoint
+
+
+@pytest.mark.parametrize("backend, store, held", [("depcache", "DepCacheMemory", 2), ("sven", "SvenMemory", 1),
+                                                 ("depcomm", "DepCommMemory", 1)])
+def test_writes_left_unexchanged_at_an_evaluation_stop_the_run_in_one_line(tmp_path, monkeypatch, backend, store,
+                                                                            held):
+    """A store that holds a batch's writes until its exchange, with the exchange of the epoch's
+    last batch skipped: validation would read memory without that batch's writes (AP from lagging
+    memory, then the writes applied after the next epoch's reset). The run stops before evaluating,
+    naming how many write batches are held (DepCache: the batch's memory and mail writes; Sven and
+    DepComm: its aggregation, issued during the step) and where; nothing is recorded for the epoch."""
+    r = Run(compose(SMALL + ["train.epochs=1", f"memory.backend={backend}", f"run_dir={tmp_path / 'r'}"]),
+            tmp_path / "r")
+    try:
+        cls = type(r.trainer.memory)
+        assert cls.__name__ == store
+        exchange, calls = cls.exchange, []
+
+        def skipping_the_last(self):
+            calls.append(1)
+            if len(calls) != r.batches_per_epoch:  # (one exchange per training iteration)
+                exchange(self)
+
+        monkeypatch.setattr(cls, "exchange", skipping_the_last)
+        with pytest.raises(RuntimeError) as e:
+            r.train()
+        assert str(e.value) == (f"{held} memory write batches not yet exchanged at epoch 0's validation: the memory "
+                                f"store ({store}) would be read without them")
+        assert len(calls) == r.batches_per_epoch > 1
+        lines = tmp_path / "r" / "metrics.jsonl"
+        assert not lines.exists() or lines.read_text() == ""
+    finally:
+        r.close()
