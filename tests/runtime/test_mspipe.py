@@ -1,6 +1,7 @@
 """MSPipe (``tgdist.runtime.pipelines.mspipe``, ``pipeline.mode=mspipe``): the staleness bound as a pure
 function, and the loop with staleness K against a reference written by hand with the Trainer API."""
 
+import dataclasses
 import math
 import os
 import sys
@@ -555,6 +556,48 @@ def test_an_error_in_a_stage_thread_ends_the_run_with_it_and_leaves_no_thread(tm
         Run(cfg, tmp_path / "r", trainer=tr).train()
     left = [th for th in threading.enumerate() if th not in before and th.name.startswith("tgdist")]
     assert not left, left
+
+
+def _as_in_a_parallel_run(run: Run) -> Run:
+    """``run`` (one process) with its MSPipe taking the path of a parallel run: writes made in the
+    main thread, and the store's exchange, passed on by ``after_exchange``, as the update stage."""
+    run.pipeline.ctx = dataclasses.replace(run.pipeline.ctx, alone=False)
+    return run
+
+
+def test_an_iteration_without_after_exchange_is_an_error_at_once_not_a_hang(tmp_path, monkeypatch):
+    """In a parallel run the update stage is the store's exchange, which ``after_exchange`` passes
+    on to the reads waiting for it: a loop that skipped the call left the next reads waiting for
+    ever (the parallel tests hung for 600 s). The pipeline checks that every iteration that ended
+    passed its write on, before the next reads and at a drain. Taken here in one process on the
+    parallel path, which trains as the one-process path does when the hook is called."""
+    over = SMALL + ["train.epochs=1", "pipeline.mode=mspipe", "pipeline.staleness=1", "train.select=last"]
+    alone, _ = runs.run(tmp_path, "alone", over)
+    cfg = compose(over + [f"run_dir={tmp_path / 'parallel'}"])
+    assert metrics(_as_in_a_parallel_run(Run(cfg, tmp_path / "parallel")).train()) == metrics(alone)
+
+    monkeypatch.setattr(mspipe_module.MSPipe, "after_exchange", lambda self, t: None)
+    run = _as_in_a_parallel_run(Run(compose(over + [f"run_dir={tmp_path / 'skipped'}"]), tmp_path / "skipped"))
+    raised: list = []
+
+    def train():
+        try:
+            run.train()
+        except BaseException as e:  # noqa: BLE001 - what the test looks at
+            raised.append(e)
+
+    began = time.perf_counter()
+    th = threading.Thread(target=train, daemon=True)
+    th.start()
+    th.join(timeout=120)
+    if th.is_alive():  # the hang this test is about: end it (the stages' waits fail) before failing
+        run.pipeline.close()
+        th.join(timeout=30)
+        pytest.fail(f"the run still waited after {time.perf_counter() - began:.0f} s")
+    assert [str(e) for e in raised] == ["pipeline.mode=mspipe: iteration 0 ended without after_exchange(0), which "
+                                        "passes its memory write on to the reads; iteration 1's reads would wait "
+                                        "for it for ever"]
+    run.close()
 
 
 def _k0_is_the_plain_run_and_k_is_not(ranks: list, plain: str, k0: str, k2: str) -> None:

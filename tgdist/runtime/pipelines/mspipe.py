@@ -483,6 +483,7 @@ class MSPipe(Pipeline):
         self._write_pool: ThreadPoolExecutor | None = None  # the memory update stage
         self._writes: list[Future] = []  # memory updates handed to the update stage, not yet waited for
         self._handed = False  # this iteration's update was handed to the update stage
+        self._stepped: int | None = None  # the last iteration whose step ended (after_step)
         self.stage_spans: list | None = None  # a list to record each stage's turns in (timelines, tests)
         self._streams = StageStreams(tr.device)  # on a GPU: its CUDA streams
         self.gamma = None  # MSPipe-S: seconds after which a read node's memory counts as stale
@@ -514,7 +515,7 @@ class MSPipe(Pipeline):
 
     def begin(self, start: int) -> None:
         """What a checkpoint restored is through its stages already."""
-        self.start = start
+        self.start, self._stepped = start, None
         self._locks = StageLocks(STAGES, done=start - 1)
         self._locks.spans = self.stage_spans
         self._locks.mark("memory_read", self._next_read - 1)  # the batches it read ahead
@@ -533,6 +534,7 @@ class MSPipe(Pipeline):
         (memory parallelism, k > 1: a group's stream wraps to its first batch mid-pass): the
         position that resets is read at its own iteration, after every write before it, so the
         positions after a reset miss only writes made since."""
+        self._check_passed_on(f"iteration {t}'s reads")
         ctx, mem, locks, jj = self.ctx, self.trainer.memory, self._locks, self.jj
         nb = ctx.batches_per_epoch
         self._stages = dict(self.trainer.timer.seconds) if self.staleness is None else None  # auto measures
@@ -576,6 +578,7 @@ class MSPipe(Pipeline):
         return MSPipeHooks(self, t)
 
     def after_step(self, t: int) -> None:
+        self._stepped = t
         if self.ctx.alone:
             if not self._handed:  # no write made: the update stage still passes t
                 self._update_stage(t)(lambda: None)
@@ -587,6 +590,15 @@ class MSPipe(Pipeline):
             self._streams.settle()  # (on a GPU: done there too, before the reads that wait for them start)
             with self._locks.turn("memory_write", self._locks.ticket("memory_write"), t):
                 pass
+
+    def _check_passed_on(self, where: str) -> None:
+        """In a parallel run the update stage is the store's exchange, which ``after_exchange``
+        passes on to the reads: an iteration that ended without it would leave every later read
+        waiting for that write for ever. Checked before ``where`` (the next reads, or a drain)."""
+        t = self._stepped
+        if not self.ctx.alone and t is not None and self._locks.done("memory_write") < t:
+            raise RuntimeError(f"pipeline.mode=mspipe: iteration {t} ended without after_exchange({t}), which passes its "
+                               f"memory write on to the reads; {where} would wait for it for ever")
 
     def after_iteration(self, t: int, seconds: float) -> None:
         if self._stages is None:
@@ -607,6 +619,7 @@ class MSPipe(Pipeline):
     def drain(self) -> None:
         """Wait for every update handed over and every read in flight (before evaluation, a
         checkpoint, the end); an error in a stage is raised here."""
+        self._check_passed_on("the drain")
         writes, self._writes = self._writes, []
         for f in writes:
             f.result()
