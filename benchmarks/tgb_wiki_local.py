@@ -9,7 +9,8 @@ Figures from it are labelled "local tgbl-wiki" and are not leaderboard figures.
 
     python benchmarks/tgb_wiki_local.py OUT_DIR       # writes OUT_DIR/tgbl_wiki/ (~400 MB, a few minutes)
 
-Needs py-tgb and torch-geometric (its generator takes PyG's TemporalData). Prints one JSON line.
+Needs py-tgb and torch-geometric (TGB's generator takes PyG's TemporalData), which the ``bench``
+extra installs: ``pip install -e '.[bench]'``. Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -94,8 +95,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
         try:
             __import__(module)
         except ImportError:
-            p.error(f"needs py-tgb and torch-geometric (TGB's generator takes PyG's TemporalData): "
-                    f"pip install py-tgb torch-geometric ({module} is missing)")
+            p.error(f"needs py-tgb and torch-geometric (TGB's generator takes PyG's TemporalData), which the bench "
+                    f"extra installs: pip install -e '.[bench]' ({module} is missing)")
     if not shared_wikipedia().is_file():
         p.error(f"{shared_wikipedia()} is missing: set TGDIST_DATASETS to the folder holding wikipedia/")
     return args

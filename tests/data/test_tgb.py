@@ -148,6 +148,12 @@ def test_negatives_of_another_edge_list_are_refused_naming_the_event(tmp_path):
     g = tgb.read("tgbl-wiki", tmp_path)
     with pytest.raises(DataError, match=r"no negatives for event \d+ \(src \d+, dst \d+, t \d+\)"):
         tgb.shipped_negatives("tgbl-wiki", tmp_path, g, chronological_split(g))
+    for bad in (np.array(["a", "b"]), np.array([3.5])):  # not node ids
+        with open(info["folder"] / "tgbl-wiki_val_ns_v2.pkl", "wb") as fh:
+            pickle.dump({**info["neg"]["val"], next(iter(info["neg"]["val"])): bad}, fh)
+        with pytest.raises(DataError, match=rf"negatives of event \d+ \(src \d+, dst \d+, t \d+\) are not node ids "
+                                            rf"\(an array of {bad.dtype}\)$"):
+            tgb.shipped_negatives("tgbl-wiki", tmp_path, g, chronological_split(g))
     with open(info["folder"] / "tgbl-wiki_val_ns_v2.pkl", "wb") as fh:
         pickle.dump(info["neg"]["val"], fh)
     (info["folder"] / "tgbl-wiki_test_ns_v2.pkl").write_bytes(b"not a pickle")

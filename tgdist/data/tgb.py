@@ -320,7 +320,8 @@ def _parse(name: str, f: Files, digest: str) -> TemporalGraph:
 @dataclass
 class OneVsMany:
     """The negative destinations of the events ``[lo, lo + n)`` of one part: event ``lo + k``'s
-    are ``dst[ptr[k]:ptr[k + 1]]``. Shapes: ``ptr [n + 1]`` int64, ``dst [ptr[-1]]`` int64."""
+    are ``dst[ptr[k]:ptr[k + 1]]``. Shapes: ``ptr [n + 1]`` int64, ``dst [ptr[-1]]`` int32 (int64 for
+    graphs of more than 2**31 - 1 nodes): 4 bytes a negative, kept from the run's start to its end."""
 
     lo: int
     ptr: np.ndarray
@@ -399,7 +400,12 @@ def match_negatives(table: dict, graph: TemporalGraph, lo: int, hi: int, where: 
         if neg is None:
             raise DataError(f"{where}: no negatives for event {e} (src {key[0]}, dst {key[1]}, t {key[2]}): the file "
                             f"does not belong to this edge list")
-        lists.append(np.asarray(neg).astype(np.int64).reshape(-1))
+        arr = np.asarray(neg).reshape(-1)
+        whole = arr.dtype.kind in "iu" or (arr.dtype.kind == "f" and (np.isfinite(arr) & (arr == np.round(arr))).all())
+        if not whole:
+            raise DataError(f"{where}: the negatives of event {e} (src {key[0]}, dst {key[1]}, t {key[2]}) are not "
+                            f"node ids (an array of {arr.dtype})")
+        lists.append(arr.astype(np.int64))
     lens = np.array([len(x) for x in lists], dtype=np.int64)
     ptr = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
     dst = np.concatenate(lists) if lists else np.zeros(0, np.int64)
@@ -407,7 +413,7 @@ def match_negatives(table: dict, graph: TemporalGraph, lo: int, hi: int, where: 
         bad = int(dst.max() if dst.max() >= graph.num_nodes else dst.min())
         raise DataError(f"{where}: negative destination {bad} is not a node of the edge list "
                         f"(0..{graph.num_nodes - 1})")
-    return OneVsMany(lo, ptr, dst)
+    return OneVsMany(lo, ptr, dst.astype(np.int32) if graph.num_nodes <= np.iinfo(np.int32).max else dst)
 
 
 @dataclass
@@ -434,7 +440,7 @@ def read_negatives(path: Path, graph: TemporalGraph, lo: int, hi: int) -> OneVsM
 def shipped_negatives(name: str, root, graph: TemporalGraph, split) -> ShippedNegatives:
     """Both parts' negatives, read and checked now (at the run's start): each file whole, through
     ``NegativesUnpickler``, every event of its part matched to its list. What is kept is the
-    ``OneVsMany`` arrays (8 bytes a negative), not the pickled dict."""
+    ``OneVsMany`` arrays (4 bytes a negative), not the pickled dict."""
     f = check_files(name, root, parts=PARTS)
     return ShippedNegatives({p: read_negatives(f.negatives[p], graph, *split.range(p)) for p in PARTS})
 
