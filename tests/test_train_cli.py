@@ -3,6 +3,7 @@
 import gzip
 import json
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -254,6 +255,54 @@ def test_a_resumed_run_continues_in_its_own_directory(tmp_path):
     assert [json.loads(x)["epoch"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [0, 1]
     r = tgdist("train", *QUICK, "train.epochs=3", f"train.resume={run / 'checkpoints' / 'last.pt'}", cwd=tmp_path)
     assert r.returncode == 0 and json.loads(r.stdout.strip().splitlines()[-1])["run_dir"] == str(run)
+
+
+def test_ctrl_c_then_the_printed_command_ends_as_the_uninterrupted_run(tmp_path):
+    """The Ctrl-C line's command alone resumes with the run's own config.yaml: the run composed
+    the defaults again and refused the checkpoint (data.max_events: 1200 vs None); given that key,
+    a 4-epoch run went on to the default 5 epochs."""
+    args = [*QUICK, "train.epochs=4", "train.checkpoint_every=0", "model.dropout=0.2"]
+    whole = tgdist("train", *args, f"run_dir={tmp_path / 'whole'}", cwd=tmp_path)
+    assert whole.returncode == 0, whole.stderr
+    run = tmp_path / "run"
+    p = subprocess.Popen([sys.executable, "-m", "tgdist", "train", *args, f"run_dir={run}"], cwd=tmp_path,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while p.poll() is None and time.monotonic() < deadline:  # Ctrl-C once epoch 2 of 4 is written
+        if (run / "metrics.jsonl").is_file() and len((run / "metrics.jsonl").read_text().splitlines()) >= 2:
+            break
+        time.sleep(0.02)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err
+    printed = err.strip().splitlines()[-1].rpartition("continue with ")[2]
+    assert printed == f"train.resume={run}"
+    r = tgdist("train", *shlex.split(printed), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert f"resuming with the settings of {run / 'config.yaml'}; none changed by this command" in r.stderr
+    done, expected = (json.loads(x.stdout.strip().splitlines()[-1]) for x in (r, whole))
+    assert done["epochs"] == 4 and done["run_dir"] == str(run)
+    keys = ("loss", "val_ap", "val_auc", "test_ap", "test_auc", "test_mrr", "best_epoch", "iterations")
+    assert {k: done[k] for k in keys} == {k: expected[k] for k in keys}
+
+
+def test_a_resume_takes_the_runs_settings_and_checks_what_is_given_on_top(tmp_path):
+    run = tmp_path / "r"
+    assert tgdist("train", *QUICK, "model.dropout=0.3", f"run_dir={run}", cwd=tmp_path).returncode == 0
+    r = tgdist("train", f"train.resume={run}", "train.epochs=2", cwd=tmp_path)  # only what changes
+    assert r.returncode == 0, r.stderr
+    assert (f"resuming with the settings of {run / 'config.yaml'}; changed by this command: train.epochs 1 -> 2"
+            in r.stderr)
+    assert "  dropout: 0.3\n" in (run / "config.yaml").read_text()
+    for given, line in (
+            (["model.dropout=0.1"], f"{run / 'checkpoints' / 'last.pt'}: checkpoint was written under another config "
+                                    f"(model.dropout: checkpoint 0.3 vs now 0.1)"),
+            (["model=jodie"], "model=jodie: a resume keeps the run's config groups (it was composed with model=tgn); "
+                              "drop model=jodie, and give single keys (model.KEY=VALUE) for what a resume may change")):
+        r = tgdist("train", f"train.resume={run}", "train.epochs=3", *given, cwd=tmp_path)
+        assert r.returncode == 2 and r.stderr.strip().splitlines() == [f"tgdist train: error: {line}"], r.stderr
+    r = tgdist("train", "model=tgn", "data=collegemsg", f"train.resume={run}", "train.epochs=3", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr  # the run's own group choices, pasted back: kept out
 
 
 def test_a_metrics_line_that_cannot_be_written_names_the_run(tmp_path):

@@ -96,19 +96,28 @@ def test_a_failed_run_in_an_empty_folder_given_leaves_the_folder(tmp_path):
     assert run.is_dir() and tree(run) == {}
 
 
-def test_a_run_directory_is_marked_and_reused_with_the_users_notes_kept(tmp_path):
+def test_a_finished_run_is_never_replaced_and_overwrite_starts_afresh_keeping_the_users_notes(tmp_path):
     run = tmp_path / "run"
     assert tgdist("train", *QUICK, f"run_dir={run}", cwd=tmp_path).returncode == 0
     marker = json.loads((run / ".tgdist-run").read_text())
     assert marker["made_dir"] is True and marker["pid"] > 0
     (run / "notes.txt").write_text("what I tried\n")
-    r = tgdist("train", *QUICK, f"run_dir={run}", cwd=tmp_path)  # a tgdist run's directory: reused
+    (run / "tensorboard").mkdir()
+    (run / "tensorboard" / "events.out.tfevents.old").write_text("x")
+    before, old_log = tree(run), (run / "train.log").read_text()
+    r = tgdist("train", *QUICK, f"run_dir={run}", cwd=tmp_path)  # the finished run stays as it is
+    assert r.returncode == 2 and r.stderr.strip() == (
+        f"tgdist train: error: run_dir={run} holds a finished tgdist run: continue it with train.resume={run}, or "
+        f"give train.overwrite=true to remove its files and start afresh there (or another run_dir)")
+    assert tree(run) == before
+    r = tgdist("train", *QUICK, f"run_dir={run}", "train.overwrite=true", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert "already holds a run" in r.stderr
-    assert (run / "notes.txt").read_text() == "what I tried\n"
-    assert json.loads((run / ".tgdist-run").read_text()) == marker  # the run that made it
-    r = tgdist("train", *QUICK, f"run_dir={run}", "train.task=node", cwd=tmp_path)  # fails: keeps the earlier run
-    assert r.returncode == 2 and (run / "summary.json").exists() and (run / "notes.txt").exists()
+    assert (run / "notes.txt").read_text() == "what I tried\n" and not (run / "tensorboard").exists()
+    assert json.loads((run / ".tgdist-run").read_text())["pid"] != marker["pid"]  # the new run's
+    log = (run / "train.log").read_text()
+    assert old_log.splitlines()[0] not in log and "train.overwrite=true: removed the earlier run's" in log
+    r = tgdist("train", *QUICK, f"run_dir={run}", "train.task=node", "train.overwrite=true", cwd=tmp_path)
+    assert r.returncode == 2 and (run / "summary.json").exists() and (run / "notes.txt").exists()  # refused first
 
 
 def test_another_rank_never_sees_foreign_files_while_rank_0_claims_and_releases(tmp_path, monkeypatch):

@@ -111,12 +111,26 @@ def test_resume_checks_the_data_by_content(tmp_path):
     assert resumed["epochs"] == 2
 
 
-def test_a_reused_run_directory_drops_the_old_runs_checkpoint_and_summary(tmp_path):
-    """Else a Ctrl-C in the new run's first epoch named the old checkpoint as this run's."""
-    run(tmp_path, "a", ["train.epochs=1"])
-    cfg = compose(SMALL + ["train.epochs=1", "train.seed=3", f"run_dir={tmp_path / 'a'}"])
-    Run(cfg, tmp_path / "a")
-    assert not (tmp_path / "a" / "checkpoints" / "last.pt").exists() and not (tmp_path / "a" / "summary.json").exists()
+def test_a_run_directory_holding_a_run_is_refused_and_overwrite_removes_the_old_run(tmp_path):
+    """A second run into a finished run's folder replaced its summary, metrics and checkpoints with a
+    warning, and left the old run's tensorboard/ beside the new run's files."""
+    _, d = run(tmp_path, "a", ["train.epochs=1"])
+    (d / "tensorboard").mkdir()
+    (d / "tensorboard" / "events.out.old").write_text("old")
+    (d / "notes.txt").write_text("mine")
+    before = {p.name: p.stat().st_mtime_ns for p in d.iterdir()}
+    cfg = compose(SMALL + ["train.epochs=1", "train.seed=3", f"run_dir={d}"])
+    with pytest.raises(ConfigError) as e:
+        Run(cfg, d)
+    assert str(e.value) == (f"run_dir={d} holds a finished tgdist run: continue it with train.resume={d}, or give "
+                            f"train.overwrite=true to remove its files and start afresh there (or another run_dir)")
+    assert {p.name: p.stat().st_mtime_ns for p in d.iterdir()} == before
+    (d / "summary.json").unlink()  # stopped before its end: an interrupted run, refused alike
+    with pytest.raises(ConfigError, match="holds an interrupted tgdist run"):
+        Run(cfg, d)
+    r = Run(compose(SMALL + ["train.epochs=1", "train.seed=3", "train.overwrite=true", f"run_dir={d}"]), d)
+    r.close()
+    assert sorted(p.name for p in d.iterdir()) == [".tgdist-run", "config.yaml", "notes.txt"]  # the new run's
 
 
 def test_an_empty_evaluation_part_is_refused_before_training(tmp_path):

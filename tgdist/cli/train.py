@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import shutil
 import signal
 import sys
@@ -26,7 +25,7 @@ from tgdist.config.overrides import precheck_command
 from tgdist.config import config_dir
 from tgdist.errors import TgdistError, first_line, write_failure
 from tgdist.runtime import rundir
-from tgdist.runtime.rundir import remove_empty_dirs
+from tgdist.runtime.rundir import remove_empty_dirs, resume_override
 
 
 @dataclass
@@ -163,16 +162,6 @@ def _hydra_main(cfg: DictConfig) -> None:
     _launch.finished.append(summary.get("run_dir", str(run_dir)))
 
 
-def resume_override(run_dir: Path) -> str:
-    """``train.resume=RUN_DIR`` as one shell word that Hydra reads back as the path: quoted for
-    Hydra when the path holds more than plain characters (a space, a comma, brackets), then for
-    the shell, so the hint can be pasted."""
-    value = str(run_dir)
-    if not re.fullmatch(r"[\w./+-]+", value):
-        value = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return shlex.quote(f"train.resume={value}")
-
-
 def _exit(code: int, world) -> None:
     """``sys.exit(code)``; a failing rank of an ``mpiexec`` job aborts the job instead: at exit,
     mpi4py's MPI_Finalize would wait for the other ranks, which wait for it, until killed."""
@@ -303,7 +292,7 @@ def main() -> None:
 
 def _main() -> None:
     """Check the overrides (and the run directory) before Hydra starts, then hand over to it."""
-    from tgdist.config.overrides import override_value, quoted
+    from tgdist.config.overrides import override_value, quoted, resumed_run_dir
     from tgdist.distributed.world import detect
     from tgdist.runtime.rundir import claim_directory
 
@@ -324,6 +313,14 @@ def _main() -> None:
         print("tgdist train: error: --multirun inside a parallel job runs the sweep in every rank; sweep with "
               "tgdist launch -- --multirun ... (one launch per job)", file=sys.stderr)
         sys.exit(2)
+    if not {"-m", "--multirun"} & set(sys.argv[1:]):  # a resume runs with its run's config.yaml, given keys on top
+        from tgdist.config.overrides import with_run_config
+
+        try:
+            sys.argv[1:] = with_run_config(sys.argv[1:])
+        except TgdistError as e:
+            print(f"tgdist train: error: {e}", file=sys.stderr)
+            sys.exit(2)
     # composed and checked here, before Hydra writes anything into the run directory; @hydra.main
     # then composes its own copy (Hydra forces the second composition; validate remembers the first)
     args, cfg, sweep = precheck_command("tgdist train", "train", sys.argv[1:], precheck, __file__)
@@ -340,7 +337,7 @@ def _main() -> None:
             sys.argv.append(f"hydra.sweep.dir={quoted(str(_launch.sweep_dir))}")
     elif cfg is not None and not (args.cfg or args.help or args.hydra_help or args.info):  # a run
         given = override_value(args.overrides, "run_dir") is not None
-        resumed = _resumed_run_dir(cfg.train.resume)
+        resumed = resumed_run_dir(cfg.train.resume)
         if resumed is not None and not given:  # continue in place
             sys.argv.append(f"run_dir={quoted(str(resumed))}")
             cfg.run_dir, given = str(resumed), True
@@ -350,6 +347,7 @@ def _main() -> None:
         _check_resume(cfg)
         try:  # every rank: each says it in one line
             rundir.check_foreign(run_dir, cfg.train.overwrite)
+            rundir.check_replace(run_dir, cfg.train.overwrite, cfg.train.resume)
         except TgdistError as e:
             print(f"tgdist train: error: {e}", file=sys.stderr)
             sys.exit(2)
@@ -390,8 +388,18 @@ def _check_sweep_dir(sweep_dir: Path, overwrite: bool) -> None:
               f"({', '.join(others[:4])}{' ...' if len(others) > 4 else ''}); give a new or empty directory, or "
               f"train.overwrite=true to write into it", file=sys.stderr)
         sys.exit(2)
+    held = sorted((p.name for p in sweep_dir.iterdir() if p.is_dir() and rundir.held_run(p)), key=_job_order)
+    if held and not overwrite:  # a job would replace the earlier sweep's run in its folder
+        print(f"tgdist train: error: hydra.sweep.dir={sweep_dir} holds the runs of an earlier sweep (job folders "
+              f"{', '.join(held[:4])}{' ...' if len(held) > 4 else ''}); give a new hydra.sweep.dir, or "
+              f"train.overwrite=true to replace them", file=sys.stderr)
+        sys.exit(2)
     _launch.sweep_jobs_before.update({p.name: frozenset(q.name for q in p.iterdir())
                                       for p in sweep_dir.iterdir() if p.is_dir()})
+
+
+def _job_order(name: str) -> tuple:
+    return (0, int(name), "") if name.isdigit() else (1, 0, name)
 
 
 def _hold_run_dir(run_dir: Path) -> None:
@@ -414,18 +422,6 @@ def _hold_run_dir(run_dir: Path) -> None:
         os.close(fd)
         return
     _launch.held.append(fd)
-
-
-def _resumed_run_dir(resume: str | None) -> Path | None:
-    """The run directory ``train.resume`` names: RUN_DIR itself, or the run holding
-    ``RUN_DIR/checkpoints/FILE.pt``; a resumed run continues there unless run_dir= is given.
-    None for a checkpoint file elsewhere (or no resume)."""
-    if not resume:
-        return None
-    p = Path(resume).expanduser().absolute()
-    if p.is_dir():
-        return p
-    return p.parent.parent if p.parent.name == "checkpoints" else None
 
 
 def _hydra_run_dir_as_run_dir(argv: list[str]) -> list[str]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 import tgdist.config as schema
 from tgdist.config import TrainApp, config_dir, key_notes
@@ -284,7 +284,7 @@ def checked_compose(overrides: list[str], config_name: str = "train", return_hyd
 
     from tgdist.errors import ConfigError
 
-    overrides = list(overrides or [])
+    overrides = with_run_config(list(overrides or []), config_name)  # a resume: the run's config.yaml first
     source = source or ConfigSource(config_name, config_dir())
     added = unknown_added_key(overrides, config_name, [r for r in (source.primary, source.extra) if r])
     if added:
@@ -531,3 +531,164 @@ def closest_keys(key: str, config_name: str) -> list[str]:
     same_leaf = [k for k in keys if k.rpartition(".")[2] == last]
     return same_leaf or difflib.get_close_matches(name, keys, n=1, cutoff=0.75)
 
+
+
+# What a resumed run never takes from its run's config.yaml: where it writes, and the resume itself.
+_NOT_RESUMED = frozenset({"run_dir", "train.resume", "train.overwrite"})
+
+
+def resume_path(overrides: list[str]) -> Path | None:
+    """The path ``train.resume=`` gives in ``overrides`` (Hydra's quotes taken off, ``~``
+    expanded, relative to the working directory), or None."""
+    value = override_value(overrides, "train.resume")
+    if value is None or value.strip() in ("", "null", "None"):
+        return None
+    value = value.strip()
+    if len(value) > 1 and value[0] == value[-1] and value[0] in "'\"":
+        value = value[1:-1].replace('\\"', '"').replace("\\\\", "\\")
+    return Path(value).expanduser().absolute()
+
+
+def resumed_run_dir(resume: str | Path | None) -> Path | None:
+    """The run directory ``train.resume`` names: RUN_DIR itself, or the run holding
+    ``RUN_DIR/checkpoints/FILE.pt``; None for a checkpoint file elsewhere (or no resume)."""
+    if not resume:
+        return None
+    p = Path(resume).expanduser().absolute()
+    if p.is_dir():
+        return p
+    return p.parent.parent if p.parent.name == "checkpoints" else None
+
+
+def saved_config(resume: str | Path | None) -> tuple[Path, Any] | None:
+    """``(path, config)`` of the ``config.yaml`` of the run ``train.resume`` names, or None when the
+    checkpoint is not in a run directory that has one (a file copied elsewhere)."""
+    from tgdist.errors import ConfigError
+
+    run = resumed_run_dir(resume)
+    if run is None or not (run / "config.yaml").is_file():
+        return None
+    path = run / "config.yaml"
+    try:
+        saved = OmegaConf.load(path)
+    except Exception as e:  # noqa: BLE001 - YAML's and OmegaConf's errors alike: one line
+        raise ConfigError(f"train.resume={resume}: cannot read the run's {path} ({first_line_of(e)}); repair it, "
+                          f"or resume from checkpoints/last.pt with every setting given") from None
+    if not isinstance(saved, DictConfig):
+        raise ConfigError(f"train.resume={resume}: {path} is not a tgdist config (a mapping of settings)")
+    return path, saved
+
+
+def first_line_of(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def leaf_keys(config_name: str = "train") -> list[str]:
+    """The schema's keys that hold values (``train.epochs``; not the groups ``train``)."""
+    keys = schema_keys(_schema_for(config_name))
+    parents = {k.rpartition(".")[0] for k in keys}
+    return [k for k in keys if k not in parents]
+
+
+def override_text(value) -> str:
+    """A plain value (config.yaml's) as a Hydra override value that reads back as the same value."""
+    import math
+
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf") if math.isinf(value) else repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(override_text(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{override_text(v)}" for k, v in value.items()) + "}"
+    return quoted(str(value))
+
+
+def config_groups() -> list[str]:
+    """The config groups a ``NAME=OPTION`` override chooses from (``configs/``' folders)."""
+    return sorted(p.name for p in Path(config_dir()).iterdir() if p.is_dir() and p.name != "hydra")
+
+
+def run_choices(run: Path) -> dict | None:
+    """The group options a run was composed with (Hydra's ``.hydra/hydra.yaml``), or None."""
+    try:
+        choices = OmegaConf.load(run / ".hydra" / "hydra.yaml").hydra.runtime.choices
+        return OmegaConf.to_container(choices)
+    except Exception:  # noqa: BLE001 - absent (a Python caller's run, ranks but 0) or unreadable
+        return None
+
+
+def with_run_config(overrides: list[str], config_name: str = "train") -> list[str]:
+    """``overrides`` as a resume runs them: when they resume a run (``train.resume=RUN``) that
+    holds a ``config.yaml``, every setting of that file comes first, as ``key=value`` overrides,
+    and the given ones follow, so they apply on top; what may change on a resume is checked
+    against the checkpoint afterwards (``runtime.checkpoint.check_resume``), before any data is
+    read. Unchanged otherwise (no resume, or a checkpoint outside a run directory).
+
+    A group choice (``model=jodie``) given with a resume is kept out when it is the one the run
+    was composed with, and refused otherwise: the group's file would replace the run's settings
+    wholesale, and which of them a resume may change is a per-key question."""
+    from tgdist.errors import ConfigError
+
+    if {"-m", "--multirun"} & set(overrides):
+        return list(overrides)
+    resume = resume_path([o for o in overrides if not o.startswith("-")])
+    found = saved_config(resume)
+    if found is None:
+        return list(overrides)
+    path, saved = found
+    run = path.parent
+    groups, choices = config_groups(), run_choices(run)
+    kept = []
+    for o in overrides:
+        key, eq, value = o.partition("=")
+        key = key.lstrip("+")
+        if eq and not o.startswith("-") and key in groups:
+            had = (choices or {}).get(key)
+            if choices is not None and str(had) == value.strip("'\""):
+                continue  # the run's own choice (an earlier command pasted back): its settings are in config.yaml
+            was = f"it was composed with {key}={had}" if choices is not None else f"{path} holds its settings"
+            raise ConfigError(f"{key}={value}: a resume keeps the run's config groups ({was}); drop {key}={value}, "
+                              f"and give single keys ({key}.KEY=VALUE) for what a resume may change")
+        kept.append(o)
+    saved_keys = []
+    for key in leaf_keys(config_name):
+        if key in _NOT_RESUMED:
+            continue
+        value = OmegaConf.select(saved, key, default="__missing__", throw_on_missing=False)
+        if isinstance(value, str) and value == "__missing__":  # a key added since the run was written
+            continue
+        if OmegaConf.is_config(value):
+            value = OmegaConf.to_container(value, resolve=True)
+        saved_keys.append(f"{key}={override_text(value)}")
+    at = next((i for i, o in enumerate(kept) if "=" in o and not o.startswith("-")), len(kept))
+    return kept[:at] + saved_keys + kept[at:]
+
+
+def resume_note(cfg, config_name: str = "train") -> str | None:
+    """What a resumed run took from where, for its log: the run's ``config.yaml`` and the keys
+    this command changed (``train.epochs 4 -> 6``); None when ``cfg`` resumes nothing."""
+    resume = OmegaConf.select(cfg, "train.resume")
+    if not resume:
+        return None
+    found = saved_config(resume)
+    if found is None:
+        return (f"resuming from {resume}, which is not in a run directory with a config.yaml: the settings are this "
+                f"command's (defaults and overrides), checked against the checkpoint")
+    path, saved = found
+    changed = []
+    for key in leaf_keys(config_name):
+        if key in _NOT_RESUMED:
+            continue
+        was = OmegaConf.select(saved, key, default=None, throw_on_missing=False)
+        now = OmegaConf.select(cfg, key, default=None, throw_on_missing=False)
+        was, now = (OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v for v in (was, now))
+        if was != now:
+            changed.append(f"{key} {override_text(was)} -> {override_text(now)}")
+    return (f"resuming with the settings of {path}; " +
+            (f"changed by this command: {', '.join(changed)}" if changed else "none changed by this command"))

@@ -43,6 +43,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from tgdist import memory
 from tgdist.config import model_tag
+from tgdist.config.overrides import resume_note
 from tgdist.distributed import collectives
 from tgdist.distributed.schedule import Layout, num_global_batches, num_iterations, scaled_lr, step
 from tgdist.distributed.world import ProcessGroups, detect, disagreement
@@ -162,12 +163,27 @@ class Run:
         self.losses: list[tuple[int, float, int]] = []  # (pass, loss * events, events) of this rank
         self._passes: dict[int, list] = {}  # pass -> [loss * events, events] summed over self.losses
         if self.rank == 0:
-            if not cfg.train.resume and (self.dir / "metrics.jsonl").exists():
-                log.warning("run_dir %s already holds a run; its metrics, summary and checkpoint are replaced", self.dir)
-                for old in (self.dir / "summary.json", self.ckpt_path, self.best_path):  # not taken for this run's
-                    old.unlink(missing_ok=True)
+            # (tgdist train checked this before Hydra wrote into the folder; Python callers)
+            rundir.check_replace(self.dir, cfg.train.overwrite, cfg.train.resume)
             rundir.claim(self.dir, cfg.train.overwrite)
-            (self.dir / "config.yaml").write_text(OmegaConf.to_yaml(self.run_cfg, resolve=True))
+            if cfg.train.overwrite and (gone := rundir.clear_old_run(self.dir, cfg.train.resume)):
+                log.info("train.overwrite=true: removed the earlier run's %s from %s", ", ".join(gone), self.dir)
+            if (note := resume_note(cfg)) is not None:
+                log.info("%s", note)
+            self._write_config()
+
+    def _write_config(self) -> None:
+        """``config.yaml``: the run's settings as given, which ``train.resume`` composes again (the
+        learning rate a parallel run trains at, scaled with its global batch, is a comment above
+        them). Written whole or not at all: the ranks of a resumed run read it while rank 0 writes."""
+        text = OmegaConf.to_yaml(self.cfg, resolve=True)
+        if self.lr != self.cfg.train.lr:
+            text = (f"# trained at lr {self.lr:g}: train.lr scaled with the global batch of {self.layout.i} x "
+                    f"{self.layout.j} x {self.layout.k} trainers (train.lr_scaling={getattr(self.cfg.train.lr_scaling, 'name', self.cfg.train.lr_scaling)})\n"
+                    + text)
+        tmp = self.dir / f".config.yaml.{os.getpid()}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, self.dir / "config.yaml")
 
     def close(self) -> None:
         """Release the store (a daemon's client detaches and stops the daemon it started) and the

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import socket
 import time
@@ -74,6 +76,85 @@ def foreign_entries(path: Path) -> list[str]:
         return sorted(name for p in path.iterdir() if not _is_marker(name := p.name))
     except (FileNotFoundError, NotADirectoryError):  # missing, or removed by a run's clean-up meanwhile
         return []
+
+
+# What a run leaves that shows its results: ``train.overwrite=true`` removes these of an earlier run
+# (its TensorBoard events and TGB scores too, never shown beside a new run's).
+RESULT_FILES = frozenset({"summary.json", "metrics.jsonl", "checkpoints", "tensorboard", "scores"})
+
+
+def held_run(path: Path) -> str | None:
+    """``"finished"`` or ``"interrupted"`` when ``path`` holds a tgdist run's results (its summary,
+    or its metrics or a checkpoint without one), else None: a run folder whose run left nothing
+    (stopped before its first checkpoint) holds no run."""
+    if not is_run_dir(path):
+        return None
+    if (path / "summary.json").is_file():
+        return "finished"
+    if (path / "metrics.jsonl").is_file() or _has_checkpoint(path / "checkpoints"):
+        return "interrupted"
+    return None
+
+
+def check_replace(path: Path, overwrite: bool, resume: str | None = None) -> None:
+    """A run never replaces another in its folder: a ``ConfigError`` naming ``train.resume=`` and
+    ``train.overwrite=true`` when ``path`` holds a finished or interrupted run that this one does
+    not resume, unless ``overwrite`` (the run removes the old one's files with ``clear_old_run``
+    once it has passed every check before training)."""
+    from tgdist.config.overrides import resumed_run_dir
+
+    path = Path(path).absolute()
+    state = held_run(path)
+    if overwrite or state is None or (resume and resumed_run_dir(resume) == path):
+        return
+    article = "an" if state[0] in "aeiou" else "a"
+    raise ConfigError(f"run_dir={path} holds {article} {state} tgdist run: continue it with {resume_override(path)}, "
+                      f"or give train.overwrite=true to remove its files and start afresh there (or another run_dir)")
+
+
+def clear_old_run(path: Path, resume: str | None = None) -> list[str]:
+    """Remove the earlier run a run given ``train.overwrite=true`` replaces in ``path``, once the
+    new run is past its checks (bad input leaves the old run whole): its results
+    (``RESULT_FILES``), its lines at the head of ``train.log`` and its ``.hydra/`` where the new run
+    has not rewritten them, and its marker, written anew. A user's own files stay. Returns the
+    names removed."""
+    from tgdist.config.overrides import resumed_run_dir
+
+    path = Path(path).absolute()
+    if held_run(path) is None or (resume and resumed_run_dir(resume) == path):
+        return []
+    c = claimed(path)
+    old = dict(c.files) if c is not None else {}
+    removed = []
+    for p in path.iterdir():
+        if p.name in RESULT_FILES:
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
+            removed.append(p.name)
+    hydra = sorted(n for n in old if n.startswith(".hydra/"))
+    if hydra and all(isinstance(old[n], bytes) and (path / n).is_file() and (path / n).read_bytes() == old[n]
+                     for n in hydra):  # the old run's own (a Python caller's run writes none)
+        shutil.rmtree(path / ".hydra", ignore_errors=True)
+        removed.append(".hydra")
+    log_file, was = path / "train.log", old.get("train.log")
+    if was is not None and log_file.is_file():  # the new run's lines follow the old run's: keep those alone
+        size = len(was) if isinstance(was, bytes) else was
+        text = log_file.read_bytes()
+        log_file.write_bytes(text[size:] if (text[:size] == was if isinstance(was, bytes) else True) else text)
+    made = c.made if c is not None else False
+    _write_marker(path, made)
+    if c is not None:  # nothing of the old run is left to put back; the new run's files are its own
+        _claims[path.resolve()] = Claim(c.path, c.made, c.before - RESULT_FILES - {"train.log", ".hydra"}, ())
+    return sorted(removed)
+
+
+def resume_override(run_dir: Path) -> str:
+    """``train.resume=RUN_DIR`` as one shell word that Hydra reads back as the path: quoted for
+    Hydra when the path holds more than plain characters (a space, a comma, brackets), then for
+    the shell, so the hint can be pasted."""
+    value = str(run_dir)
+    if not re.fullmatch(r"[\w./+-]+", value):
+        value = '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return shlex.quote(f"train.resume={value}")
 
 
 def check_foreign(path: Path, overwrite: bool, key: str = "run_dir") -> None:
