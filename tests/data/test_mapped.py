@@ -4,9 +4,11 @@ trusts; every process maps the entry read-only; training on it gives the in-memo
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -21,6 +23,7 @@ import pytest
 from tests.runtime.test_parallel import free_port
 from tgdist.data import mapped
 from tgdist.data.graph import load_graph
+from tgdist.errors import DataError
 from tgdist.runtime.build import build_trainer, compose
 from tgdist.runtime.run import Run
 
@@ -300,3 +303,188 @@ def test_an_unwritable_cache_folder_reads_the_graph_into_memory_with_a_warning(t
         g = load_graph(source, cache_dir=blocker / "cache")
     assert f"could not write cache {blocker / 'cache'}/e-" in caplog.text
     assert g.mapped is None and g.src.tolist() == load_graph(source, cache=False).src.tolist()
+
+
+# ---------------------------------------------------------------------------------------------
+# A damaged entry is rebuilt, never served (issue 52): the manifest is sealed by its checksum, a
+# truncated file is refused by its size, a full disk leaves nothing behind
+
+
+def two_sided(path: Path) -> Path:
+    """200 nodes (100 sources, 100 destinations), not read as bipartite: 200 -> 208 is one bit."""
+    path.write_text("".join(f"{i % 100},{100 + (i * 7) % 100},{i},{i % 3}.5\n" for i in range(1000)))
+    return path
+
+
+def _edit_manifest(entry: Path, edit) -> None:
+    m = json.loads((entry / "manifest.json").read_text())
+    edit(m)
+    (entry / "manifest.json").write_text(json.dumps(m, indent=1))  # its checksum kept as it was
+
+
+def _flip_a_bit(m: dict) -> None:
+    """num_nodes 200 -> 208 as one flipped bit of the file would make it: "0" (0x30) -> "8" (0x38)."""
+    assert m["meta"]["num_nodes"] == 200
+    m["meta"]["num_nodes"] = int(str(200)[:-1] + chr(ord("0") ^ 8))
+
+
+EDITS = {
+    "num_nodes": (_flip_a_bit, "does not match its checksum"),
+    "bipartite": (lambda m: m["meta"].update(bipartite=not m["meta"]["bipartite"]), "does not match its checksum"),
+    "dtype": (lambda m: m["arrays"]["t"].update(dtype="<f8"), "does not match its checksum"),
+    "no_checksum": (lambda m: m.pop("checksum"), "has no checksum \\(written by an older tgdist\\)"),
+}
+
+
+@pytest.mark.parametrize("edit", sorted(EDITS))
+def test_an_entry_whose_manifest_was_edited_is_rebuilt_never_served(tmp_path, caplog, edit):
+    """The manifest's meta has no file digest: an edited node count (one flipped bit: 200 -> 208) or
+    bipartite flag changed training without a word, and an edited dtype was refused on every run,
+    never rebuilt. Each is now found by the manifest's checksum and rebuilt, with a warning."""
+    source, cache = two_sided(tmp_path / "e.csv"), tmp_path / "cache"
+    g = load_graph(source, cache_dir=cache)
+    assert (g.num_nodes, g.bipartite, g.t.dtype) == (200, False, np.int64)
+    src, t = g.src.tolist(), g.t.tolist()
+    (entry,) = entries(cache)
+    change, why = EDITS[edit]
+    _edit_manifest(entry, change)
+    with caplog.at_level("WARNING", logger="tgdist.data.mapped"):
+        h = load_graph(source, cache_dir=cache)
+    assert (h.num_nodes, h.bipartite, h.t.dtype) == (200, False, np.int64)
+    assert h.src.tolist() == src and h.t.tolist() == t
+    assert re.search(f"{re.escape(str(entry))}/manifest.json: {why}.*; building it again", caplog.text)
+    m = json.loads((entry / "manifest.json").read_text())  # written again, as it was
+    assert (m["meta"]["num_nodes"], m["meta"]["bipartite"], m["arrays"]["t"]["dtype"]) == (200, False, "<i8")
+    mapped.verify(entry)
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tgdist.data.mapped"):
+        assert load_graph(source, cache_dir=cache).num_nodes == 200
+    assert caplog.text == ""  # intact now: mapped as it is
+
+
+def test_processes_finding_an_edited_manifest_together_rebuild_it_once(tmp_path):
+    """Ranks of one run map the entry at once: one of them rebuilds the damaged entry under the
+    lock, the others wait and map what it wrote."""
+    source, cache = two_sided(tmp_path / "e.csv"), tmp_path / "cache"
+    load_graph(source, cache_dir=cache)
+    (entry,) = entries(cache)
+    _edit_manifest(entry, EDITS["num_nodes"][0])
+    env = {**os.environ, "SLOW_WRITE": "1.5"}
+    procs = [subprocess.Popen([sys.executable, "-c", LOADER, str(source), str(cache)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for _ in range(3)]
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=120)
+        assert p.returncode == 0, stderr
+        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    assert sorted(o["built"] for o in out) == [0, 0, 1] and len({o["inode"] for o in out}) == 1
+    assert json.loads((entry / "manifest.json").read_text())["meta"]["num_nodes"] == 200
+    assert [p.name for p in cache.iterdir() if p.name.startswith(".")] == [f".{entry.name}.lock"]
+
+
+def test_a_truncated_npy_in_an_entry_is_refused_by_its_size_and_rebuilt(tmp_path, monkeypatch):
+    """What a truncated file does: ``load`` and ``verify`` raise, naming it and both sizes, before
+    any file is hashed (an entry's features may be tens of GB); a run rebuilds the entry from the
+    source and maps the new files."""
+    source, cache = events(tmp_path / "e.csv"), tmp_path / "cache"
+    g = load_graph(source, cache_dir=cache)
+    src = g.src.tolist()
+    (entry,) = entries(cache)
+    path = entry / "src.npy"
+    whole = path.stat().st_size
+    path.write_bytes(path.read_bytes()[:100])
+    hashed = []
+    real_digest = mapped.digest_file
+    monkeypatch.setattr(mapped, "digest_file", lambda p: hashed.append(Path(p)) or real_digest(p))
+    said = f"{entry}: src.npy holds 100 bytes, the manifest says {whole:,}"
+    for check in (mapped.verify, mapped.load):
+        with pytest.raises(DataError) as err:
+            check(entry)
+        assert str(err.value) == said
+    assert hashed == []
+    h = load_graph(source, cache_dir=cache)
+    assert h.src.tolist() == src and h.mapped == str(entry) and path.stat().st_size == whole
+    assert not [p for p in hashed if p.parent == entry]  # refused by its size; only the new files were hashed
+    mapped.verify(entry)
+
+
+class ShortWrite:
+    """``np.save`` as on a full disk: the first ``ok`` arrays written, then half of one and numpy's error."""
+
+    def __init__(self, error: OSError, ok: int = 2):
+        self.error, self.ok, self.calls = error, ok, 0
+
+    def __call__(self, path, a, **kw):
+        self.calls += 1
+        if self.calls > self.ok:
+            Path(path).write_bytes(b"\x93NUMPY" + b"\0" * 100)
+            raise self.error
+        return REAL_SAVE(path, a, **kw)
+
+
+REAL_SAVE = np.save
+
+
+@pytest.mark.parametrize("error", [OSError("59835 requested and 5616 written"),
+                                   OSError(errno.ENOSPC, "No space left on device")], ids=["numpy", "errno"])
+def test_a_full_disk_while_writing_an_entry_leaves_nothing_and_reads_the_graph_into_memory(tmp_path, caplog,
+                                                                                           monkeypatch, error):
+    """numpy reports a short write as "59835 requested and 5616 written": said as what it is, naming
+    the entry, and, as for a cache folder that cannot be written, the graph is read into memory with
+    a warning; no part of the entry, no lock file is left."""
+    source, cache = events(tmp_path / "e.csv"), tmp_path / "cache"
+    monkeypatch.setattr(mapped.np, "save", ShortWrite(error))
+    with caplog.at_level("WARNING", logger="tgdist.data.graph"):
+        g = load_graph(source, cache_dir=cache)
+    monkeypatch.undo()
+    m = re.search(r"no space left on device writing the cache entry at (\S+) \(([\d,]+) bytes needed, "
+                  r"([\d,]+) bytes free there\); the graph is read into memory instead$", caplog.text.strip())
+    assert m, caplog.text
+    whole = load_graph(source, cache=False)
+    assert m.group(1).startswith(f"{cache}/e-") and int(m.group(2).replace(",", "")) > whole.edge_feat.nbytes
+    assert "requested and" not in caplog.text and len(caplog.records) == 1
+    assert g.mapped is None and g.src.tolist() == whole.src.tolist() and np.array_equal(g.edge_feat, whole.edge_feat)
+    assert list(cache.iterdir()) == []
+    assert load_graph(source, cache_dir=cache).mapped is not None  # room again: the entry is written
+
+
+def test_a_full_disk_while_a_large_edge_list_is_spooled_leaves_nothing(tmp_path, caplog, monkeypatch):
+    """A large edge list's columns go to files beside the entry as they are read: a disk that fills
+    then is the same warning, and those files are removed."""
+    from tgdist.data import graph as tdata
+
+    source, cache = events(tmp_path / "e.csv"), tmp_path / "cache"
+    monkeypatch.setattr(tdata, "STREAM_BYTES", 0)
+    monkeypatch.setattr(tdata, "STREAM_BLOCK", 4096)
+    real_append, blocks = mapped.NpyAppender.append, []
+
+    def full(self, block):
+        blocks.append(self.path)
+        if len(blocks) > 12:
+            self.f.write(b"\0" * 10)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_append(self, block)
+
+    monkeypatch.setattr(mapped.NpyAppender, "append", full)
+    with caplog.at_level("WARNING", logger="tgdist.data.graph"):
+        g = load_graph(source, cache_dir=cache)
+    assert len(blocks) > 12 and any(p.parent == cache for p in blocks)
+    assert re.search(rf"no space left on device writing the cache entry at {re.escape(str(cache))}/e-\w+ "
+                     r"\([\d,]+ bytes free there\); the graph is read into memory instead", caplog.text)
+    assert g.mapped is None and g.src.tolist() == load_graph(source, cache=False).src.tolist()
+    assert list(cache.iterdir()) == []
+
+
+def test_a_full_disk_in_write_removes_the_files_it_was_to_move_in(tmp_path, monkeypatch):
+    """``write`` takes files a builder spooled beside the entry: a write that fails before moving
+    them in removes them too, and says how many bytes the entry needed."""
+    entry = tmp_path / "g-0123"
+    spooled = mapped.spool_path(entry, "edge_feat")
+    np.save(spooled, np.ones((10, 4), dtype=np.float32))
+    monkeypatch.setattr(mapped.np, "save", ShortWrite(OSError("800 requested and 96 written"), ok=0))
+    with pytest.raises(mapped.NoSpaceError) as err:
+        mapped.write(entry, {"src": np.arange(100), "edge_feat": spooled}, {})
+    assert err.value.errno == errno.ENOSPC
+    assert re.fullmatch(rf"no space left on device writing the cache entry at {re.escape(str(entry))} "
+                        r"\(928 bytes needed, [\d,]+ bytes free there\)", err.value.strerror)
+    assert list(tmp_path.iterdir()) == []

@@ -826,11 +826,36 @@ def _read_jodie(path: Path, data: bytes) -> dict:
 
 
 def _torch_load(path: Path):
+    """A ``.pt`` file's tensors, unpickled by torch's restricted loader (``weights_only``): a file
+    that holds other Python objects is refused in one line, never loaded the unsafe way."""
+    import pickle
+
     import torch
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if not head.startswith((b"PK\x03\x04", b"\x80")):  # torch.save writes a zip archive (a pickle before torch 1.6)
+        raise DataError(f"{path}: not a file torch.save wrote (expected tensors saved with torch.save)")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")  # a plain pickle: refused below
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        text = str(e)
+        if "weights_only" not in text and "Weights only" not in text:  # a damaged pickle
+            raise DataError(f"{path}: cannot load tensor file (UnpicklingError: {_plain(text)[:200]})") from None
+        # torch's own text advises weights_only=False, which runs whatever the file holds: not ours to give
+        found = re.search(r"GLOBAL ([\w.]+)", text)
+        what = f" ({found.group(1)})" if found else ""
+        raise DataError(f"{path}: holds Python objects{what}, not plain tensors; tgdist reads tensors saved with "
+                        f"torch.save (e.g. torch.save(torch.as_tensor(features), '{path.name}'))") from None
     except Exception as e:  # torch raises many kinds here; report them all the same way
-        raise DataError(f"{path}: cannot load tensor file ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+        raise DataError(f"{path}: cannot load tensor file ({type(e).__name__}: {_plain(str(e))[:200]})") from None
+
+
+def _plain(text: str) -> str:
+    """The first sentence of a library's message, without terminal colour codes."""
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", text).strip().splitlines()
+    return re.split(r"(?<=[^.])\. ", lines[0])[0].rstrip(".") if lines else ""
 
 
 def _tensor_rows(path: Path) -> np.ndarray:
@@ -1430,8 +1455,9 @@ def cached_graph(folder: str | Path, build, status: Status | None = None, in_mem
     of processes and machines asking at once (``tgdist.data.mapped.ensure``). Every process then
     maps the entry read-only; the notes of a source read earlier are repeated as warnings.
 
-    A cache folder that cannot be written is a warning, not an error: the graph is then read into
-    this process's memory (``in_memory()``, default ``build()``; a graph already built is used)."""
+    A cache folder that cannot be written, or a disk that fills while the entry is written, is a
+    warning, not an error: the graph is then read into this process's memory (``in_memory()``,
+    default ``build()``; a graph already built is used)."""
     from tgdist.data import mapped
 
     folder = Path(folder)
@@ -1459,8 +1485,11 @@ def cached_graph(folder: str | Path, build, status: Status | None = None, in_mem
         status.set(f"mapping the cached graph {folder.name}")
     try:
         arrays, meta, built = mapped.ensure(folder, arrays_of_build, what=f"the graph {folder.name}")
-    except OSError as e:
-        log.warning("could not write cache %s: %s", folder, e.strerror or e)
+    except OSError as e:  # an unwritable folder, a full disk: nothing of the entry is left (mapped.write)
+        if isinstance(e, mapped.NoSpaceError):
+            log.warning("%s; the graph is read into memory instead", e.strerror)
+        else:
+            log.warning("could not write cache %s: %s", folder, e.strerror or e)
         graph, _ = made[0] if made else (in_memory or build)()
         return graph
     if built:  # a new entry: those an older tgdist wrote beside it are never read again

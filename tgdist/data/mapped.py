@@ -6,7 +6,7 @@ a folder::
 
     {name}-{key}/
         manifest.json        version, the graph's scalars, and per array: file, dtype, shape, bytes,
-                             BLAKE2b digest
+                             BLAKE2b digest; sealed with the BLAKE2b digest of all of that
         src.npy dst.npy t.npy node_map.npy edge_feat.npy ... tcsr_indptr.npy tcsr_nbr.npy ...
 
 Every process maps the files with ``np.load(mmap_mode="r")``: the pages live once in the machine's
@@ -22,9 +22,12 @@ Building, once per cache folder, whatever the number of processes and machines t
   final name is therefore complete; a builder killed half-way leaves a ``.part`` folder that the
   next lock holder removes;
 - a folder under the final name is checked before its first use on a machine (see ``ensure``): its
-  files' sizes always, their digests once per machine and boot (a stamp in the temporary folder
-  records that the files, by inode, size and times, were found intact). A damaged entry is moved
-  aside and rebuilt under the lock, never used.
+  manifest against the manifest's own checksum and its files' sizes always, their digests once per
+  machine and boot (a stamp in the temporary folder records that the files, by inode, size and
+  times, were found intact). A damaged entry (an edited manifest, a truncated or changed file) is
+  moved aside and rebuilt under the lock, never used.
+- a disk that fills while an entry is written is one ``NoSpaceError`` naming the entry, with nothing
+  of the entry left behind (the caller reads the graph into memory instead).
 
 On a shared file system (NFS v4, Lustre, GPFS: ``flock`` is honoured across machines there) every
 machine maps the one folder, and the first process anywhere builds it: never two writers. No
@@ -40,6 +43,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -111,15 +115,49 @@ def _npy(folder: Path, name: str) -> Path:
     return folder / f"{name}.npy"
 
 
+def _manifest_checksum(manifest: dict) -> str:
+    """BLAKE2b of a manifest without its ``checksum``, in a canonical JSON form: what seals the
+    graph's scalars (``meta``: its node count, bipartite flag...) and the arrays' dtypes and shapes,
+    which no file digest covers."""
+    body = {k: v for k, v in manifest.items() if k != "checksum"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.blake2b(text.encode(), digest_size=32).hexdigest()
+
+
+class NoSpaceError(OSError):
+    """The disk holding the cache filled while an entry was written (numpy says only "N requested
+    and M written"); nothing of the entry is left behind."""
+
+    def __init__(self, folder: Path, needed: int | None):
+        try:
+            free = f"{shutil.disk_usage(folder.parent).free:,} bytes free there"
+        except OSError:
+            free = "free space unknown"
+        need = f"{needed:,} bytes needed, " if needed is not None else ""
+        super().__init__(errno.ENOSPC, f"no space left on device writing the cache entry at {folder} "
+                                       f"({need}{free})")
+
+
+def _out_of_space(e: BaseException) -> bool:
+    """A write that failed for want of room: ENOSPC, or numpy's short write (``ndarray.tofile``
+    reports "N requested and M written" without an errno)."""
+    if not isinstance(e, OSError):
+        return False
+    if e.errno == errno.ENOSPC:
+        return True
+    return e.errno is None and bool(re.fullmatch(r"\d+ requested and \d+ written", str(e)))
+
+
 def write(folder: Path, arrays: dict[str, np.ndarray], meta: dict) -> Path:
     """Write ``arrays`` (name -> array, C order) and ``meta`` (JSON) as a cache folder at ``folder``,
     atomically: files go to a ``.part`` folder beside it, renamed into place when complete. The
-    caller holds ``lock_path(folder)``."""
+    caller holds ``lock_path(folder)``. A disk that fills is a ``NoSpaceError``; whatever failed,
+    no file of the entry is left (the ``.part`` folder and any ``.npy`` not yet moved in removed)."""
     folder = Path(folder)
     part = folder.parent / f".{folder.name}.part-{socket.gethostname()}-{os.getpid()}"
     shutil.rmtree(part, ignore_errors=True)
-    part.mkdir(parents=True)
     try:
+        part.mkdir(parents=True)
         files = {}
         for name, a in arrays.items():
             if isinstance(a, Path):  # an .npy the builder wrote beside the folder (streamed features): moved in
@@ -141,6 +179,7 @@ def write(folder: Path, arrays: dict[str, np.ndarray], meta: dict) -> Path:
             files[name] = {"dtype": a.dtype.str, "shape": list(a.shape), "bytes": path.stat().st_size,
                            "blake2b": digest_file(path)}
         manifest = {"version": MAP_VERSION, "built_on": machine_id(), "meta": meta, "arrays": files}
+        manifest["checksum"] = _manifest_checksum(manifest)
         (part / MANIFEST).write_text(json.dumps(manifest, indent=1))
         os.chmod(part, 0o755)  # mkdtemp-like modes would hide a shared cache from other users
         try:
@@ -150,8 +189,14 @@ def write(folder: Path, arrays: dict[str, np.ndarray], meta: dict) -> Path:
                 raise
             shutil.rmtree(folder)  # a damaged entry the caller chose to replace
             os.rename(part, folder)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(part, ignore_errors=True)
+        for a in arrays.values():  # spooled files not moved in yet
+            if isinstance(a, Path):
+                a.unlink(missing_ok=True)
+        if _out_of_space(e) and not isinstance(e, NoSpaceError):
+            needed = sum(np.asarray(a).nbytes + 128 for a in arrays.values() if not isinstance(a, Path))
+            raise NoSpaceError(folder, needed) from None
         raise
     return folder
 
@@ -221,6 +266,11 @@ def _manifest(folder: Path) -> dict:
         raise DataError(f"{folder}/{MANIFEST}: not a tgdist cache manifest")
     if int(m.get("version", 0)) > MAP_VERSION:
         raise DataError(f"{folder}: written by a newer tgdist (mapped format {m['version']} > {MAP_VERSION})")
+    if "checksum" not in m:
+        raise DataError(f"{folder}/{MANIFEST}: has no checksum (written by an older tgdist)")
+    if m["checksum"] != _manifest_checksum(m):
+        raise DataError(f"{folder}/{MANIFEST}: does not match its checksum (its meta or its list of arrays was "
+                        f"edited): the entry is damaged")
     return m
 
 
@@ -269,8 +319,11 @@ def _verified_here(folder: Path) -> bool:
 
 def _stamp_intact(folder: Path) -> None:
     stamp = _stamp(folder, _check_sizes(folder, _manifest(folder)))
-    stamp.parent.mkdir(parents=True, exist_ok=True)
-    stamp.touch()
+    try:
+        stamp.parent.mkdir(parents=True, exist_ok=True)
+        stamp.touch()
+    except OSError as e:  # a full or read-only temporary folder: the entry is checked again next time
+        log.debug("could not record %s as checked (%s)", folder, e.strerror or e)
 
 
 def _verify_and_stamp(folder: Path) -> None:
@@ -302,36 +355,45 @@ def ensure(folder: Path, build: Callable[[], tuple[dict[str, np.ndarray], dict]]
            ) -> tuple[dict[str, np.ndarray], dict, bool]:
     """The cache folder's arrays (mapped) and meta, built first by ``build`` when no intact entry is
     there; the third value says whether this process built it. Safe for any number of processes
-    on any number of machines at once (see the module's docstring)."""
+    on any number of machines at once (see the module's docstring).
+
+    An entry that fails any check (its manifest's checksum, a file's size, digest, dtype or shape)
+    is moved aside under the lock, with a warning saying why, and built again: never served, and
+    never refused run after run. A disk that fills while building is a ``NoSpaceError``, with
+    nothing of the entry left."""
     folder = Path(folder)
     if _verified_here(folder):
         try:
             arrays, meta = load(folder)
             return arrays, meta, False
-        except DataError:  # replaced under us (another process found it damaged): wait for its build
+        except DataError:  # replaced under us, or damaged past its stamp: settled under the lock
             pass
     built = False
     with file_lock(lock_path(folder), f"building {what} in {folder}"):
         for stale in folder.parent.glob(f".{folder.name}.part-*"):  # a builder that died: the lock is ours now
             log.info("removing %s, left by a build that did not finish", stale)
             remove(stale)
-        if folder.exists() and not _verified_here(folder):  # a process before us may have checked it
+        if folder.exists():
             try:
-                _verify_and_stamp(folder)
+                if not _verified_here(folder):  # a process before us may have checked it
+                    _verify_and_stamp(folder)
+                arrays, meta = load(folder)
+                return arrays, meta, False
             except DataError as e:
                 log.warning("%s; building it again", e)
                 aside = folder.parent / f".{folder.name}.damaged-{os.getpid()}"
                 os.rename(folder, aside)
                 shutil.rmtree(aside, ignore_errors=True)
-        if not folder.exists():
-            try:
-                arrays, meta = build()
-                write(folder, arrays, meta)
-            except BaseException:  # a source that cannot be read leaves nothing behind, its lock file neither
-                lock_path(folder).unlink(missing_ok=True)
-                raise
-            del arrays
-            _stamp_intact(folder)  # hashed as they were written
-            built = True
-    arrays, meta = load(folder)
+        try:
+            arrays, meta = build()
+            write(folder, arrays, meta)
+        except BaseException as e:  # a source that cannot be read leaves nothing behind, its lock file neither
+            lock_path(folder).unlink(missing_ok=True)
+            if _out_of_space(e) and not isinstance(e, NoSpaceError):  # the builder's own spooled files
+                raise NoSpaceError(folder, None) from None
+            raise
+        del arrays
+        _stamp_intact(folder)  # hashed as they were written
+        built = True
+        arrays, meta = load(folder)
     return arrays, meta, built
