@@ -926,7 +926,35 @@ def test_bad_tgl_files(tmp_path, cache_dir):
     bad(cache_dir, loc(d / "labels.csv", 1) + "TGL labels.csv needs columns ,node,time,label", d)
     d = write_tgl(tmp_path / "pt")
     (d / "node_features.pt").write_bytes(b"not a tensor file")
-    bad(cache_dir, loc(d / "node_features.pt") + "cannot load tensor file", d)
+    bad(cache_dir, loc(d / "node_features.pt") + r"not a file torch.save wrote \(expected tensors saved with "
+        r"torch.save\)$", d)
+
+
+@pytest.mark.parametrize("saved", ["numpy", "object"])
+def test_a_tgl_feature_file_of_python_objects_is_refused_in_one_line(tmp_path, cache_dir, saved):
+    """torch.save of a NumPy array (or any object) pickles it: torch's restricted loader refuses it
+    with a paragraph that ends in advice to load with weights_only=False, which would run whatever
+    the file holds. One line instead, naming the file and what it should hold."""
+    import fractions
+
+    import torch
+
+    d = write_tgl(tmp_path / "tgl")
+    feats = np.arange(10, dtype=np.float32).reshape(5, 2)
+    torch.save(feats if saved == "numpy" else [fractions.Fraction(1, 3)] * 5, d / "edge_features.pt")
+    found = "numpy" if saved == "numpy" else "fractions.Fraction"
+    msg = bad(cache_dir, loc(d / "edge_features.pt") + rf"holds Python objects \({found}[\w.]*\), not plain tensors; "
+              r"tgdist reads tensors saved with torch.save \(e.g. torch.save\(torch.as_tensor\(features\), "
+              r"'edge_features.pt'\)\)$", d)
+    assert "weights_only" not in msg and "\x1b" not in msg
+
+
+def test_a_truncated_tgl_feature_file_is_one_line(tmp_path, cache_dir):
+    d = write_tgl(tmp_path / "tgl")
+    data = (d / "edge_features.pt").read_bytes()
+    (d / "edge_features.pt").write_bytes(data[: len(data) // 2])
+    bad(cache_dir, loc(d / "edge_features.pt") + r"cannot load tensor file \(RuntimeError: PytorchStreamReader "
+        r"failed reading zip archive: failed finding central directory\)$", d)
 
 
 def test_bad_paths_and_options(tmp_path, cache_dir):
