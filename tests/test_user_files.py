@@ -159,6 +159,21 @@ def test_a_sweep_directory_of_other_files_is_refused(tmp_path):
     assert tree(tmp_path) == before
 
 
+def test_a_sweep_never_replaces_an_earlier_sweeps_runs(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = ["-m", *QUICK, "train.seed=0", f"hydra.sweep.dir={sweep}"]
+    assert tgdist("train", *args, cwd=tmp_path).returncode == 0
+    before, pid = tree(tmp_path), json.loads((sweep / "0" / ".tgdist-run").read_text())["pid"]
+    r = tgdist("train", *args, cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        f"tgdist train: error: hydra.sweep.dir={sweep} holds the runs of an earlier sweep (job folders 0); give a new "
+        f"hydra.sweep.dir, or train.overwrite=true to replace them"]
+    assert tree(tmp_path) == before
+    r = tgdist("train", *args, "train.overwrite=true", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads((sweep / "0" / ".tgdist-run").read_text())["pid"] != pid  # the new sweep's job
+
+
 @pytest.mark.slow  # ~17 s
 def test_the_resume_hint_can_be_pasted_with_spaces_in_the_path(tmp_path):
     run = tmp_path / "my runs" / "a, b"
