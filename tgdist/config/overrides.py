@@ -533,8 +533,9 @@ def closest_keys(key: str, config_name: str) -> list[str]:
 
 
 
-# What a resumed run never takes from its run's config.yaml: where it writes, and the resume itself.
-_NOT_RESUMED = frozenset({"run_dir", "train.resume", "train.overwrite"})
+# What a resumed run never takes from its run's config.yaml: where it writes, the resume itself, and
+# train.stop_after_batches, which stops one command (a resume would stop again at once).
+_NOT_RESUMED = frozenset({"run_dir", "train.resume", "train.overwrite", "train.stop_after_batches"})
 
 
 def resume_path(overrides: list[str]) -> Path | None:
