@@ -56,6 +56,75 @@ def test_all_of_the_data_is_asked_for_as_null(monkeypatch):
         sys.modules.pop("shared", None)
 
 
+@pytest.fixture
+def ranks(monkeypatch):
+    """``scripts/gpu_checks/ranks.py`` (and its ``shared``), imported as the helpers import them."""
+    import sys
+
+    monkeypatch.syspath_prepend(str(REPO / "scripts" / "gpu_checks"))
+    try:
+        yield __import__("ranks")
+    finally:
+        sys.modules.pop("ranks", None)
+        sys.modules.pop("shared", None)
+
+
+def _record(losses, mems, comm=None, micro_batches=None):
+    return ({"losses": list(losses), "communication": comm or {"aggregation": {"calls": 5, "bytes_sent": 800,
+                                                                              "bytes_received": 800}},
+             "summary": {"pipeline": {"micro_batches": micro_batches}}}, mems)
+
+
+def test_part_1_judges_memory_from_iteration_0_losses_with_headroom_and_bytes(ranks):
+    """Part 1's comparison of a rank's device run with its CPU run (``compare_rank``), against the
+    differences recorded on the H200 (benchmarks/results/gpu_checks.md): the memory is judged
+    after every probed iteration, from the first, by the record's size there (a difference of
+    1e-5 after iteration 0, where 0 was recorded, fails; the recorded 6.7e-3 after iteration 4
+    passes, 0.1 fails); a loss 1.5e-4 apart (twice the largest record, which the old 1e-4 failed)
+    passes and 2e-3 fails; bytes that differ fail unless the two runs chose other micro-batch counts."""
+    import torch
+
+    mem = {t: {"mem": torch.full((4, 3), 0.5), "mem_ts": torch.arange(4.0, dtype=torch.float64),
+               "mail_ts": torch.tensor([1.0, float("-inf"), 2.0, float("nan")], dtype=torch.float64),
+               "head": torch.zeros(4, dtype=torch.long)} for t in range(5)}
+    losses = [0.7, 0.69, 0.68, 0.67, 0.66]
+
+    def moved(t, by, key="mem", at=(1, 2)):
+        out = {i: {k: v.clone() for k, v in m.items()} for i, m in mem.items()}
+        out[t][key][at] += by
+        return out
+
+    def compare(dev, ref=None):
+        return ranks.compare_rank(*(ref or _record(losses, mem))[:1], dev[0], (ref or _record(losses, mem))[1],
+                                  dev[1], 1)
+
+    same = compare(_record(losses, mem))
+    assert same["ok"] and same["why"] == [] and same["bytes_equal"]
+    assert same["memory_bound_per_iteration"] == [ranks.memory_bound(t) for t in range(5)]
+    assert ranks.memory_bound(0) == ranks.memory_bound(1) == ranks.TOL["memory_floor"] == 1e-6
+    assert compare(_record(losses, moved(4, 6.73e-3)))["ok"]
+    for t, by in ((0, 1e-5), (1, 1e-5), (2, 1e-3), (4, 0.1)):
+        got = compare(_record(losses, moved(t, by)))
+        assert not got["ok"] and got["memory_first_beyond"]["iteration"] == t, (t, got["why"])
+        assert got["why"][0].startswith(f"rank 1: memory mem after iteration {t} beyond its bound"), got["why"]
+    for at in (1, 3):  # a time of no mail (-inf) or NaN on one device only
+        ts = moved(0, -1.0, "mail_ts", at)
+        ts[0]["mail_ts"][at] = 3.0
+        assert not compare(_record(losses, ts))["ok"], at
+    assert compare(_record([x * (1 + 1.5e-4) for x in losses], mem))["ok"]
+    off = compare(_record([losses[0], losses[1] * (1 + 2e-3), *losses[2:]], mem))
+    assert not off["ok"] and "losses of iterations [1] beyond rtol 0.001" in off["why"][0]
+    more = {"aggregation": {"calls": 5, "bytes_sent": 808, "bytes_received": 800}}
+    got = compare(_record(losses, mem, more))
+    assert not got["ok"] and got["bytes_differ"] == {"aggregation": [(808, 800), (800, 800)]}
+    assert got["why"] == ["rank 1: bytes sent or received differ from the CPU run's (device, cpu): "
+                          "{'aggregation': [(808, 800), (800, 800)]}"]
+    got = compare(_record(losses, mem, more, micro_batches=2), _record(losses, mem, micro_batches=1))
+    assert got["ok"] and not got["bytes_equal"] and "micro-batches 1 on the CPU and 2" in got["bytes_note"]
+    calls = compare(_record(losses, mem, {"aggregation": {"calls": 6, "bytes_sent": 800, "bytes_received": 800}}))
+    assert calls["ok"] and calls["bytes_equal"] and not calls["communication_equal"]  # calls: reported
+
+
 @pytest.mark.slow
 def test_the_cpu_dry_run_of_every_part_passes(tmp_path):
     """``--prepare`` into a folder of its own, then the whole flow on the CPU with tiny data (about
