@@ -300,7 +300,7 @@ def test_async_allreduce_resumes_exactly_with_its_gradient_in_flight(tmp_path):
     assert metrics(resumed) == metrics(full)
     from tgdist.errors import ConfigError
     with pytest.raises(ConfigError, match="pipeline.async_allreduce"):  # the update rule is part of the run
-        run(tmp_path, "other", ["train.epochs=2", f"train.resume={d}"])
+        run(tmp_path, "other", ["train.epochs=2", "pipeline.async_allreduce=false", f"train.resume={d}"])
 
 
 def test_micro_batches_auto_measures_then_chooses_and_reports(tmp_path, caplog):

@@ -103,7 +103,7 @@ def test_patience_stops_early_and_resumes_exactly(tmp_path):
     # what the run without patience gives
     again, _ = run(tmp_path, "again", ["train.epochs=5", "train.patience=2", f"train.resume={d}"])
     assert final_test(again) == final_test(stopped) and again["epochs"] == 4
-    on, _ = run(tmp_path, "on", ["train.epochs=5", f"train.resume={d}"])
+    on, _ = run(tmp_path, "on", ["train.epochs=5", "train.patience=0", f"train.resume={d}"])  # (else the run's 2)
     assert final_test(on) == final_test(full) and on["epochs"] == 5 and not on["stopped_early"]
 
 
