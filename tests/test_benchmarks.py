@@ -22,6 +22,7 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
     ("sampler.py", ["--batch", "0"], "argument --batch: 0: give at least 1"),
     ("daemon.py", ["--nodes", "200", "--read-ids", "500"], "--write-ids 1200 <= --read-ids 500 <= --nodes 200"),
     ("step_profile.py", ["--window", "0"], "argument --window: 0: give at least 1"),
+    ("gpu_predictors.py", ["--count-steps", "0"], "argument --count-steps: 0: give at least 1"),
     ("parallel.py", ["--layouts", "1,1,2", "--epochs", "1"], "train.epochs = 1 is not a multiple of parallel.j x"),
     ("partition.py", ["--synthetic-events", "-1"], "argument --synthetic-events: -1: give at least 1"),
     ("memory_backends.py", ["--trainers", "2", "1"], "argument --trainers: 1: give at least 2"),
@@ -149,3 +150,84 @@ def test_embedding_cache_breakdown_times_the_cache_work_of_each_step(monkeypatch
     assert 0 < own["lookup"] and 0 < own["admit"] and own["total"] < out["0.9:20"]["median_step_ms"]
     assert out["0.9:20"]["hit_rate"] > 0  # served rows: pruning ran on real work
     assert trainer_module.prune_nodes is prune
+
+
+def test_gpu_predictors_count_host_reads_and_dispatched_ops(monkeypatch):
+    """The counters of ``gpu_predictors.py``: each Python-level read of a tensor value counts once
+    (not again as the aten scalar read under it), data-shaped aten ops count, ``.to(device)`` apart
+    from the reads, a dtype cast not at all; each call site is this file's line; the dispatched ops
+    and views are counted; a read in a ``CPU_ONLY`` line counts apart."""
+    import numpy as np
+    import torch
+
+    monkeypatch.syspath_prepend(str(BENCH))
+    import gpu_predictors as gp
+
+    def two_reads(x):
+        a = x.sum().item()
+        return a + float(x.max())
+
+    def shaped_and_moved(x):
+        x[x > 2]
+        torch.nonzero(x)
+        x.to(torch.float64)
+        x.to(torch.device("cpu"))
+        np.asarray(x)
+
+    def ops(a, b):
+        return (a + b).t()
+
+    def cpu_only(x):
+        return int(x.max())
+
+    x = torch.arange(5.0)
+    c = gp.Counts()
+    with gp.HostReads(c), gp.AtenOps(c):
+        two_reads(x)
+    assert dict(c.reads) == {"item": 1, "float": 1}
+    here = Path(__file__).resolve().relative_to(gp.REPO).as_posix()
+    assert {site.split(":")[0] for sites in c.sites.values() for site in sites} == {here}
+    assert [site.endswith("(two_reads)") for sites in c.sites.values() for site in sites] == [True, True]
+    assert c.text[next(iter(c.sites["float"]))] == "return a + float(x.max())"
+
+    c = gp.Counts()
+    with gp.HostReads(c), gp.AtenOps(c):
+        shaped_and_moved(x)
+    assert dict(c.reads) == {"boolean mask index": 1, "nonzero": 1, "to(device)": 1, "numpy": 1}
+
+    c = gp.Counts()
+    a = torch.ones(2, 3)
+    with gp.HostReads(c), gp.AtenOps(c):
+        ops(a, a)
+    assert sum(c.ops.values()) == 2 and c.views == 1 and not c.reads  # add, then the view t()
+
+    monkeypatch.setattr(gp, "CPU_ONLY", [(here, "int(x.max())")])
+    c = gp.Counts()
+    with gp.HostReads(c), gp.AtenOps(c):
+        cpu_only(x)
+    assert dict(c.cpu_only) == {"int": 1} and not c.reads
+
+
+def test_gpu_predictors_runs_and_prints_its_figures():
+    """A tiny run of ``gpu_predictors.py`` (TGN, CollegeMsg's first events): per-step op counts by
+    phase adding up, reads by kind adding up with their call sites in tgdist, the one read only
+    the CPU path makes (modules.py's ``int(index.max())``; if it moved, ``CPU_ONLY`` must follow)
+    counted apart, and the milliseconds."""
+    r = subprocess.run([sys.executable, "gpu_predictors.py", "--data", "collegemsg", "--max-events", "3000",
+                        "--models", "tgn", "--batch", "100", "--warmup", "1", "--window", "2", "--windows", "2",
+                        "--count-steps", "2"], cwd=BENCH, capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert out["dim"] == 8 and out["cpu_kernels"] is False and "load_average_1_5_15" in out["machine"]
+    (run,) = out["runs"]
+    ops, reads = run["aten_ops"], run["host_reads"]
+    assert ops["dispatched"] == pytest.approx(sum(ops["dispatched_by_phase"].values()))
+    assert min(ops["dispatched_by_phase"].values()) > 0 and 0 < ops["dispatched_views"] < ops["dispatched"]
+    assert ops["profiler_all"] > ops["profiler_top_level"] > 0
+    assert reads["per_step"] == pytest.approx(sum(reads["by_kind"].values())) and reads["per_step"] >= 1
+    assert reads["cpu_only"] == {"int": 1.0}
+    root = BENCH.parent
+    for site in reads["top_sites"] + reads["to_device_sites"]:
+        path, line = site["site"].split(" ")[0].split(":")
+        assert path.startswith("tgdist/") and site["line"] in (root / path).read_text().splitlines()[int(line) - 1]
+    assert reads["to_device_per_step"] > 0 and 0 < run["host_ms"]["best"] <= run["host_ms"]["median"]
