@@ -393,27 +393,33 @@ def _load_pickle(path: Path) -> dict:
 def match_negatives(table: dict, graph: TemporalGraph, lo: int, hi: int, where: str) -> OneVsMany:
     """Each event ``[lo, hi)``'s entry of ``table`` (``(src, dst, t)`` -> negatives) as a ``OneVsMany``;
     a ``DataError`` naming the first event without one."""
-    lists = []
-    for e in range(lo, hi):
-        key = (int(graph.src[e]), int(graph.dst[e]), int(graph.t[e]))
+    arrays = []
+    keys = zip(graph.src[lo:hi].tolist(), graph.dst[lo:hi].tolist(), graph.t[lo:hi].tolist())
+    for e, key in enumerate(keys, lo):
         neg = table.get(key)
         if neg is None:
             raise DataError(f"{where}: no negatives for event {e} (src {key[0]}, dst {key[1]}, t {key[2]}): the file "
                             f"does not belong to this edge list")
         arr = np.asarray(neg).reshape(-1)
-        whole = arr.dtype.kind in "iu" or (arr.dtype.kind == "f" and (np.isfinite(arr) & (arr == np.round(arr))).all())
-        if not whole:
-            raise DataError(f"{where}: the negatives of event {e} (src {key[0]}, dst {key[1]}, t {key[2]}) are not "
-                            f"node ids (an array of {arr.dtype})")
-        lists.append(arr.astype(np.int64))
-    lens = np.array([len(x) for x in lists], dtype=np.int64)
-    ptr = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
-    dst = np.concatenate(lists) if lists else np.zeros(0, np.int64)
-    if len(dst) and (dst.min() < 0 or dst.max() >= graph.num_nodes):
-        bad = int(dst.max() if dst.max() >= graph.num_nodes else dst.min())
+        if arr.dtype.kind not in "iuf":
+            raise DataError(_not_ids(where, graph, e, arr.dtype))
+        arrays.append(arr)
+    ptr = np.zeros(len(arrays) + 1, np.int64)
+    np.cumsum([len(a) for a in arrays], out=ptr[1:])
+    cat = np.concatenate(arrays) if arrays else np.zeros(0, np.int64)  # float64 where a list is (TGB's empty ones)
+    if cat.dtype.kind == "f" and not (whole := np.isfinite(cat) & (cat == np.round(cat))).all():
+        k = int(np.searchsorted(ptr, np.flatnonzero(~whole)[0], side="right")) - 1
+        raise DataError(_not_ids(where, graph, lo + k, arrays[k].dtype))
+    if len(cat) and (cat.min() < 0 or cat.max() >= graph.num_nodes):  # (before narrowing, which would wrap)
+        bad = int(cat.max() if cat.max() >= graph.num_nodes else cat.min())
         raise DataError(f"{where}: negative destination {bad} is not a node of the edge list "
                         f"(0..{graph.num_nodes - 1})")
-    return OneVsMany(lo, ptr, dst.astype(np.int32) if graph.num_nodes <= np.iinfo(np.int32).max else dst)
+    return OneVsMany(lo, ptr, cat.astype(np.int32 if graph.num_nodes <= np.iinfo(np.int32).max else np.int64))
+
+
+def _not_ids(where: str, graph: TemporalGraph, e: int, dtype) -> str:
+    return (f"{where}: the negatives of event {e} (src {graph.src[e]}, dst {graph.dst[e]}, t {graph.t[e]}) are not "
+            f"node ids (an array of {dtype})")
 
 
 @dataclass
