@@ -154,6 +154,10 @@ def test_negatives_of_another_edge_list_are_refused_naming_the_event(tmp_path):
         with pytest.raises(DataError, match=rf"negatives of event \d+ \(src \d+, dst \d+, t \d+\) are not node ids "
                                             rf"\(an array of {bad.dtype}\)$"):
             tgb.shipped_negatives("tgbl-wiki", tmp_path, g, chronological_split(g))
+    with open(info["folder"] / "tgbl-wiki_val_ns_v2.pkl", "wb") as fh:  # an id that int32 would wrap to 0
+        pickle.dump({**info["neg"]["val"], next(iter(info["neg"]["val"])): np.array([2**32], np.int64)}, fh)
+    with pytest.raises(DataError, match=r"negative destination 4294967296 is not a node of the edge list \(0\.\.36\)$"):
+        tgb.shipped_negatives("tgbl-wiki", tmp_path, g, chronological_split(g))
     with open(info["folder"] / "tgbl-wiki_val_ns_v2.pkl", "wb") as fh:
         pickle.dump(info["neg"]["val"], fh)
     (info["folder"] / "tgbl-wiki_test_ns_v2.pkl").write_bytes(b"not a pickle")
