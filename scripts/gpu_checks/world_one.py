@@ -153,7 +153,9 @@ def resume_trio(overrides: list[str], work: Path) -> dict:
     full, _ = one_run([*base(), *det], None, 0, 1, run_dir=str(work / "full"))
     part, _ = one_run([*base(), *det, f"train.checkpoint_every={every}", f"train.stop_after_batches={stop}"], None, 0,
                       1, run_dir=str(work / "part"))
-    resumed, _ = one_run([*base(), *det, f"train.resume={work / 'part'}"], None, 0, 1, run_dir=str(work / "resumed"))
+    # the resume alone: the stopped run's config.yaml gives every other setting (a group choice
+    # such as data=wikipedia given again would be refused)
+    resumed, _ = one_run([f"train.resume={work / 'part'}"], None, 0, 1, run_dir=str(work / "resumed"))
     return {"full": full, "part": part, "resumed": resumed, "checkpoint_every": every, "stop_after_batches": stop}
 
 
