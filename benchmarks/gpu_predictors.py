@@ -27,7 +27,8 @@ batch size, with ``model.cpu_kernels=false`` (the plain torch formulation, as a 
   ``--warmup + --windows * --window`` of epoch 0 in windows of ``--window`` steps, the least
   disturbed window (best) and the median, as ``step_profile.py``; ``cpu_*`` the same of this
   process's CPU time (with one thread, ``--threads``, the least moved by other processes on a
-  shared machine: the wall time there counts the waits for a core).
+  shared machine: the wall time there counts the waits for a core), and ``cpu_by_phase`` that
+  CPU time by the phases above (the mean over the timed steps).
 
 The counts are the same in every run with the same torch (they vary from step to step only
 where the data do); the milliseconds move with the machine's load.
@@ -177,23 +178,41 @@ class AtenOps(TorchDispatchMode):
 
 
 class Phase:
-    """Wraps methods so the operations they dispatch count in a named phase (restored on exit)."""
+    """Wraps methods so what runs in them counts in a named phase, restored on exit: the
+    operations they dispatch, and this process's CPU seconds (each phase's own, a phase nested in
+    another is not counted in the outer one)."""
 
     def __init__(self, counts: Counts):
         self.counts, self.undo = counts, []
+        self.cpu = Counter()
+        self.mark = time.process_time()
+
+    def _enter(self, phase: str) -> str:
+        now = time.process_time()
+        self.cpu[self.counts.phase] += now - self.mark
+        self.mark = now
+        before, self.counts.phase = self.counts.phase, phase
+        return before
 
     def wrap(self, owner, name: str, phase: str) -> None:
-        original, counts = getattr(owner, name), self.counts
+        original = getattr(owner, name)
 
         def in_phase(*args, **kwargs):
-            before, counts.phase = counts.phase, phase
+            before = self._enter(phase)
             try:
                 return original(*args, **kwargs)
             finally:
-                counts.phase = before
+                self._enter(before)
 
         setattr(owner, name, in_phase)
         self.undo.append((owner, name, original))
+
+    def wrap_step(self, tr) -> None:
+        """The phases of ``PHASES`` in ``tr``'s training step."""
+        self.wrap(trainer.Trainer, "prepare", "prepare")
+        self.wrap(trainer.Trainer, "write_back", "write_back")
+        self.wrap(torch.Tensor, "backward", "backward")
+        self.wrap(type(tr.optimizer), "step", "optimizer")
 
     def restore(self) -> None:
         for owner, name, original in reversed(self.undo):
@@ -233,10 +252,7 @@ def profiler_counts(tr, steps) -> dict:
 def mode_counts(tr, steps, top: int) -> tuple[dict, dict]:
     counts = Counts()
     phase = Phase(counts)
-    phase.wrap(trainer.Trainer, "prepare", "prepare")
-    phase.wrap(trainer.Trainer, "write_back", "write_back")
-    phase.wrap(torch.Tensor, "backward", "backward")
-    phase.wrap(type(tr.optimizer), "step", "optimizer")
+    phase.wrap_step(tr)
     try:
         with HostReads(counts), AtenOps(counts):
             run_steps(tr, steps)
@@ -264,17 +280,25 @@ def mode_counts(tr, steps, top: int) -> tuple[dict, dict]:
 
 
 def host_ms(tr, steps, window: int) -> dict:
-    """Wall and this process's CPU milliseconds per step, by windows: the least and the median."""
+    """Wall and this process's CPU milliseconds per step, by windows: the least and the median;
+    and the CPU milliseconds of each phase, the mean over all the steps."""
     wall, cpu = [], []
-    for w in range(0, len(steps), window):
-        t0, c0 = time.perf_counter(), time.process_time()
-        run_steps(tr, steps[w:w + window])
-        wall.append(1000 * (time.perf_counter() - t0) / window)
-        cpu.append(1000 * (time.process_time() - c0) / window)
+    phase = Phase(Counts())
+    phase.wrap_step(tr)
+    try:
+        for w in range(0, len(steps), window):
+            t0, c0 = time.perf_counter(), time.process_time()
+            run_steps(tr, steps[w:w + window])
+            wall.append(1000 * (time.perf_counter() - t0) / window)
+            cpu.append(1000 * (time.process_time() - c0) / window)
+        phase._enter("forward")  # the last stretch counted
+    finally:
+        phase.restore()
     wall.sort()
     cpu.sort()
     return {"best": round(wall[0], 2), "median": round(wall[len(wall) // 2], 2),
-            "cpu_best": round(cpu[0], 2), "cpu_median": round(cpu[len(cpu) // 2], 2), "windows": len(wall)}
+            "cpu_best": round(cpu[0], 2), "cpu_median": round(cpu[len(cpu) // 2], 2), "windows": len(wall),
+            "cpu_by_phase": {p: round(1000 * phase.cpu[p] / len(steps), 2) for p in PHASES}}
 
 
 def measure(model: str, batch: int, args) -> dict:
@@ -309,7 +333,7 @@ def main():
     ap.add_argument("--warmup", type=at_least(0), default=30, help="steps before the timed windows")
     ap.add_argument("--window", type=at_least(1), default=10, help="steps per timed window")
     ap.add_argument("--windows", type=at_least(1), default=6, help="timed windows (best and median reported)")
-    ap.add_argument("--count-steps", type=at_least(1), default=5, help="steps counted by the profiler, then by the modes")
+    ap.add_argument("--count-steps", type=at_least(1), default=5, help="steps counted (profiler, then modes)")
     ap.add_argument("--top", type=at_least(0), default=8, help="call sites of host reads listed")
     ap.add_argument("--max-events", type=at_least(1), default=None, help="the data's first events only (tests)")
     args = ap.parse_args()

@@ -212,7 +212,7 @@ def test_gpu_predictors_runs_and_prints_its_figures():
     """A tiny run of ``gpu_predictors.py`` (TGN, CollegeMsg's first events): per-step op counts by
     phase adding up, reads by kind adding up with their call sites in tgdist, the one read only
     the CPU path makes (modules.py's ``int(index.max())``; if it moved, ``CPU_ONLY`` must follow)
-    counted apart, and the milliseconds."""
+    counted apart, and the milliseconds, by phase too."""
     r = subprocess.run([sys.executable, "gpu_predictors.py", "--data", "collegemsg", "--max-events", "3000",
                         "--models", "tgn", "--batch", "100", "--warmup", "1", "--window", "2", "--windows", "2",
                         "--count-steps", "2"], cwd=BENCH, capture_output=True, text=True, timeout=300, check=False)
@@ -230,4 +230,7 @@ def test_gpu_predictors_runs_and_prints_its_figures():
     for site in reads["top_sites"] + reads["to_device_sites"]:
         path, line = site["site"].split(" ")[0].split(":")
         assert path.startswith("tgdist/") and site["line"] in (root / path).read_text().splitlines()[int(line) - 1]
-    assert reads["to_device_per_step"] > 0 and 0 < run["host_ms"]["best"] <= run["host_ms"]["median"]
+    ms = run["host_ms"]
+    assert reads["to_device_per_step"] > 0 and 0 < ms["best"] <= ms["median"] and ms["cpu_best"] <= ms["cpu_median"]
+    assert min(ms["cpu_by_phase"].values()) > 0  # each phase's own CPU time, adding up to the step's (the mean)
+    assert 0.9 * ms["cpu_best"] <= sum(ms["cpu_by_phase"].values()) <= 1.1 * ms["cpu_median"]
