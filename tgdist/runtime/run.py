@@ -519,6 +519,7 @@ class Run:
         def evaluate() -> dict:  # rank 0: memory group 0 ends its last pass at the end of the stream
             start = time.perf_counter()
             self._check_settled("the evaluation after training")
+            tr.progress = cfg.train.progress  # its progress lines, as one process's evaluation prints them
             metrics = {**tr.evaluate("val"), **tr.evaluate("test")}
             self._check_settled("the end of the run")
             # its one evaluation is complete; train.select has the last epoch to choose from
