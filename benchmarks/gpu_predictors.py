@@ -334,7 +334,7 @@ def main():
     ap.add_argument("--window", type=at_least(1), default=10, help="steps per timed window")
     ap.add_argument("--windows", type=at_least(1), default=6, help="timed windows (best and median reported)")
     ap.add_argument("--count-steps", type=at_least(1), default=5, help="steps counted (profiler, then modes)")
-    ap.add_argument("--top", type=at_least(0), default=8, help="call sites of host reads listed")
+    ap.add_argument("--top", type=at_least(0), default=12, help="call sites of host reads listed")
     ap.add_argument("--max-events", type=at_least(1), default=None, help="the data's first events only (tests)")
     args = ap.parse_args()
     res = {"machine": machine(), "data": args.data, "dim": args.dim, "threads": args.threads,
