@@ -5,25 +5,28 @@ device's values; these figures say how much of each a step does, without a GPU. 
 batch size, with ``model.cpu_kernels=false`` (the plain torch formulation, as a GPU runs it):
 
 - ``aten_ops``: aten operations per training step. ``profiler_all`` and ``profiler_top_level``
-  are torch.profiler's aten events (every one, and those not called from another aten op: one per
-  call the Python code makes); ``dispatched`` are the operations a backend runs (a
+  are torch.profiler's aten events (every one, and those not called from another aten op: the
+  forward's one per call the Python code makes, the backward's one per call the autograd engine
+  makes; by phase too); ``dispatched`` are the operations a backend runs (a
   TorchDispatchMode sees them after autograd and composite ops are decomposed; on a GPU each is a
   kernel launch, or a view), split by phase: ``prepare`` (sample, organise, memory read),
   ``forward`` (the memory update, embedding, loss and what is not below), ``write_back``,
   ``backward``, ``optimizer``; ``views`` of them launch nothing.
 - ``host_reads``: calls that wait for the device on a GPU, per step, by kind: a tensor's value
   read in Python (``item``, ``tolist``, ``bool``/``int``/``float``/``index`` of a tensor,
-  ``numpy`` / ``__array__``, ``cpu``, ``to('cpu')``; a TorchFunctionMode) and aten operations
-  whose output shape depends on the data (``nonzero``, ``unique``, ``masked_select``, indexing
-  with a boolean mask, ``repeat_interleave`` without ``output_size``, ``bincount``; the dispatch
-  mode). ``to(device)`` counts ``.to(d)`` calls given a ``torch.device``: from a host tensor that
-  is a copy to the GPU, which waits for the stream unless the source is pinned and
-  ``non_blocking``; a tensor already on ``d`` costs nothing. ``top_sites`` gives the call sites
-  (file:line in tgdist, and the line) of the most frequent. Reads in branches the CPU alone takes
-  (``CPU_ONLY``: the GPU path makes no read there) are counted apart as ``cpu_only``.
-- ``host_ms``: wall milliseconds per step with the model's arithmetic made negligible
-  (``model.mem_dim`` and ``model.time_dim`` ``--dim``, default 8): the host's own work, which
-  bounds a GPU step from below while the host dispatches every operation. Steps ``--warmup`` ..
+  ``numpy`` / ``__array__``, ``cpu``, ``to('cpu')``; a TorchFunctionMode), aten operations whose
+  output shape depends on the data (``nonzero``, ``unique``, ``masked_select``, indexing with a
+  boolean mask, ``repeat_interleave`` without ``output_size``, ``bincount``) and scalar reads
+  made otherwise (``equal``, the aten scalar read; the dispatch mode). ``to(device)`` counts
+  ``.to(d)`` calls given a ``torch.device``: from a host tensor that is a copy to the GPU, which
+  waits for the stream unless the source is pinned and ``non_blocking``; a tensor already on
+  ``d`` costs nothing. ``top_sites`` and ``to_device_sites`` give the call sites (file:line in
+  tgdist, and the line) of the most frequent, ``--top`` of each. Reads in branches the CPU alone
+  takes (``CPU_ONLY``: the GPU path makes no read there) are counted apart as ``cpu_only``.
+- ``host_ms``: wall milliseconds per step with the model's arithmetic made small
+  (``model.mem_dim`` and ``model.time_dim`` ``--dim``, default 8; on a CPU what still grows with
+  the batch is left, which a GPU would not feel): the host's own work, which bounds a GPU step
+  from below while the host dispatches every operation. Steps ``--warmup`` ..
   ``--warmup + --windows * --window`` of epoch 0 in windows of ``--window`` steps, the least
   disturbed window (best) and the median, as ``step_profile.py``; ``cpu_*`` the same of this
   process's CPU time (with one thread, ``--threads``, the least moved by other processes on a
