@@ -168,7 +168,8 @@ def test_negatives_of_another_edge_list_are_refused_naming_the_event(tmp_path):
 def _run(tmp_path, *extra):
     return subprocess.run([sys.executable, "-m", "tgdist", "train", *overrides(tmp_path), "train.eval=tgb",
                            "model.mem_dim=8", "model.time_dim=4", "train.epochs=1", "train.num_threads=1",
-                           "sampler.num_threads=1", f"data.cache_dir={tmp_path / 'cache'}", f"run_dir={tmp_path / 'run'}",
+                           "sampler.num_threads=1", f"data.cache_dir={tmp_path / 'cache'}",
+                           f"run_dir={tmp_path / 'run'}",
                            *extra], capture_output=True, text=True, timeout=300, env=dict(os.environ))
 
 

@@ -271,7 +271,8 @@ def read(name: str, root=None, cache: bool = False, cache_dir: str | Path | None
     if not cache:
         return _parse(name, f, digest)
     from tgdist.data import graph as tdata
-    key = hashlib.blake2b(repr((READER_VERSION, tdata.CACHE_VERSION, name, digest)).encode(), digest_size=16).hexdigest()
+    key = hashlib.blake2b(repr((READER_VERSION, tdata.CACHE_VERSION, name, digest)).encode(),
+                          digest_size=16).hexdigest()
     folder = Path(cache_dir or tdata.default_cache_dir()) / f"{name}-{key}"
     return tdata.cached_graph(folder, lambda: (_parse(name, f, digest), []))
 

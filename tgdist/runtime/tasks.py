@@ -10,7 +10,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tgdist.data.graph import NodeLabels, Split, TemporalGraph, class_targets, label_ranges
+from tgdist.data.graph import NodeLabels, Split, TemporalGraph, class_targets, label_classes, label_ranges
 from tgdist.errors import ConfigError
 from tgdist.models.modules import MLPClassifier
 from tgdist.runtime.features import host_tensor
@@ -44,7 +44,8 @@ def _empty_part(cfg, graph: TemporalGraph, split: Split, part: str) -> str:
             return (f"data=tgb: data.max_events={m} keeps the first {n:,} events of {name}, and none of them is in "
                     f"TGB's {part} part (its split is by time over the whole data set, and its negatives are for "
                     f"those events), so no {part} metric could be computed: drop data.max_events, or raise it")
-        return f"data=tgb: TGB's split of {name}'s {n:,} events leaves no {part} events, so no {part} metric could be computed"
+        return (f"data=tgb: TGB's split of {name}'s {n:,} events leaves no {part} events, so no {part} metric could "
+                f"be computed")
     if graph.ext_roll is not None:  # a TGL directory's own split
         if cut:
             return (f"data.max_events={m} keeps the first {n:,} events of {name}, and none of them is in the {part} "
@@ -67,7 +68,8 @@ def _check_label_parts(task: str, graph: TemporalGraph, split: Split, wanted: li
         labels, ranges, what = graph.node_labels.label, label_ranges(graph.node_labels, graph, split), "node labels"
     else:
         labels, ranges, what = graph.label, {p: split.range(p) for p in wanted}, "event labels"
-    targets, classes = class_targets(labels, graph.name)
+    classes, _ = label_classes(labels, graph.name)  # (no one-hot targets built for a check)
+    targets = np.asarray(labels).reshape(len(labels), -1)  # the 0/1 targets, where classes is None
     for part in wanted:
         a, b = ranges[part]
         if b <= a:
@@ -79,9 +81,9 @@ def _check_label_parts(task: str, graph: TemporalGraph, split: Split, wanted: li
         col = targets[a:b, 0]
         if col.min() == col.max():
             metric = "ROC-AUC" if task == "node" else "F1"
-            raise ConfigError(f"train.task={task}: the {b - a:,} {what} of the {part} part are all {int(col[0])}, so its "
-                              f"{metric} could not be computed: move the split (data.val_frac, data.test_frac) so "
-                              f"that it holds both values")
+            raise ConfigError(f"train.task={task}: the {b - a:,} {what} of the {part} part are all {int(col[0])}, so "
+                              f"its {metric} could not be computed: move the split (data.val_frac, data.test_frac) "
+                              f"so that it holds both values")
 
 
 def pretrain_static(tr: Trainer, epochs: int) -> None:
