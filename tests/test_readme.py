@@ -1,8 +1,11 @@
 """The README and docs/ show what the repository holds: the README's Python example runs as
-written, every docs page is linked from the README, and the links, file paths, module names and
-section references in the README and docs/ point at things that exist. Only the example trains
-(about a minute); the rest reads text."""
+written, every docs page is linked from the README, the links, file paths, module names and
+section references in the README and docs/ point at things that exist, and the test counts they
+give are the ones pytest collects. Only the example trains; one test collects the suite (no test
+runs); the rest reads text."""
 
+import json
+import os
 import re
 import subprocess
 import sys
@@ -125,3 +128,79 @@ def test_paths_and_modules_exist(page):
             source = module.read_text()
             assert re.search(rf"^(?:def|class) {rest[0]}\b|^{rest[0]}\s*[:=]|import .*\b{rest[0]}\b", source,
                              re.MULTILINE), f"{_rel(page)} names {dotted}, which {_rel(module)} does not define"
+
+
+# The counts of tests the pages give, as "1,262 tests not marked slow" and "58 tests marked slow" (or
+# "58 slow ones", "58 slow tests"): each figure is the number before its phrase.
+_COUNT_PHRASES = {"default": r"([\d,]+)\s+tests\s+not\s+marked\s+slow",
+                  "slow": r"([\d,]+)\s+(?:tests\s+marked\s+slow|slow\s+ones|slow\s+tests)"}
+
+# Collects the suite as `pytest` and `make test` run it (pyproject's addopts: -m 'not slow') and
+# prints the counts: the tests that run, those deselected (the slow ones), and the test modules
+# skipped while collecting (an optional package missing), which would make the counts this machine's.
+_COUNTER = """
+import json, sys
+import pytest
+
+class Counter:
+    def __init__(self):
+        self.deselected, self.skipped = [], []
+
+    def pytest_deselected(self, items):
+        self.deselected.extend(items)
+
+    def pytest_collectreport(self, report):
+        if report.skipped:
+            self.skipped.append(report.nodeid)
+
+    def pytest_collection_finish(self, session):
+        def slow(items):
+            return sum(1 for item in items if item.get_closest_marker("slow"))
+        print("COUNTS " + json.dumps({"default": len(session.items), "slow": slow(self.deselected),
+                                      "deselected": len(self.deselected), "slow_run": slow(session.items),
+                                      "skipped": self.skipped}))
+
+sys.exit(pytest.main(["--collect-only", "-qq", "-p", "no:cacheprovider"], plugins=[Counter()]))
+"""
+
+
+def _collected_counts() -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}  # the defaults, as `make test` has them
+    r = subprocess.run([sys.executable, "-c", _COUNTER], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=600, check=False)
+    lines = [line for line in r.stdout.splitlines() if line.startswith("COUNTS ")]
+    assert r.returncode == 0 and lines, f"collecting the suite failed (exit {r.returncode}):\n{r.stdout[-3000:]}{r.stderr[-2000:]}"
+    return json.loads(lines[-1][len("COUNTS "):])
+
+
+def _count_figures(text: str) -> dict[str, list[int]]:
+    return {kind: [int(n.replace(",", "")) for n in re.findall(phrase, text)] for kind, phrase in _COUNT_PHRASES.items()}
+
+
+def test_count_figures_are_read_as_written():
+    """The phrases the next test reads, on the forms the pages use."""
+    assert _count_figures("runs the 1,262 tests not marked slow; `make test-all` adds the 58 tests marked\nslow") == \
+        {"default": [1262], "slow": [58]}
+    assert _count_figures("adds the 58 slow ones, 3 slow tests") == {"default": [], "slow": [58, 3]}
+
+
+def test_test_counts_in_the_readme_and_docs_are_the_collected_ones():
+    """Every count of tests in the README and docs/ (the default suite, the tests marked slow) is the
+    number pytest collects now; the README and docs/training.md, "Tests", give both. When tests are
+    added or removed, this fails and names the figures to update."""
+    counts = _collected_counts()
+    if counts["skipped"]:
+        pytest.skip(f"test modules skipped while collecting (an optional package missing), so this machine's counts "
+                    f"are not the suite's: {', '.join(counts['skipped'])}")
+    assert counts["slow_run"] == 0 and counts["deselected"] == counts["slow"], \
+        f"the default suite is no longer 'the tests not marked slow': {counts}"
+    wrong = []
+    for page in PAGES:
+        figures = _count_figures(page.read_text())
+        if page in (README, DOCS / "training.md"):
+            for kind in ("default", "slow"):
+                assert figures[kind], f"{_rel(page)} no longer gives the count of {kind} tests as {_COUNT_PHRASES[kind]!r}"
+        wrong += [f"{_rel(page)} says {n:,} for the {kind} tests" for kind in figures for n in figures[kind]
+                  if n != counts[kind]]
+    assert not wrong, (f"pytest collects {counts['default']:,} tests not marked slow and {counts['slow']:,} marked "
+                       f"slow, but " + "; ".join(wrong))
