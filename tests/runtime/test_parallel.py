@@ -106,6 +106,7 @@ def test_torchrun_layouts_train_every_event_the_expected_number_of_times(tmp_pat
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert len(lines) == 1 and lines[0]["epoch"] == epochs - 1 and lines[0]["test_ap"] == summary["test_ap"]
     assert lines[0]["train_events"] == summary["traversed_events"]
+    assert summary["checkpoint"].endswith("last.pt") and not (tmp_path / "run" / "checkpoints" / "best.pt").exists()
     assert "[rank 0] [rank 0]" not in (tmp_path / "run" / "train.log").read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no per-rank leftovers
 
