@@ -48,7 +48,7 @@ def test_docs_python_examples_run(tmp_path):
 
 
 def test_readme_stays_a_front_door():
-    """About 8 KB, with the sections issue 24 names; the reference lives in docs/."""
+    """Under 10 KB, with the sections issue 24 names; the reference lives in docs/."""
     text = README.read_text()
     assert len(text.encode()) < 10_000, f"README.md is {len(text.encode())} bytes: move reference material to docs/"
     for heading in ("## Set-up: the two commands", "## Training", "## Parallel launch", "## Python", "## Layout",
