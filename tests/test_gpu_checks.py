@@ -22,7 +22,8 @@ EXPECTED = {
                                      "pipeline.micro_batches=2", "pipeline=async_allreduce", "pipeline=sven",
                                      "sven+pipeline=sven", "pipeline=mspipe(auto)")}
        | {f"exact:{b}" for b in ("local", "depcache", "depcomm", "sven", "daemon")},
-    3: {"speed:tgn", "speed:jodie", "speed:apan", "speed:pyg_tgn"},
+    3: {"speed:tgn", "speed:jodie", "speed:apan", "speed:pyg_tgn", "speed:profile:tgn", "speed:cli:tgn",
+        "speed:profile_cli:tgn", "speed:eval_stream", "speed:cli:tgn_b200", "speed:cli:jodie", "speed:cli:apan"},
     4: {"pipelines:sven_ladder", "pipelines:mspipe_2x1x1", "pipelines:mspipe_1proc", "pipelines:freshgnn_tgat2"},
 }
 
@@ -125,10 +126,42 @@ def test_part_1_judges_memory_from_iteration_0_losses_with_headroom_and_bytes(ra
     assert calls["ok"] and calls["bytes_equal"] and not calls["communication_equal"]  # calls: reported
 
 
+def test_part_3_summarises_a_trace_as_key_averages_does(monkeypatch):
+    """Part 3's profile summary is read from the trace's raw events in one pass (``key_averages``
+    costs ~0.1 ms an event, and a GPU epoch holds hundreds of thousands): each op's self CPU time
+    (its time less that of the ops nested in it) and calls equal ``key_averages``' on the same
+    profile; the device's busy time counts overlapping kernels once."""
+    import sys
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    monkeypatch.syspath_prepend(str(REPO / "scripts" / "gpu_checks"))
+    monkeypatch.setenv("GPU_CHECKS_DEVICE", "cpu")
+    try:
+        speed = __import__("speed")
+        x = torch.randn(64, 64, requires_grad=True)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(3):  # matmul holds mm, linear holds addmm / t: nested ops
+                (torch.nn.functional.linear(x, x, x[0]).relu() @ x).sum().backward()
+        got = speed.analyse(prof, 1.0, 3, "test")
+        rows = got["trace"]["top_by_self_cpu_time"]
+        assert len(rows) == speed.TOP_OPS and got["busy_fraction"] is None and got["aten_ops_per_iteration"] > 10
+        avg = {a.key: a for a in prof.key_averages()}
+        for row in rows:
+            ref = avg[row["op"]]
+            assert row["calls"] == ref.count, row
+            assert abs(row["self_cpu_ms"] - ref.self_cpu_time_total / 1e3) <= 1e-3 * ref.count + 1e-6, (row, ref)
+        assert speed.busy_seconds([(20, 30), (0, 10), (5, 15), (12, 14)]) == 25e-9  # overlaps once
+    finally:
+        sys.modules.pop("speed", None)
+        sys.modules.pop("shared", None)
+
+
 @pytest.mark.slow
 def test_the_cpu_dry_run_of_every_part_passes(tmp_path):
-    """``--prepare`` into a folder of its own, then the whole flow on the CPU with tiny data (about
-    1.5 minutes here): one passing JSON line per check on stdout and in checks.jsonl, every part
+    """``--prepare`` into a folder of its own, then the whole flow on the CPU with tiny data (minutes
+    on 2 shared cores; part 3 alone, with its six `tgdist train` processes, about 3): one passing JSON line per check on stdout and in checks.jsonl, every part
     timed, the summary written."""
     env = {**os.environ, "GPU_CHECKS_DIR": str(tmp_path / "prep"), "GPU_CHECKS_DEVICE": "cpu",
            "OUT": str(tmp_path / "out"), "OMP_NUM_THREADS": "1"}
@@ -136,7 +169,7 @@ def test_the_cpu_dry_run_of_every_part_passes(tmp_path):
     assert prep.returncode == 0, prep.stderr
     assert {p.name for p in (tmp_path / "prep" / "site").iterdir()} >= {"hydra", "omegaconf", "antlr4"}
     assert (tmp_path / "prep" / "datasets" / "wikipedia" / "wikipedia.csv.gz").is_file()
-    r = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=900, check=False)
+    r = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=1500, check=False)
     out = tmp_path / "out"
     lines = [json.loads(x) for x in (out / "checks.jsonl").read_text().splitlines()]
     failed = [(ln["check"], ln.get("error", "")[-800:]) for ln in lines if ln["status"] != "pass"]

@@ -24,6 +24,8 @@ def headline(line: dict) -> str:
         rows = [x.strip() for x in (line.get("error") or "").strip().splitlines() if x.strip()] or [""]
         err = rows[-1] if rows[0].startswith("Traceback") else rows[0]  # a traceback's exception line
         return err[:160] + ("..." if len(err) > 160 else "")
+    if isinstance(f.get("headline"), str):  # a line that words its own (part 3)
+        return f["headline"]
     if c == "gpu_tests":
         return f"{f.get('passed')} passed, {f.get('failed')} failed, {f.get('skipped')} skipped"
     if c.startswith("two_ranks:"):
