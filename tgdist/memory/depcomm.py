@@ -91,6 +91,18 @@ class DepCommMemory(PartitionedMemory):
     # owners update at compute time, which the idle trainers of epoch parallelism's fill and drain skip
     epoch_parallel = False
 
+    @staticmethod
+    def layout_refusal(train_end: int, i: int, batch_size: int) -> str | None:
+        """Why ``i`` trainers at local batch ``batch_size`` over ``train_end`` training events cannot
+        run this store (None: they can): a trainer with no event of the last global batch could not
+        update the memory it owns for the others. Read by the builder below and by the advisor."""
+        rest = train_end % (i * batch_size)
+        if 0 < rest < i:  # an idle trainer would not serve the rows it owns
+            return (f"memory.backend=depcomm: the last global batch has {rest} event{'s' * (rest != 1)} for "
+                    f"parallel.i={i} trainers, so a trainer would have none and could not update the memory "
+                    f"it owns for the others; change train.batch_size")
+        return None
+
     def __init__(self, *args, remote_dispatch: str = "occurrences", **kwargs):
         super().__init__(*args, **kwargs)
         if remote_dispatch not in REMOTE_DISPATCH:
@@ -150,9 +162,6 @@ class DepCommMemory(PartitionedMemory):
 @register("depcomm", DepCommMemory)
 def _depcomm(ctx: StoreContext) -> DepCommMemory:
     if ctx.layout is not None and ctx.train_end:
-        i, rest = ctx.layout.i, ctx.train_end % (ctx.layout.i * ctx.batch_size)
-        if 0 < rest < i:  # an idle trainer would not serve the rows it owns
-            raise ConfigError(f"memory.backend=depcomm: the last global batch has {rest} event{'s' * (rest != 1)} for "
-                              f"parallel.i={i} trainers, so a trainer would have none and could not update the memory "
-                              f"it owns for the others; change train.batch_size")
+        if (why := DepCommMemory.layout_refusal(ctx.train_end, ctx.layout.i, ctx.batch_size)) is not None:
+            raise ConfigError(why)
     return build(DepCommMemory, ctx, remote_dispatch=str(ctx.cfg.memory.remote_dispatch))

@@ -28,7 +28,9 @@ from pathlib import Path
 from tgdist.distributed.link import Link, parse_link
 from tgdist.errors import ConfigError
 
-__all__ = ["Cluster", "PRESETS", "preset", "load", "cluster_of"]
+__all__ = ["Cluster", "PRESETS", "MAX_TRAINERS", "preset", "load", "cluster_of"]
+
+MAX_TRAINERS = 10**9  # machines x trainers per machine: far beyond any cluster, and its layouts still count in ms
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,9 @@ class Cluster:
             v = getattr(self, key)
             if v is not None and not (isinstance(v, (int, float)) and 0 < v < math.inf):
                 raise ConfigError(f"cluster {self.name}: {key} must be a positive number of GB, got {v!r}")
+        if self.trainers > MAX_TRAINERS:
+            raise ConfigError(f"cluster {self.name}: {self.machines:,} x {self.trainers_per_machine:,} = {self.trainers:,} "
+                              f"trainers, more than the {MAX_TRAINERS:,} the advisor weighs")
         c = self.cores_per_machine
         if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
             raise ConfigError(f"cluster {self.name}: cores_per_machine must be a positive integer or null, got {c!r}")

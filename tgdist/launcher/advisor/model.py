@@ -283,9 +283,24 @@ class Candidate:
         return d
 
 
+def _divisors(n: int) -> list[int]:
+    """The divisors of ``n`` in increasing order (pairs up to sqrt(n): a huge cluster is instant)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
 def layouts(world: int) -> list[tuple[int, int, int]]:
-    return [(i, j, world // (i * j)) for i in range(1, world + 1) if world % i == 0
-            for j in range(1, world // i + 1) if (world // i) % j == 0]
+    """Every ``(i, j, k)`` with ``i * j * k = world``, i then j increasing."""
+    return [(i, j, world // (i * j)) for i in _divisors(world) for j in _divisors(world // i)]
+
+
+def combinations(cluster: Cluster, batch_sizes: int, backends: list[str], pipelines: int, methods: int) -> int:
+    """How many combinations ``predict`` weighs for ``cluster`` (before any is refused)."""
+    per_layout = sum(methods if b in ("sven", "depcomm") else 1 for b in backends) * pipelines * batch_sizes
+    return len(layouts(cluster.trainers)) * per_layout
+
+
+MAX_COMBINATIONS = 50_000  # about a minute of predict on a slow core; beyond it the user narrows the search
 
 
 def _store_class(backend: str):
@@ -294,16 +309,38 @@ def _store_class(backend: str):
     return memory.store_class(backend)
 
 
-def runtime_refusal(c: Candidate) -> str | None:
-    """What the runtime says of this combination before any data is read (the same checks)."""
+def runtime_refusal(c: Candidate, cluster: Cluster | None = None, num_train_events: int | None = None) -> str | None:
+    """What the runtime says of this combination before any data is read (the same checks: the
+    pipeline's, the partitioned store's, and the world's, with the data's size where given: a
+    memory parallelism k above the global batches of one pass is refused there as here)."""
+    why = _settings_refusal(c.i, c.j, c.k, c.backend, c.pipeline, c.placement)
+    if why is None and cluster is not None:
+        why = _world_refusal(c.i, c.j, c.k, c.backend, cluster.machines, cluster.trainers_per_machine,
+                             num_train_events, c.batch_size)
+    return why
+
+
+class _Plain(dict):
+    """A composed config group's values, read as a ``DictConfig`` is (``cfg.key`` and ``cfg["key"]``)
+    but at a dict's speed: the checks run for thousands of combinations on a large cluster."""
+
+    def __getattr__(self, key: str):
+        try:
+            return self[key]
+        except KeyError:
+            raise AttributeError(key) from None
+
+
+@functools.cache
+def _pipeline_config(pipeline: str):
+    """The ``pipeline`` config the overrides of ``PIPELINES[pipeline]`` compose to, typed by the schema
+    as a composed config is, then a plain dataclass again (built once; read fast)."""
     from omegaconf import OmegaConf
 
-    from tgdist.config import ParallelConfig, PipelineConfig, PlacementConfig
-    from tgdist.runtime.build import validate_pipeline
-    from tgdist.memory.placement import check_settings
+    from tgdist.config import PipelineConfig
 
     pipe = PipelineConfig()
-    for ov in PIPELINES[c.pipeline]:
+    for ov in PIPELINES[pipeline]:
         key, value = ov.split("=", 1)
         if key == "pipeline":
             if value in ("prefetch", "sven", "mspipe"):
@@ -314,16 +351,58 @@ def runtime_refusal(c: Candidate) -> str | None:
                 pipe.mode, pipe.staleness = "mspipe", "auto"
         else:
             setattr(pipe, key.split(".", 1)[1], value)
-    backend = "auto" if c.backend == "local" else c.backend
+    return _Plain(OmegaConf.to_container(OmegaConf.structured(pipe)))
+
+
+@functools.cache
+def _placement_config(method: str):
+    from omegaconf import OmegaConf
+
+    from tgdist.config import PlacementConfig
+
+    return _Plain(OmegaConf.to_container(OmegaConf.structured(PlacementConfig(method=method))))
+
+
+@functools.cache
+def _settings_refusal(i: int, j: int, k: int, backend: str, pipeline: str, placement: str | None) -> str | None:
+    """``validate_pipeline`` and ``check_settings`` for one combination (cached: they read no batch size)."""
+    from tgdist.config import ParallelConfig
+    from tgdist.memory.placement import check_settings
+    from tgdist.runtime.build import validate_pipeline
+
     try:
-        parallel = OmegaConf.structured(ParallelConfig(i=c.i, j=c.j, k=c.k))
-        validate_pipeline(OmegaConf.structured(pipe), parallel, backend)
-        store = _store_class(c.backend)
+        validate_pipeline(_pipeline_config(pipeline), ParallelConfig(i=i, j=j, k=k),
+                          "auto" if backend == "local" else backend)
+        store = _store_class(backend)
         if store.partitioned:
-            check_settings(store, c.j, OmegaConf.structured(PlacementConfig(method=c.placement or "reflexbicut")))
+            check_settings(store, j, _placement_config(placement or "reflexbicut"))
     except ConfigError as e:
         return str(e)
     return None
+
+
+@functools.cache
+def _world_refusal(i: int, j: int, k: int, backend: str, machines: int, per_machine: int, num_train_events: int | None,
+                   batch_size: int) -> str | None:
+    """``tgdist.distributed.world.validate`` as ``tgdist launch`` calls it for this layout on the
+    cluster's machines, with the data's size, then the store's own rule for them where it has one
+    (``layout_refusal``): what the printed launch line would be refused with."""
+    from tgdist import memory
+    from tgdist.distributed.schedule import Layout
+    from tgdist.distributed.world import WorldInfo, validate
+
+    layout = Layout(i, j, k)
+    name = memory.resolve("auto" if backend == "local" else backend, layout.group_size)
+    world = WorldInfo(world_size=layout.world_size, local_world_size=per_machine, num_nodes=machines,
+                      launcher="torchrun")
+    store = memory.store_class(name)
+    try:
+        validate(layout, world, name, placement=store.placement,
+                 num_train_events=num_train_events, batch_size=batch_size if num_train_events else None)
+    except ConfigError as e:
+        return str(e)
+    own = getattr(store, "layout_refusal", None)  # a store's own rule for the layout and the data's size
+    return own(num_train_events, i, batch_size) if own is not None and num_train_events else None
 
 
 def _row_bytes(data: dict) -> tuple[float, float]:
@@ -333,8 +412,11 @@ def _row_bytes(data: dict) -> tuple[float, float]:
     return mem + S * (4 * data["mail_dim"] + 8), mem
 
 
-def _spans(first: int, size: int, per_machine: int) -> bool:
-    return first // per_machine != (first + size - 1) // per_machine
+def _groups_span_machines(G: int, per_machine: int, machines: int) -> bool:
+    """Whether a memory group of ``G`` consecutive ranks (groups tiling the ranks from 0) crosses a
+    machine boundary: one does unless every boundary, a multiple of ``per_machine``, is a multiple
+    of ``G`` (arithmetic, not a loop over the groups: a huge cluster is instant)."""
+    return machines > 1 and per_machine % G != 0
 
 
 def predict(profile: Profile, cluster: Cluster, *, batch_sizes: list[int] | None = None,
@@ -356,6 +438,11 @@ def predict(profile: Profile, cluster: Cluster, *, batch_sizes: list[int] | None
     backends = backends or ["local", "daemon", "depcache", "depcomm", "sven"]
     pipelines = pipelines or list(PIPELINES)
     methods = placements or profile.methods() or ["reflexbicut"]
+    n = combinations(cluster, len(batch_sizes), backends, len(pipelines), len(methods))
+    if n > MAX_COMBINATIONS:
+        raise ConfigError(f"cluster {cluster.name}: {cluster.machines:,} x {cluster.trainers_per_machine:,} trainers give "
+                          f"{n:,} combinations to predict, more than {MAX_COMBINATIONS:,}: narrow them with --backends, "
+                          f"--pipelines, --placements or --batch")
     here = cluster.simulated  # the profile's machine: its collectives' own cost applies
     coll = profile.collectives
     L = profile.largest_batch
@@ -371,7 +458,7 @@ def predict(profile: Profile, cluster: Cluster, *, batch_sizes: list[int] | None
                         out.append(c)
                         why = _layout_refusal(c, G, P, Q, cluster)
                         if why is None and check_runtime:
-                            why = runtime_refusal(c)
+                            why = runtime_refusal(c, cluster, E)
                         if why is not None:
                             c.refused = why
                             continue
@@ -395,7 +482,7 @@ def _layout_refusal(c: Candidate, G: int, P: int, Q: int, cluster: Cluster) -> s
         if c.k < P:
             return (f"memory in host memory needs k >= machines ({c.k} < {P}): only memory parallelism moves no "
                     f"memory between machines (DistTGL 3.2.4)")
-        if any(_spans(g * G, G, Q) for g in range(c.k)):
+        if _groups_span_machines(G, Q, cluster.machines):
             return (f"a memory group of {G} trainers would span machines of {Q}: its daemon serves one machine "
                     f"(DistTGL 3.3)")
     if c.batch_size < c.i:
@@ -423,7 +510,7 @@ def _time(c: Candidate, profile: Profile, cluster: Cluster, stage: StageFit, row
                             mem_bytes, grad_mem_bytes, remote, G)
     disp_b, agg_b = disp_b * imbalance, agg_b * imbalance
     n_disp, n_agg = COLLECTIVES.get(c.backend, (0, 0))
-    mem_link = cluster.link(any(_spans(g * G, G, Q) for g in range(c.k)))
+    mem_link = cluster.link(_groups_span_machines(G, Q, cluster.machines))
     grad_link = cluster.link(W > Q)
     lat = mem_link.latency
     D = (n_disp * lat + disp_b / mem_link.bandwidth) if n_disp and G > 1 else 0.0
