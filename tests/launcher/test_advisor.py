@@ -503,3 +503,271 @@ def test_core_sharing_on_this_machine():
 
     got = core_sharing((1, 2), work=300, rounds=1)
     assert got["1"] == 1.0 and got["2"] >= max(1.0, 2 / (os.cpu_count() or 1)), got
+
+
+# ------------------------------------------------------------------------------------------------
+# Issue 52: the profile's progress and file, --quick, bad input before any measuring, the sweep's
+# files, corrupt profiles, layouts the runtime refuses, absurd clusters, and the link's units
+
+
+def test_link_costs_bytes_not_bits():
+    """A hand-computed iteration of sven at 2 x 1 x 1 on a 8 Gbit/s link (1e9 bytes/s, 10 us per
+    collective): every byte count divided by bytes per second, never by bits (a model that priced
+    bytes as bits would be 8x slow on each transfer). b = 600, 12 rows per event, eta1 = 0.6,
+    eta2 = 0.2, rows of 1,904 bytes, half of them on the other trainer (the ideal placement):
+    dispatch 2,880 x 0.5 x 1,904 = 2,741,760 B in four collectives, aggregation 960 x 0.5 x 1,904 =
+    913,920 B in two, the gradients' ring all-reduce 2 x (1/2) x 1,200,000 B in one."""
+    two = Cluster(name="two", machines=1, trainers_per_machine=2, intra_link="8gbps:10us", inter_link="8gbps:10us",
+                  host_memory_gb=64, device_memory_gb=16)
+    c = next(c for c in model.predict(profile(sizes=(600,)), two, batch_sizes=[600], backends=["sven"],
+                                      pipelines=["none"], placements=["range"]) if c.refused is None and c.i == 2)
+    assert c.iterations == 84  # ceil(100,000 / (2 x 600))
+    per = {s: v / c.iterations for s, v in c.stages.items()}
+    assert per["dispatch"] == pytest.approx(4 * 10e-6 + 2_741_760 / 1e9, rel=1e-9)  # 2.78176 ms
+    assert per["aggregation"] == pytest.approx(2 * 10e-6 + 913_920 / 1e9, rel=1e-9)  # 0.93392 ms
+    assert per["allreduce"] == pytest.approx(10e-6 + 1_200_000 / 1e9, rel=1e-9)  # 1.21 ms
+    assert c.bytes_per_epoch == pytest.approx(84 * 2 * (2_741_760 + 913_920 + 1_200_000), rel=1e-12)
+    # the whole iteration: the stages in turn, the aggregation hidden by the backward half of compute
+    stages = 600 * (1e-5 + 1e-5 + 2e-6 + 5e-5 + 2e-6)
+    assert c.iteration_s == pytest.approx(stages + 2.78176e-3 + 1.21e-3, rel=1e-9)
+    # on the profile's own machine (ib100: 100 Gbit/s = 12.5e9 bytes/s, 5 us) the real collectives
+    # add their bytes at the measured bytes per second (1e9): six store collectives, one all-reduce
+    here = dataclasses.replace(clusters.preset("cpu-2-ib100"), cores_per_machine=64)
+    coll = {"fixed_s": 1e-4, "bytes_per_s": 1e9, "exchange_s": 1e-3, "gradient_s": 3e-3}
+    h = next(c for c in model.predict(profile(sizes=(600,), collectives=coll), here, batch_sizes=[600],
+                                      backends=["sven"], pipelines=["none"], placements=["range"])
+             if c.refused is None and c.i == 2)
+    hper = {s: v / h.iterations for s, v in h.stages.items()}
+    assert hper["dispatch"] == pytest.approx(4 * 5e-6 + 2_741_760 / 12.5e9, rel=1e-9)
+    assert hper["allreduce"] == pytest.approx(5e-6 + 1_200_000 / 12.5e9, rel=1e-9)
+    assert hper["collective_cpu"] == pytest.approx(6 * 1e-3 + 3e-3 + (2_741_760 + 913_920 + 1_200_000) / 1e9,
+                                                   rel=1e-9)
+
+
+def test_progress_lines_within_a_step(monkeypatch, capsys):
+    """A step's progress: done of total and the time left, at most every PROGRESS_EVERY seconds."""
+    from tgdist.launcher.advisor import measure
+
+    monkeypatch.setattr(measure, "PROGRESS_EVERY", 3600.0)
+    p = measure.Progress("[2/9] batch 600", 40, "iterations")
+    for n in range(1, 41):
+        p.update(n)
+    assert capsys.readouterr().err == ""  # nothing sooner than PROGRESS_EVERY
+    monkeypatch.setattr(measure, "PROGRESS_EVERY", 0.0)
+    p = measure.Progress("[2/9] batch 600", 40, "iterations")
+    p.t0 -= 10.0  # ten seconds spent on the first 10: thirty left
+    p.update(10)
+    err = capsys.readouterr().err
+    assert err.startswith("tgdist plan --profile: [2/9] batch 600: 10 of 40 iterations (10 s, about 30 s left)"), err
+
+
+def test_profile_written_before_the_advice_with_progress(tmp_path, monkeypatch, capsys):
+    """``--profile ... --cluster`` without ``--out``: profile.json is written (where the command runs)
+    before any advice is computed, the long steps print progress within them, and the line that
+    says so names the --from-profile form that reuses it."""
+    from tgdist.launcher.advisor import cli, measure
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(measure, "PROGRESS_EVERY", 0.0)
+    seen = []
+    real = cli.predict
+
+    def predict_after_the_file(prof, *a, **kw):
+        seen.append(read(tmp_path / "profile.json").as_json() == prof.as_json())
+        return real(prof, *a, **kw)
+
+    monkeypatch.setattr(cli, "predict", predict_after_the_file)
+    rc, out, err = run_cli(["--profile", *TINY, "--quick", "--batch-sizes", "50", "100", "--no-collectives",
+                            "--cluster", "cpu-2-eth10", "--top", "2"], capsys)
+    assert rc == 0, err
+    assert seen == [True]
+    p = read(tmp_path / "profile.json")
+    assert p.batch_sizes() == [50, 100] and p.batches[0].iterations == 10 and p.largest_batch is None
+    assert {(q.method, q.parts) for q in p.placements} == {("reflexbicut", 2), ("reflexbicut", 4)}
+    assert p.accuracy_source == "none"
+    assert "wrote profile.json" in err and "--from-profile profile.json" in err
+    assert "L (the largest global batch without accuracy loss) was not measured" in out and "best: " in out
+    within = [ln for ln in err.splitlines() if "] batch 50: " in ln and " of " in ln and " left)" in ln]
+    assert within and "iterations" in within[0], err
+    assert any("] placements: " in ln and " left)" in ln for ln in err.splitlines()), err
+
+
+def test_quick_settings_and_flags_over_them():
+    from tgdist.launcher.advisor import cli
+
+    args = cli._parser().parse_args(["--profile", "data=wikipedia", "--quick"])
+    assert cli._settings(args) == cli.QUICK
+    args = cli._parser().parse_args(["--profile", "data=wikipedia", "--quick", "--iterations", "20"])
+    assert cli._settings(args) == {**cli.QUICK, "iterations": 20}
+    assert cli._settings(cli._parser().parse_args(["--profile"])) == cli.FULL
+
+
+def _no_measuring(monkeypatch):
+    from tgdist.launcher.advisor import measure
+
+    def measured(*a, **kw):
+        raise AssertionError("measured before the input was checked")
+
+    monkeypatch.setattr(measure, "measure", measured)
+
+
+def test_inputs_refused_before_any_measuring(tmp_path, monkeypatch, capsys):
+    """Every advisor input error is one line (exit 2) before any measuring: an output folder missing
+    or read-only, an output file there already, a picture type matplotlib cannot write, a cluster
+    unknown, a partition method unknown, a bad override, flags that go with another mode."""
+    _no_measuring(monkeypatch)
+    (tmp_path / "taken.json").write_text("mine")
+    (tmp_path / "cl.yaml").write_text("machines: 0\ntrainers_per_machine: 2\nintra_link: eth10\nhost_memory_gb: 8\n")
+    f = tmp_path / "p.json"
+    write(profile(sizes=(200, 600)), f)
+    profile_call = ["--profile", *TINY, "--quick"]
+    cases = [
+        ([*profile_call, "--out", str(tmp_path / "missing" / "p.json")], "does not exist"),
+        ([*profile_call, "--out", str(tmp_path)], "a folder"),
+        ([*profile_call, "--out", str(tmp_path / "taken.json")], "--overwrite"),
+        ([*profile_call, "--out", str(tmp_path / "p2.json"), "--cluster", "cpu-2-eth10", "--png",
+          str(tmp_path / "missing" / "top.png")], "does not exist"),
+        ([*profile_call, "--out", str(tmp_path / "p2.json"), "--cluster", "cpu-2-eth10", "--png",
+          str(tmp_path / "top.nosuch")], "ending in .png"),
+        ([*profile_call, "--out", str(tmp_path / "p2.json"), "--cluster", "nosuch"], "unknown cluster"),
+        ([*profile_call, "--out", str(tmp_path / "p2.json"), "--cluster", str(tmp_path / "cl.yaml")], "machines"),
+        ([*profile_call, "--out", str(tmp_path / "p2.json"), "--methods", "nosuch"], "not a partition method"),
+        ([*profile_call, "--out", str(tmp_path / "p2.json"), "--png", str(tmp_path / "top.png")], "needs --cluster"),
+        (["--profile", *TINY, "train.nosuch=1", "--out", str(tmp_path / "p2.json")], "nosuch"),
+        (["--from-profile", str(f), "--quick", "--cluster", "gpu-1"], "goes with --profile"),
+        (["--from-profile", str(f), "--cluster", "gpu-1", "--placements", "nosuch"], "not a partition method"),
+    ]
+    for argv, words in cases:
+        rc, out, err = run_cli(argv, capsys)
+        assert rc == 2 and words in err and len(err.strip().splitlines()) == 1, (argv, err)
+    assert not (tmp_path / "p2.json").exists() and (tmp_path / "taken.json").read_text() == "mine"
+
+
+def test_read_only_output_folder_refused_before_measuring(tmp_path, monkeypatch, capsys):
+    """A folder that takes no files (here /sys: even root cannot write there) is refused at once."""
+    from tgdist.data.graph import unwritable
+
+    if unwritable(Path("/sys")) is None:
+        pytest.skip("/sys takes files here")
+    _no_measuring(monkeypatch)
+    rc, _, err = run_cli(["--profile", *TINY, "--out", "/sys/profile.json"], capsys)
+    assert rc == 2 and "cannot write in /sys" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_sweep_never_replaces_a_user_file(tmp_path, capsys):
+    """``--top 2 --sweep DIR`` into a folder holding the user's own sweep.sh: refused in one line
+    naming --overwrite, the file as it was; with --overwrite the sweep's files are replaced and an
+    older sweep's extra advice file does not stay beside them."""
+    f = tmp_path / "p.json"
+    write(profile(sizes=(200, 600), largest_batch=1200, saturation_batch=600), f)
+    d = tmp_path / "advice"
+    (d / "experiment").mkdir(parents=True)
+    (d / "sweep.sh").write_text("#!/bin/bash\necho my own script\n")
+    argv = ["--from-profile", str(f), "--cluster", "dgx-8", "--top", "2", "--sweep", str(d)]
+    rc, out, err = run_cli(argv, capsys)
+    assert rc == 2 and "--overwrite" in err and "sweep.sh" in err and len(err.strip().splitlines()) == 1, err
+    assert (d / "sweep.sh").read_text() == "#!/bin/bash\necho my own script\n" and out == ""
+    (d / "experiment" / "advice_07.yaml").write_text("# an older sweep's\n")
+    rc, out, err = run_cli([*argv, "--overwrite"], capsys)
+    assert rc == 0, err
+    assert "my own script" not in (d / "sweep.sh").read_text()
+    assert sorted(p.name for p in (d / "experiment").iterdir()) == ["advice_01.yaml", "advice_02.yaml"]
+
+
+def _corrupt(good: dict, change) -> object:
+    import copy
+
+    d = copy.deepcopy(good)
+    return change(d)
+
+
+@pytest.mark.parametrize("name, change, words", [
+    ("object", lambda d: {}, "no data"),
+    ("list", lambda d: [], "a list"),
+    ("string", lambda d: "abc", "a string"),
+    ("string batch", lambda d: (d["batches"][0].update(batch_size="200"), d)[1], "batches[0].batch_size is a string"),
+    ("nan stage", lambda d: (d["batches"][0]["seconds"].update(compute=float("nan")), d)[1],
+     "batches[0].seconds.compute is nan"),
+    ("no batches", lambda d: (d.update(batches=[]), d)[1], "batches is empty"),
+    ("version 99", lambda d: (d.update(version=99), d)[1], "profile version 99, written by a newer tgdist"),
+])
+def test_corrupt_profile_is_one_line(tmp_path, capsys, name, change, words):
+    import json
+
+    good = profile(sizes=(200, 600)).as_json()
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps(_corrupt(good, change)))  # (NaN as JSON's NaN token, as Python writes it)
+    rc, out, err = run_cli(["--from-profile", str(f), "--cluster", "gpu-1"], capsys)
+    assert rc == 2 and words in err and len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err and out == ""
+
+
+def test_never_ranks_a_layout_the_runtime_refuses():
+    """1,000 training events at local batch 600 on 4 trainers: 1 x 1 x 4 has 2 global batches for 4
+    memory segments, which the runtime refuses (its launch line would fail): the advisor refuses it
+    with the runtime's reason, and every candidate it ranks passes the launcher's own check."""
+    from tgdist import memory
+    from tgdist.distributed.schedule import Layout
+    from tgdist.distributed.world import WorldInfo, validate
+
+    p = profile(sizes=(600,), events=1000)
+    four = Cluster(name="four", machines=1, trainers_per_machine=4, intra_link="nvlink", inter_link="nvlink",
+                   host_memory_gb=64, device_memory_gb=16)
+    ranked = model.predict(p, four, batch_sizes=[600])
+    why = {(c.layout, c.backend, c.pipeline): c.refused for c in ranked}
+    assert "cannot be cut into parallel.k = 4 memory segments" in why[("1x1x4", "local", "none")]
+    # 1,202 events at local batch 300 on 4 trainers: DepComm's last global batch holds 2 events for
+    # i = 4 trainers, which its builder refuses; sven runs it
+    uneven = {(c.layout, c.backend, c.pipeline): c.refused
+              for c in model.predict(profile(sizes=(300,), events=1202), four, batch_sizes=[300])}
+    assert "the last global batch has 2 events for parallel.i=4" in uneven[("4x1x1", "depcomm", "none")]
+    assert uneven[("4x1x1", "sven", "none")] is None
+    ok = [c for c in ranked if c.refused is None]
+    assert ok
+    for c in ok:
+        layout = Layout(c.i, c.j, c.k)
+        name = memory.resolve("auto" if c.backend == "local" else c.backend, layout.group_size)
+        validate(layout, WorldInfo(world_size=4, local_world_size=4, num_nodes=1, launcher="torchrun"), name,
+                 placement=memory.store_class(name).placement, num_train_events=1000, batch_size=c.batch_size)
+
+
+def test_absurd_cluster_answers_at_once(tmp_path):
+    """100,000 machines x 1,000 GPUs: a one-line bound on the combinations (or, narrowed, an
+    answer), never a spin; 10^12 trainers: refused by the cluster itself. A subprocess with a
+    generous timeout guards against a hang (it is not a timed assertion)."""
+    import subprocess
+    import sys
+
+    f = tmp_path / "p.json"
+    write(profile(sizes=(200, 600), largest_batch=1200, saturation_batch=600), f)
+    huge = tmp_path / "huge.yaml"
+    huge.write_text("machines: 100000\ntrainers_per_machine: 1000\nintra_link: nvlink\ninter_link: ib100\n"
+                    "host_memory_gb: 1024\ndevice_memory_gb: 80\n")
+    vast = tmp_path / "vast.yaml"
+    vast.write_text("machines: 1000000000\ntrainers_per_machine: 1000\nintra_link: nvlink\nhost_memory_gb: 1024\n")
+
+    def plan(*argv):
+        return subprocess.run([sys.executable, "-m", "tgdist", "plan", "--from-profile", str(f), *argv],
+                              capture_output=True, text=True, timeout=180, check=False)
+
+    r = plan("--cluster", str(huge))
+    assert r.returncode == 2 and "combinations to predict" in r.stderr and "--backends" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    r = plan("--cluster", str(huge), "--backends", "sven", "--pipelines", "none", "--placements", "range", "--top", "3")
+    assert r.returncode == 0 and "best: " in r.stdout, r.stderr
+    r = plan("--cluster", str(vast))
+    assert r.returncode == 2 and "trainers, more than" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_help_cites_pages_that_exist():
+    """``tgdist plan --help`` and ``tgdist plan --profile --help`` name docs/advisor.md, which exists."""
+    import re
+
+    from tgdist.launcher import planner
+    from tgdist.launcher.advisor import cli
+
+    root = Path(__file__).resolve().parents[2]
+    for text in (cli._parser().format_help(), planner._parser().format_help()):
+        pages = re.findall(r"docs/[\w.-]+\.md", text)
+        assert "docs/advisor.md" in pages
+        assert all((root / page).is_file() for page in pages), pages

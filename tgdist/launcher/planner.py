@@ -159,7 +159,8 @@ def _parser() -> argparse.ArgumentParser:
         epilog="example: tgdist plan --machines 4 --gpus-per-machine 8 --largest-batch 3200 "
                "--saturation-batch 1600 --memory-copies-per-machine 2   ->  i=2 j=2 k=8. "
                "To predict and rank every layout, store and pipeline from a profile of the data instead: "
-               "tgdist plan --profile data=NAME --cluster PRESET|FILE (tgdist plan --profile --help)",
+               "tgdist plan --profile data=NAME --quick --cluster PRESET|FILE (tgdist plan --profile --help; "
+               "docs/advisor.md)",
     )
     ap.add_argument("--machines", "-P", type=int, required=True, help="number of machines (P)")
     ap.add_argument("--gpus-per-machine", "-Q", type=int, required=True, help="GPUs (trainers) per machine (Q)")

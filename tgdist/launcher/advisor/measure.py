@@ -24,13 +24,18 @@ In one process, as ``tgdist train`` would build it for the data the overrides na
 5. DistTGL's S (saturation: the smallest batch within 10% of the best events/s) and L (given, or
    the largest batch whose validation AP after one pass is within ``ap_tolerance`` of the best).
 
-Each stage prints one progress line on stderr.
+Each stage prints one line on stderr when it ends, and while it runs a line at most every
+``PROGRESS_EVERY`` seconds with what it has done (iterations, batches, events, runs) and the time
+left at its pace so far (``Progress``; where a step only waits for processes, the time it has taken
+and its limit).
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import re
+import threading
 import platform
 import sys
 import tempfile
@@ -41,13 +46,76 @@ import numpy as np
 
 from tgdist.launcher.advisor.profile import STAGES, BatchProfile, PlacementShare, Profile
 
-__all__ = ["measure", "collective_costs", "saturation", "largest_safe"]
+__all__ = ["measure", "collective_costs", "saturation", "largest_safe", "Progress", "PROGRESS_EVERY"]
 
 SATURATION_SHARE = 0.9  # S: the smallest batch reaching this share of the best events/s
+PROGRESS_EVERY = 5.0  # seconds: at most one progress line this often within a step
 
 
 def _say(msg: str) -> None:
     print(f"tgdist plan --profile: {msg}", file=sys.stderr, flush=True)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+
+
+class Progress:
+    """The progress of one long step of the profile: ``update(done)`` prints ``HEAD: DONE of TOTAL
+    UNIT (T s, about R s left)`` on stderr, at most every ``PROGRESS_EVERY`` seconds, R at the
+    step's pace so far; ``waiting(limit)`` prints, as often, how long a step that can only wait for
+    other processes has waited and its limit."""
+
+    def __init__(self, head: str, total: float, unit: str):
+        self.head, self.total, self.unit = head, max(float(total), 1.0), unit
+        self.t0 = time.perf_counter()
+        self.last = self.t0
+        self.done = 0.0
+
+    def update(self, done: float, note: str = "") -> None:
+        self.done = float(done)
+        now = time.perf_counter()
+        if now - self.last < PROGRESS_EVERY:
+            return
+        self.last = now
+        spent = now - self.t0
+        left = (f"about {_duration(spent / self.done * max(self.total - self.done, 0.0))} left" if self.done > 0
+                else "starting")
+        _say(f"{self.head}: {self.done:,.0f} of {self.total:,.0f} {self.unit}{note} ({_duration(spent)}, {left})")
+
+    def add(self, n: float = 1.0, note: str = "") -> None:
+        self.update(self.done + n, note)
+
+    def waiting(self, limit: float, what: str) -> "_Waiting":
+        """A context in which a background thread prints ``HEAD: WHAT, T s of at most LIMIT``."""
+        return _Waiting(self, limit, what)
+
+
+class _Waiting:
+    def __init__(self, progress: Progress, limit: float, what: str):
+        self.progress, self.limit, self.what = progress, limit, what
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._tick, name="tgdist-profile-progress", daemon=True)
+
+    def _tick(self) -> None:
+        while not self.stop.wait(min(PROGRESS_EVERY, 1.0) if PROGRESS_EVERY > 0 else 0.05):
+            now = time.perf_counter()
+            if now - self.progress.last >= PROGRESS_EVERY:
+                self.progress.last = now
+                _say(f"{self.progress.head}: {self.what}, {_duration(now - self.progress.t0)} "
+                     f"(at most {_duration(self.limit)})")
+
+    def __enter__(self) -> "_Waiting":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def _silent(head: str = "") -> Progress:
+    return Progress(head, 1, "")
 
 
 def saturation(batch_sizes, events_per_s) -> int:
@@ -80,7 +148,8 @@ def _rows(tr, p, lo: int, hi: int) -> tuple[float, float, float, float]:
     return sampled, distinct, roots, roots_distinct
 
 
-def _time_batch(cfg_over: list[str], graph, b: int, warmup: int, iterations: int, over_stream: bool = True):
+def _time_batch(cfg_over: list[str], graph, b: int, warmup: int, iterations: int, over_stream: bool = True,
+                progress: Progress | None = None, spread: int = 60):
     """``warmup + iterations`` iterations of the loop a run makes (``Run``, one process, stopped by
     ``train.stop_after_batches``), the last ``iterations`` timed: wall seconds per iteration from the
     loop's own ticks, each stage's from the trainer's ``StageTimer``, the rows of each batch read;
@@ -88,7 +157,9 @@ def _time_batch(cfg_over: list[str], graph, b: int, warmup: int, iterations: int
     batch's profile, the (scaled) wall, the gradient bytes, the trainer, its config, and the wall
     of the timed window itself (what two loops over the same window compare by), and the window
     (``warmup``, ``iterations``) with the middle-80% mean of its iterations' walls (``wall``,
-    ``_middle_mean``: the iteration ``paid_costs`` sizes the model's own waits by)."""
+    ``_middle_mean``: the iteration ``paid_costs`` sizes the model's own waits by). ``progress``
+    (its ``total`` set here) counts the iterations of the loop and of the stream's batches;
+    ``spread``: the least number of batches over the training range (``_over_the_stream``)."""
     import shutil
 
     from tgdist.runtime.build import build_trainer, compose
@@ -103,6 +174,11 @@ def _time_batch(cfg_over: list[str], graph, b: int, warmup: int, iterations: int
         iterations = max(steps - warmup, 1)
     cfg = compose([*cfg_over, f"train.batch_size={b}", f"train.stop_after_batches={warmup + iterations}",
                    "train.epochs=1"])
+    progress = progress or _silent()
+    later = max(steps - warmup - iterations, 0)
+    progress.total = float(warmup + iterations
+                           + (warmup + iterations + min(later, max(2 * iterations, spread)) if over_stream and later
+                              else 0))
     run_dir = tempfile.mkdtemp(prefix="tgdist-advisor-")
     counts, marks = [], {}
     prepare = tr.prepare
@@ -117,6 +193,7 @@ def _time_batch(cfg_over: list[str], graph, b: int, warmup: int, iterations: int
 
     def tick(t, loss):
         done = t + 1
+        progress.update(done)
         if warmup <= done <= warmup + iterations:
             ticks.append(time.perf_counter())
         if done == warmup:
@@ -141,7 +218,7 @@ def _time_batch(cfg_over: list[str], graph, b: int, warmup: int, iterations: int
     loop = max(wall - sum(secs.values()), 0.0)
     rows = np.mean(np.array(counts[:iterations], dtype=np.float64), axis=0)
     factor, cv = dict.fromkeys(STAGES, 1.0), 0.0
-    stream = _over_the_stream(tr, warmup, iterations) if over_stream else None
+    stream = _over_the_stream(tr, warmup, iterations, progress, spread) if over_stream else None
     if stream is not None:  # the stages and rows over the training range
         before = sum(secs.values()) + loop
         factor, cv, rows = stream
@@ -161,13 +238,13 @@ def _time_batch(cfg_over: list[str], graph, b: int, warmup: int, iterations: int
     return bp, wall, grad_bytes, tr, cfg, window_wall, window_middle
 
 
-def _over_the_stream(tr, warmup: int, iterations: int):
+def _over_the_stream(tr, warmup: int, iterations: int, progress: Progress | None = None, spread: int = 60):
     """How an iteration over the whole training range differs from one of the stream's first
     ``warmup + iterations`` batches, which the Run loop times and whose neighbourhoods are still
     filling: later batches sample more neighbours and read more memory rows (all of Wikipedia at
     batch 300: the epoch's iteration is 1.24x the first 40's). With the same trainer, memory reset,
     the window is stepped again and then ``2 x iterations`` (at least 60) batches spread evenly over
-    the rest of the training range. Returns each stage's spread seconds over its window seconds
+    the rest of the training range (``spread`` at the least). Returns each stage's spread seconds over its window seconds
     (``stream_factor``), the spread batches' step times' standard deviation over their mean (how
     much one rank's iteration varies: what synchronised ranks wait for, ``model._straggler``) and
     their rows as ``_rows`` counts them; None where no batch follows the window."""
@@ -177,7 +254,8 @@ def _over_the_stream(tr, warmup: int, iterations: int):
     window, later = batches[:warmup + iterations], batches[warmup + iterations:]
     if not later:
         return None
-    spread_n = min(len(later), max(2 * iterations, 60))  # (30 spread batches left a 5% error in the factor)
+    spread_n = min(len(later), max(2 * iterations, spread))  # (30 spread batches left a 5% error in the factor)
+    progress = progress or _silent()
     picked = [later[i] for i in np.unique(np.linspace(0, len(later) - 1, spread_n).astype(int))]
     cuda = tr.device.type == "cuda"
     prepare, counts = tr.prepare, []
@@ -198,6 +276,7 @@ def _over_the_stream(tr, warmup: int, iterations: int):
                 torch.cuda.synchronize(tr.device)
             if n >= timed_from:
                 walls.append(time.perf_counter() - t0)
+            progress.add()
         per = {s: (tr.timer.seconds.get(s, 0.0) - s0.get(s, 0.0)) / max(len(walls), 1) for s in STAGES}
         return per, np.array(walls)
 
@@ -214,7 +293,7 @@ def _over_the_stream(tr, warmup: int, iterations: int):
     return factor, cv, np.mean(np.array(counts, dtype=np.float64), axis=0)
 
 
-def _val_ap(cfg_over: list[str], graph, b: int, events: int | None) -> float:
+def _val_ap(cfg_over: list[str], graph, b: int, events: int | None, progress: Progress | None = None) -> float:
     """Validation AP after one pass over the first ``events`` training events (all: None) at batch b."""
     from tgdist.runtime.build import build_trainer, compose
 
@@ -226,6 +305,8 @@ def _val_ap(cfg_over: list[str], graph, b: int, events: int | None) -> float:
     for s in range(lo, end, b):
         e = min(s + b, end)
         tr.step(s, e, tr.negatives.train(e - s, 1), train=True)
+        if progress is not None:
+            progress.add(e - s, f" (batch {b})")
     return float(tr.evaluate("val", num_neg=1)["val_ap"])
 
 
@@ -252,7 +333,7 @@ def _collective_worker(rank: int, path: str, out: str, sizes: list[int], repeats
         dist.destroy_process_group()
 
 
-def collective_costs(repeats: int = 30, timeout: float = 300.0) -> dict:
+def collective_costs(repeats: int = 30, timeout: float = 300.0, progress: Progress | None = None) -> dict:
     """Seconds of a gloo all-reduce between two processes of this machine: ``fixed_s`` (4 bytes)
     and ``bytes_per_s`` (from 4 MiB): what each collective of a parallel run costs here besides the
     modelled link's sleep. The two processes are this module run as a script (``--collective-worker``)."""
@@ -268,15 +349,16 @@ def collective_costs(repeats: int = 30, timeout: float = 300.0) -> dict:
         procs = [subprocess.Popen([*cmd, str(r)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
                  for r in range(2)]
         failed = ""
-        for p in procs:
-            try:
-                _, err = p.communicate(timeout=timeout)
-                if p.returncode:
-                    failed = (err.strip().splitlines() or [f"exit {p.returncode}"])[-1]
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.communicate()
-                failed = f"no result within {timeout:.0f} s"
+        with (progress or _silent()).waiting(timeout, "two processes timing all-reduces"):
+            for p in procs:
+                try:
+                    _, err = p.communicate(timeout=timeout)
+                    if p.returncode:
+                        failed = (err.strip().splitlines() or [f"exit {p.returncode}"])[-1]
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.communicate()
+                    failed = f"no result within {timeout:.0f} s"
         if failed or not os.path.exists(out):
             return {"fixed_s": 0.0, "bytes_per_s": None, "note": f"the two-process measurement failed: {failed}"}
         res = ast.literal_eval(Path(out).read_text())
@@ -307,6 +389,15 @@ def _exchange_worker(out: str, plan: str) -> None:
     from tgdist.runtime.run import Run
 
     spec = json.loads(Path(plan).read_text())
+    total = 3 + sum(w + n for _, w, n in spec["batches"])  # the warm-up run's 3, then each window
+    done, shown = [0], [0.0]
+
+    def report() -> None:  # rank 0's iterations so far, for the parent's progress lines (about once a second)
+        done[0] += 1
+        if world.rank == 0 and time.monotonic() - shown[0] > 1.0:
+            shown[0] = time.monotonic()
+            Path(f"{out}.progress").write_text(f"{done[0]} {total}")
+
     torch.set_num_threads(1)
     world = detect()
     groups = ProcessGroups.init(world, Layout(2, 1, 1))
@@ -338,6 +429,7 @@ def _exchange_worker(out: str, plan: str) -> None:
                 store.exchange = timing(store.exchange, "exchange")
 
                 def tick(t, loss, driver=driver, tr=tr, marks=marks):
+                    report()
                     store_counts = {n: v for n, v in driver.counter.as_dict().items() if n != "gradients"}
                     counts = {n: v["calls"] for n, v in store_counts.items()}
                     sent = sum(v["bytes_sent"] for v in store_counts.values())
@@ -386,11 +478,12 @@ def _middle_mean(x: np.ndarray, share: float = 0.8) -> float:
     return float(x[cut:x.size - cut].mean()) if x.size > 2 * cut else float(x.mean())
 
 
-def _two_ranks(plan: dict, timeout: float) -> list[dict]:
+def _two_ranks(plan: dict, timeout: float, progress: Progress | None = None) -> list[dict]:
     """``_exchange_worker`` as two ranks of this machine (torchrun's environment, a free port);
     their records, by rank. A rank that fails ends the other at once (it would wait for its peer
     until gloo's timeout), as does ``timeout``; either raises ``RuntimeError`` with the failed
-    rank's last error line. No rank outlives the call."""
+    rank's last error line. No rank outlives the call. ``progress``: rank 0's iterations (the
+    warm-up run's and the windows'), as it reports them."""
     import json
     import socket
     import subprocess
@@ -419,6 +512,13 @@ def _two_ranks(plan: dict, timeout: float) -> list[dict]:
                 if time.monotonic() > deadline:
                     failed = f"no result within {timeout:.0f} s"
                     break
+                if progress is not None:
+                    try:
+                        done, total = (int(x) for x in Path(f"{d}/rank.progress").read_text().split())
+                        progress.total = float(total)
+                        progress.update(done, " of rank 0")
+                    except (OSError, ValueError):  # not written yet, or being written
+                        progress.update(0)
                 time.sleep(0.05)
             for r, p in enumerate(procs):
                 if not failed and p.returncode:
@@ -446,7 +546,8 @@ def _two_processes_refused(tr) -> str | None:
     return None
 
 
-def exchange_runs(overrides: list[str], windows: list[tuple[int, int, int]], *, timeout: float = 900.0) -> dict:
+def exchange_runs(overrides: list[str], windows: list[tuple[int, int, int]], *, timeout: float = 900.0,
+                  progress: Progress | None = None) -> dict:
     """Two trainer processes of this machine train the stream's first ``warmup + iterations``
     global batches of 2 x b events per (b, warmup, iterations) of ``windows`` (the one-process
     loop's) with sven at 2 x 1 x 1: both ranks meet at the store's dispatch and aggregation and at
@@ -461,7 +562,7 @@ def exchange_runs(overrides: list[str], windows: list[tuple[int, int, int]], *, 
     base = [o for o in overrides if not o.startswith(("parallel.", "memory.backend=", "pipeline="))]
     plan = {"overrides": [*base, "parallel.i=2", "parallel.j=1", "parallel.k=1", "memory.backend=sven",
                           "pipeline=none", "parallel.link=none"], "batches": sorted(windows)}
-    ranks = _two_ranks(plan, max(timeout - (time.perf_counter() - t0), 60.0))
+    ranks = _two_ranks(plan, max(timeout - (time.perf_counter() - t0), 60.0), progress)
     sizes = [b for b, _, _ in sorted(windows)]
 
     def mean(key: str, b: int) -> float:
@@ -559,7 +660,8 @@ def _side_by_side(r: int, work: int, timeout: float) -> float | None:
         return float(np.mean([float(Path(f"{d}/out{k}").read_text()) for k in range(r)]))
 
 
-def core_sharing(ranks=(1, 2, 4), work: int = 2000, rounds: int = 3, timeout: float = 300.0) -> dict:
+def core_sharing(ranks=(1, 2, 4), work: int = 2000, rounds: int = 3, timeout: float = 300.0,
+                 progress: Progress | None = None) -> dict:
     """How much slower R single-threaded processes run side by side than one alone, on this machine
     as it is now (its cores and whatever else runs on them): ``{R: slowdown}``, 1.0 for R = 1. The
     model scales the CPU stages of M ranks sharing the machine by it (``model``: shared cores).
@@ -571,9 +673,12 @@ def core_sharing(ranks=(1, 2, 4), work: int = 2000, rounds: int = 3, timeout: fl
     cpus = os.cpu_count() or 1
     counts = sorted({1, *ranks})
     seen: dict[int, list[float]] = {r: [] for r in counts}
+    progress = progress or _silent()
+    progress.total = float(rounds * len(counts))
     for _ in range(rounds):
         for r in counts:
             got = _side_by_side(r, work, timeout)
+            progress.add(1, " side-by-side measures")
             if got is None:
                 return {"note": f"a side-by-side measurement of {r} processes failed"}
             seen[r].append(got)
@@ -584,20 +689,43 @@ def core_sharing(ranks=(1, 2, 4), work: int = 2000, rounds: int = 3, timeout: fl
     return out
 
 
+def _base(overrides: list[str], threads: int) -> list[str]:
+    """The overrides of the one process the profile trains: the user's, then one trainer, no pipeline."""
+    return [*overrides, f"train.num_threads={threads}", f"sampler.num_threads={threads}", "train.progress=false",
+            "train.num_neg_eval=1", "parallel.i=1", "parallel.j=1", "parallel.k=1", "memory.backend=auto",
+            "pipeline=none"]
+
+
+def check_overrides(overrides: list[str], threads: int = 1) -> None:
+    """The config the profile would train with composes and passes the runtime's checks (a bad
+    override: its one line), before any measuring."""
+    from tgdist.runtime.build import compose, validate
+
+    validate(compose(_base(overrides, threads)))
+
+
 def measure(overrides: list[str], *, batch_sizes: list[int], iterations: int = 30, warmup: int = 10,
             parts: list[int] = (2, 4), methods: list[str] = ("range", "interval", "reflexbicut"),
             threads: int = 1, largest_batch: int | None = None, accuracy_batches: list[int] | None = None,
             accuracy_events: int | None = None, ap_tolerance: float = 0.01, collectives: bool = True,
-            overlap_check: bool = True) -> Profile:
-    """A profile of the data ``overrides`` name on this machine (the module docstring)."""
+            overlap_check: bool = True, accuracy: bool = True, spread: int = 60, collective_repeats: int = 30,
+            sharing_rounds: int = 3, sharing_work: int = 2000, exchange_batches: int | None = None,
+            paid: bool = True) -> Profile:
+    """A profile of the data ``overrides`` name on this machine (the module docstring).
+
+    The shorter profile (``tgdist plan --profile --quick``) is this with smaller settings: ``spread``
+    batches at the least over the training range, ``collective_repeats`` all-reduces, ``sharing_rounds``
+    of ``sharing_work`` for the processes side by side, the two-process runs at the ``exchange_batches``
+    batch sizes nearest S only (None: all), or without ``paid`` none (the idle two-process cost then
+    prices each collective), and without ``accuracy`` no sweep for L (``largest_batch`` or none:
+    ``accuracy_source`` is then ``none``)."""
     from tgdist.memory.placement import first_pass_access
     from tgdist.partition.measures import measure as measure_placement
     from tgdist.partition.methods import assign
 
-    base = [*overrides, f"train.num_threads={threads}", f"sampler.num_threads={threads}", "train.progress=false",
-            "train.num_neg_eval=1", "parallel.i=1", "parallel.j=1", "parallel.k=1", "memory.backend=auto",
-            "pipeline=none"]
-    steps = (len(set(batch_sizes)) + (3 if collectives else 0) + (1 if parts else 0) + (0 if largest_batch else 1)
+    base = _base(overrides, threads)
+    sweep_accuracy = largest_batch is None and accuracy
+    steps = (len(set(batch_sizes)) + ((3 if paid else 2) if collectives else 0) + (1 if parts else 0) + (1 if sweep_accuracy else 0)
              + (1 if overlap_check else 0))
     n = 0
     batches, per_iter, window, middle = [], [], {}, {}
@@ -606,7 +734,9 @@ def measure(overrides: list[str], *, batch_sizes: list[int], iterations: int = 3
     for b in sorted(set(batch_sizes)):
         n += 1
         t0 = time.perf_counter()
-        bp, wall, grad_bytes, tr, cfg, window[b], middle[b] = _time_batch(base, graph, b, warmup, iterations)
+        bp, wall, grad_bytes, tr, cfg, window[b], middle[b] = _time_batch(
+            base, graph, b, warmup, iterations, progress=Progress(f"[{n}/{steps}] batch {b}", 1, "iterations"),
+            spread=spread)
         graph = tr.g
         batches.append(bp)
         per_iter.append(wall)
@@ -624,7 +754,9 @@ def measure(overrides: list[str], *, batch_sizes: list[int], iterations: int = 3
         # the prefetching loop against the plain one over the same window, unscaled: a like-for-like
         # ratio (scaling each by its own measure of the stream would add that measure's noise)
         *_, pre_wall, _ = _time_batch([o for o in base if o != "pipeline=none"] + ["pipeline=prefetch"], graph, S,
-                                   warmup, iterations, over_stream=False)
+                                      warmup, iterations, over_stream=False,
+                                      progress=Progress(f"[{n}/{steps}] overlap: prefetch at batch {S}", 1,
+                                                        "iterations"))
         plain = window[S]
         scale = plain / per_iter[sizes.index(S)]  # the stages below are over the epoch: back to the window
         front = (at.seconds["sample"] + at.seconds["features"]) * scale
@@ -641,11 +773,18 @@ def measure(overrides: list[str], *, batch_sizes: list[int], iterations: int = 3
         n += 1
         t0 = time.perf_counter()
         fanouts = list(cfg.sampler.fanouts) if cfg.model.name != "jodie" else []
-        for m in parts:
+        place_progress = Progress(f"[{n}/{steps}] placements", len(parts) * len(methods), "trainer counts x methods")
+        for q, m in enumerate(parts):
             strategy = getattr(cfg.sampler.strategy, "value", str(cfg.sampler.strategy))
+
+            def presampled(line: str, q=q, m=m) -> None:  # first_pass_access's "pre-sampling: x/y batches"
+                got = re.search(r"([\d,]+)/([\d,]+) batches", line)
+                share = int(got[1].replace(",", "")) / max(int(got[2].replace(",", "")), 1) if got else 0.0
+                place_progress.update(len(methods) * (q + 0.5 * share), f" (M = {m}: {line})")
+
             access = first_pass_access(graph, train_end, m, S, fanouts, strategy=strategy,
-                                       seed=cfg.train.seed)
-            for method in methods:
+                                       seed=cfg.train.seed, progress=presampled)
+            for u, method in enumerate(methods):
                 owner = assign(access, method)
                 ms = measure_placement(access.dedup, owner, m)
                 total = int(ms.local.sum()) + ms.total_volume
@@ -653,6 +792,7 @@ def measure(overrides: list[str], *, batch_sizes: list[int], iterations: int = 3
                 mean = ms.recv.mean() if ms.recv.size else 0.0
                 imbalance = float(max(ms.recv.max(), ms.send.max()) / mean) if mean > 0 else 1.0
                 placements.append(PlacementShare(method, int(m), round(float(remote), 5), round(imbalance, 4)))
+                place_progress.update(len(methods) * q + u + 1, f" (M = {m}: {method} placed)")
         _say(f"[{n}/{steps}] placements at M = {', '.join(map(str, parts))}: "
              + "; ".join(f"{p.method} M={p.parts} remote {p.remote_share:.2f} x{p.imbalance:.2f}" for p in placements)
              + f" ({time.perf_counter() - t0:.1f} s)")
@@ -660,7 +800,8 @@ def measure(overrides: list[str], *, batch_sizes: list[int], iterations: int = 3
     if collectives:
         n += 1
         t0 = time.perf_counter()
-        coll = collective_costs()
+        coll = collective_costs(repeats=collective_repeats,
+                                progress=Progress(f"[{n}/{steps}] collectives between two processes", 1, ""))
         bps = coll.get("bytes_per_s")
         _say(f"[{n}/{steps}] collectives between two processes: {1e6 * coll['fixed_s']:.0f} us each, "
              f"{(bps or float('nan')) / 1e9:.2f} GB/s ({time.perf_counter() - t0:.1f} s)")
@@ -668,24 +809,30 @@ def measure(overrides: list[str], *, batch_sizes: list[int], iterations: int = 3
     if collectives:
         n += 1
         t0 = time.perf_counter()
-        sharing = core_sharing(tuple(sorted({1, 2, *parts})))
+        sharing = core_sharing(tuple(sorted({1, 2, *parts})), work=sharing_work, rounds=sharing_rounds,
+                               progress=Progress(f"[{n}/{steps}] processes side by side", 1, "measures"))
         _say(f"[{n}/{steps}] processes side by side: " + ", ".join(f"{r} -> {v}x" for r, v in sharing.items())
              + f" slower than one ({time.perf_counter() - t0:.1f} s)")
-    if collectives and coll.get("bytes_per_s"):
+    if collectives and paid and coll.get("bytes_per_s"):
         n += 1
         t0 = time.perf_counter()
         why = _two_processes_refused(tr)
+        paid_sizes = sorted(sorted(sizes, key=lambda b: (abs(b - S), b))[:exchange_batches or len(sizes)])
+        paid_batches = [bp for bp in batches if bp.batch_size in paid_sizes]
         if why is None:
             try:
-                runs = exchange_runs(base, [(b, middle[b]["warmup"], middle[b]["iterations"]) for b in sizes])
+                runs = exchange_runs(base, [(b, middle[b]["warmup"], middle[b]["iterations"]) for b in paid_sizes],
+                                     progress=Progress(f"[{n}/{steps}] collectives as two training processes pay "
+                                                       f"them", 1, "iterations"))
             except RuntimeError as e:
                 why = f"the two-process runs failed: {e}"
         if why is None:
             # the one process's memory read and write over the window (the profile's are over the stream)
             store_alone = [(bp.seconds["memory_read"] / bp.stream_factor.get("memory_read", 1.0)
-                            + bp.seconds["memory_write"] / bp.stream_factor.get("memory_write", 1.0)) for bp in batches]
-            paid = paid_costs(runs, [middle[b]["wall"] for b in sizes], store_alone, [bp.step_cv for bp in batches],
-                              grad_bytes, coll["bytes_per_s"])
+                            + bp.seconds["memory_write"] / bp.stream_factor.get("memory_write", 1.0))
+                           for bp in paid_batches]
+            paid = paid_costs(runs, [middle[b]["wall"] for b in paid_sizes], store_alone,
+                              [bp.step_cv for bp in paid_batches], grad_bytes, coll["bytes_per_s"])
             coll = {**coll, **paid}
             _say(f"[{n}/{steps}] collectives as two training processes pay them: the gradients' all-reduce "
                  f"{1e6 * paid['gradient_s']:.0f} us, a store collective {1e6 * paid['exchange_s']:.0f} us (sven "
@@ -696,13 +843,15 @@ def measure(overrides: list[str], *, batch_sizes: list[int], iterations: int = 3
             coll = {**coll, "paid_note": why}
             _say(f"[{n}/{steps}] collectives as training processes pay them: not measured ({why}); the idle "
                  f"two-process cost stands in")
-    source, L, aps = "given", largest_batch, {}
-    if largest_batch is None:
+    source, L, aps = ("given" if largest_batch else "none"), largest_batch, {}
+    if sweep_accuracy:
         n += 1
         t0 = time.perf_counter()
         sweep = sorted(set(accuracy_batches or sorted({*sizes, *(2 * b for b in sizes), *(4 * b for b in sizes)})))
+        per_run = train_end - lo if accuracy_events is None else min(train_end - lo, accuracy_events)
+        acc_progress = Progress(f"[{n}/{steps}] accuracy sweep", per_run * len(sweep), "training events")
         for b in sweep:
-            aps[b] = _val_ap(base, graph, b, accuracy_events)
+            aps[b] = _val_ap(base, graph, b, accuracy_events, acc_progress)
         L = largest_safe(list(aps), list(aps.values()), ap_tolerance)
         source = "measured"
         _say(f"[{n}/{steps}] accuracy sweep: val AP " + ", ".join(f"{b}: {a:.4f}" for b, a in aps.items())

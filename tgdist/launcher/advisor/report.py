@@ -9,6 +9,7 @@ import shlex
 from collections import Counter
 from pathlib import Path
 
+from tgdist.errors import ConfigError
 from tgdist.launcher.advisor.cluster import Cluster
 from tgdist.launcher.advisor.model import PIPELINES, Candidate
 
@@ -111,10 +112,18 @@ def _experiment_yaml(c: Candidate, cluster: Cluster, epochs: int, predicted: str
 
 
 def write_sweep(ranked: list[Candidate], cluster: Cluster, data: list[str], out: str | Path, top: int,
-                epochs: int = DEFAULT_EPOCHS) -> str:
+                epochs: int = DEFAULT_EPOCHS, overwrite: bool = False) -> str:
     """``out/experiment/advice_NN.yaml`` for the top candidates and ``out/sweep.sh`` with the multirun
-    that runs them (locally on one machine, on SLURM for several); returns that command."""
+    that runs them (locally on one machine, on SLURM for several); returns that command. A sweep
+    there already (``sweep.sh`` or an ``advice_NN.yaml``) is refused, or with ``overwrite`` removed
+    first, so no file of an older sweep stays beside the new one."""
     out = Path(out).resolve()
+    old = [f for f in (out / "sweep.sh", *sorted((out / "experiment").glob("advice_*.yaml"))) if f.exists()]
+    if old and not overwrite:
+        raise ConfigError(f"--sweep {out} holds {old[0].relative_to(out)} already: give another folder, or "
+                          f"--overwrite to replace the sweep's files")
+    for f in old:
+        f.unlink()
     (out / "experiment").mkdir(parents=True, exist_ok=True)
     ok = [c for c in ranked if c.refused is None][:top]
     names = []
