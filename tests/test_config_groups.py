@@ -203,3 +203,34 @@ def test_memory_backend_names_a_registered_store_checked_before_training():
     assert str(e.value) == f"memory.backend=shm: choose one of auto, {', '.join(memory.names())}"
 
 
+
+
+def test_a_resume_composes_the_runs_config_yaml_with_the_given_keys_on_top(tmp_path):
+    """``with_run_config``: the run's settings first, the given ones after; a group choice is kept
+    out when the run has its settings (here a run without Hydra's record of its choices) and
+    refused, naming the key that differs, when it does not."""
+    from tgdist.config.overrides import resume_note, with_run_config
+    from tgdist.errors import ConfigError
+    from tgdist.runtime.build import compose
+
+    run = tmp_path / "run"
+    run.mkdir()
+    ran = compose(["model=jodie", "model.mem_dim=16", "train.epochs=4", "data.max_events=2000", "train.patience=2",
+                   "train.stop_after_batches=7", f"run_dir={run}"])
+    (run / "config.yaml").write_text(OmegaConf.to_yaml(ran, resolve=True))
+    cfg = compose([f"train.resume={run}", "train.epochs=6"])
+    assert (cfg.model.name, cfg.model.mem_dim, cfg.data.max_events, cfg.train.patience) == ("jodie", 16, 2000, 2)
+    assert cfg.train.epochs == 6 and cfg.train.stop_after_batches is None  # stop_after_batches stops one command
+    assert resume_note(cfg) == (f"resuming with the settings of {run / 'config.yaml'}; changed by this command: "
+                                f"train.epochs 4 -> 6")
+    assert with_run_config(["train.epochs=6"]) == ["train.epochs=6"]  # no resume: as given
+    kept = with_run_config(["model=jodie", "model.mem_dim=16", f"train.resume={run}"])
+    assert "model=jodie" not in kept and kept[-2:] == ["model.mem_dim=16", f"train.resume={run}"]
+    with pytest.raises(ConfigError) as e:
+        with_run_config(["model=tgn", f"train.resume={run}"])
+    assert str(e.value) == ("model=tgn: a resume keeps the run's config groups (model=tgn sets model.name='tgn' "
+                            "(the run has 'jodie')); drop model=tgn, and give single keys (model.KEY=VALUE) for what a "
+                            "resume may change")
+    (run / "config.yaml").write_text("[not, a, config]\n")
+    with pytest.raises(ConfigError, match="is not a tgdist config"):
+        compose([f"train.resume={run}"])

@@ -624,6 +624,40 @@ def run_choices(run: Path) -> dict | None:
         return None
 
 
+def _group_mismatch(saved, group: str, option: str, given: frozenset = frozenset()) -> str | None:
+    """None when ``saved`` (a run's config) holds every setting the file of ``group=option`` sets
+    but the keys ``given`` on the same command line (its own keys; the groups an experiment
+    chooses are not followed); else the first that differs, as ``KEY=FILE'S (the run has RUN'S)``."""
+    path = Path(config_dir()) / group / f"{option}.yaml"
+    try:
+        text = path.read_text()
+        values = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    except Exception:  # noqa: BLE001 - no such option, or a value that resolves only in Hydra: not known to match
+        return f"{group}={option} (its settings could not be read to compare)"
+    if not isinstance(values, dict):
+        return f"{group}={option} (not a mapping of settings)"
+    prefix = "" if "@package _global_" in text else f"{group}."
+    flat: dict = {}
+
+    def walk(d: dict, at: str) -> None:
+        for k, v in d.items():
+            if isinstance(v, dict):
+                walk(v, f"{at}{k}.")
+            else:
+                flat[f"{at}{k}"] = v
+
+    walk({k: v for k, v in values.items() if k != "defaults"}, prefix)
+    missing = object()
+    for key, value in flat.items():
+        if key in given:
+            continue
+        have = OmegaConf.select(saved, key, default=missing, throw_on_missing=False)
+        have = OmegaConf.to_container(have, resolve=True) if OmegaConf.is_config(have) else have
+        if have is missing or have != value:
+            return f"{key}={override_text(value)} (the run has {'nothing' if have is missing else override_text(have)})"
+    return None
+
+
 def with_run_config(overrides: list[str], config_name: str = "train") -> list[str]:
     """``overrides`` as a resume runs them: when they resume a run (``train.resume=RUN``) that
     holds a ``config.yaml``, every setting of that file comes first, as ``key=value`` overrides,
@@ -645,15 +679,18 @@ def with_run_config(overrides: list[str], config_name: str = "train") -> list[st
     path, saved = found
     run = path.parent
     groups, choices = config_groups(), run_choices(run)
+    given = frozenset(o.partition("=")[0].lstrip("+") for o in overrides if "=" in o and not o.startswith("-"))
     kept = []
     for o in overrides:
         key, eq, value = o.partition("=")
         key = key.lstrip("+")
         if eq and not o.startswith("-") and key in groups:
-            had = (choices or {}).get(key)
-            if choices is not None and str(had) == value.strip("'\""):
+            had, option = (choices or {}).get(key), value.strip("'\"")
+            if choices is not None and str(had) == option:
                 continue  # the run's own choice (an earlier command pasted back): its settings are in config.yaml
-            was = f"it was composed with {key}={had}" if choices is not None else f"{path} holds its settings"
+            if choices is None and (differs := _group_mismatch(saved, key, option, given)) is None:
+                continue  # (a run without Hydra's record) a choice whose settings the run has
+            was = f"it was composed with {key}={had}" if choices is not None else f"{key}={option} sets {differs}"
             raise ConfigError(f"{key}={value}: a resume keeps the run's config groups ({was}); drop {key}={value}, "
                               f"and give single keys ({key}.KEY=VALUE) for what a resume may change")
         kept.append(o)
