@@ -234,16 +234,17 @@ def analyse(prof, wall_s: float, iterations: int, label: str, table_seconds: flo
     events = prof.profiler.kineto_results.events()
     for e in events:
         kind = e.activity_type() if hasattr(e, "activity_type") else ""
+        annotation = e.is_user_annotation() if hasattr(e, "is_user_annotation") else "annotation" in kind
         name = e.name()
         if e.device_type() == DeviceType.CUDA:
-            if kind in _DEVICE_KINDS or (not kind and not e.is_user_annotation()):
+            if kind in _DEVICE_KINDS or (not kind and not annotation):
                 spans.append((e.start_ns(), e.end_ns()))
                 rows.append((name, True, 0, e.start_ns(), e.end_ns()))
                 if kind == "kernel":
                     kernels += 1
                     kernel_ns += e.duration_ns()
             continue
-        if e.is_user_annotation() or kind == "python_function":
+        if annotation or kind == "python_function":
             continue
         rows.append((name, False, e.start_thread_id(), e.start_ns(), e.end_ns()))
         if name.startswith("aten::"):
