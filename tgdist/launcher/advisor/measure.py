@@ -562,6 +562,8 @@ def exchange_runs(overrides: list[str], windows: list[tuple[int, int, int]], *, 
     base = [o for o in overrides if not o.startswith(("parallel.", "memory.backend=", "pipeline="))]
     plan = {"overrides": [*base, "parallel.i=2", "parallel.j=1", "parallel.k=1", "memory.backend=sven",
                           "pipeline=none", "parallel.link=none"], "batches": sorted(windows)}
+    if progress is not None:  # the warm-up run's 3 iterations, then each window's (as the ranks count them)
+        progress.total = float(3 + sum(w + n for _, w, n in windows))
     ranks = _two_ranks(plan, max(timeout - (time.perf_counter() - t0), 60.0), progress)
     sizes = [b for b, _, _ in sorted(windows)]
 
@@ -678,7 +680,7 @@ def core_sharing(ranks=(1, 2, 4), work: int = 2000, rounds: int = 3, timeout: fl
     for _ in range(rounds):
         for r in counts:
             got = _side_by_side(r, work, timeout)
-            progress.add(1, " side-by-side measures")
+            progress.add(1, f" ({r} process{'es' * (r > 1)} done)")
             if got is None:
                 return {"note": f"a side-by-side measurement of {r} processes failed"}
             seen[r].append(got)
