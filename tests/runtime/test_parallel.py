@@ -235,7 +235,7 @@ def test_a_finished_parallel_run_keeps_its_model_and_resumes_to_its_results(tmp_
                                               "train.epochs=2, and resumes only with it (train.epochs=4 changes "
                                               "every rank's schedule)\n")
     r = subprocess.run([sys.executable, "-m", "tgdist", "train", *SMALL, "train.batch_size=100", "train.epochs=2",
-                        "train.num_neg_eval=4", "train.lr=1e-3", f"train.resume={tmp_path / 'a'}",
+                        "train.num_neg_eval=4", "train.lr=1e-3", "parallel.i=1", f"train.resume={tmp_path / 'a'}",
                         f"run_dir={tmp_path / 'd'}"], capture_output=True, text=True, timeout=120, cwd=tmp_path,
                        check=False)
     assert r.returncode == 2 and r.stderr.strip().splitlines()[-1] == (
