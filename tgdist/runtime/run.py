@@ -39,6 +39,7 @@ import traceback
 from pathlib import Path
 
 import numpy as np
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from tgdist import memory
@@ -282,8 +283,8 @@ class Run:
             loss = None
             if now.active and now.hi > now.lo:
                 out = tr.compute(batch, train=True, write=now.writes, hooks=pipe.hooks(t))
-                loss = out.loss
-                self._add_loss(now.pass_index, out.loss * now.num_events, now.num_events)
+                loss = out.loss_t  # on the device: read at progress lines and epoch ends (issue 53.5)
+                self._add_loss(now.pass_index, out.loss_t * now.num_events, now.num_events)
                 trained += now.num_events
             else:  # an idle rank still joins the gradient exchange and applies the same update
                 tr.optimizer.zero_grad(set_to_none=True)
@@ -297,10 +298,10 @@ class Run:
             pipe.after_exchange(t)
             pipe.after_iteration(t, time.perf_counter() - began)
             if on_iteration is not None:
-                on_iteration(t, loss)
+                on_iteration(t, None if loss is None else float(loss))
             done += 1
             if epoch is not None:
-                epoch.progress.update(now.num_events, loss=self._epoch_loss(epoch.index)[0])
+                epoch.progress.update(now.num_events, loss=lambda i=epoch.index: self._epoch_loss(i)[0])
                 epoch.ran += now.num_events
             if epoch is not None and (t + 1) % nb == 0:
                 pipe.drain()
@@ -338,7 +339,9 @@ class Run:
         prog.done = events
         return _Epoch(index, prog, time.perf_counter(), jit.compile_seconds(), time.process_time())
 
-    def _add_loss(self, pass_index: int, loss_sum: float, events: int) -> None:
+    def _add_loss(self, pass_index: int, loss_sum, events: int) -> None:
+        """``loss_sum``: a float, or a float64 scalar on the device (a trained batch's, read later:
+        ``_settle_losses``, ``_epoch_loss``)."""
         self.losses.append((pass_index, loss_sum, events))
         acc = self._passes.setdefault(pass_index, [0.0, 0])
         acc[0] += loss_sum
@@ -347,13 +350,22 @@ class Run:
     def _epoch_loss(self, index: int) -> tuple[float, int]:
         """The mean training loss of pass ``index`` so far, and its events."""
         total, events = self._passes.get(index, (0.0, 0))
-        return total / max(events, 1), events
+        return float(total) / max(events, 1), events
+
+    def _settle_losses(self) -> list[tuple[int, float, int]]:
+        """``self.losses`` with the device scalars read, all in one read, as floats."""
+        held = [l for _, l, _ in self.losses if isinstance(l, torch.Tensor)]
+        if held:
+            values = iter(torch.stack(held).tolist())
+            self.losses = [(g, next(values) if isinstance(l, torch.Tensor) else l, e) for g, l, e in self.losses]
+        return self.losses
 
     def _end_epoch(self, epoch: "_Epoch", next_iteration: int) -> None:
         cfg, tr = self.cfg, self.trainer
         el, compiled = time.perf_counter() - epoch.start, jit.compile_seconds() - epoch.compiled
         cpu = time.process_time() - epoch.cpu  # all this process's threads; over train_seconds: cores kept busy
         loss, events = self._epoch_loss(epoch.index)
+        self._settle_losses()  # the epoch's device scalars, read once
         if not np.isfinite(loss):
             log.warning("epoch %d: the training loss is %s: training diverged (lower train.lr?)", epoch.index, loss)
         res = {"epoch": epoch.index, "loss": loss, "train_events": events, "train_seconds": el,
@@ -505,7 +517,7 @@ class Run:
         world_group = self.groups.get("world")
         if self.start_iteration < self.iterations:
             self.save(self.iterations)  # the trained model and memory, as a run of one process leaves them
-        stats = collectives.all_gather_object({"events": trained, "seconds": seconds, "losses": self.losses,
+        stats = collectives.all_gather_object({"events": trained, "seconds": seconds, "losses": self._settle_losses(),
                                                "model": model_digest(tr.model),
                                                "cache": tr.cache.take_stats() if tr.cache is not None else None},
                                               world_group)
@@ -597,7 +609,8 @@ class Run:
         self.pipeline.settle()
         tr, d = self.trainer, self.ckpt_dir / f"it{iteration:08d}"
         world_group = self.groups.get("world")
-        checkpoint.atomic_save({**checkpoint.trainer_state(tr), "losses": self.losses, **self.pipeline.state()},
+        losses = self._settle_losses()  # the device scalars read, once
+        checkpoint.atomic_save({**checkpoint.trainer_state(tr), "losses": losses, **self.pipeline.state()},
                                d / f"rank-{self.rank}.pt")
         pending = self.pipeline.grads.pending()  # asynchronous all-reduce: the averaged gradient not yet applied
         name, writes = tr.memory.checkpoint_part(self.ii, self.jj, self.kk)

@@ -43,15 +43,22 @@ STAGES = ("sample", "features", "memory_read", "compute", "memory_write")
 
 @dataclass
 class BatchOutput:
-    """Result of one iteration over events ``[lo, hi)``: ``pos [b]`` and ``neg [b, num_neg]`` logits."""
+    """Result of one iteration over events ``[lo, hi)``: ``pos [b]`` and ``neg [b, num_neg]`` logits.
+    ``loss_t``: the batch's mean loss, a float64 scalar on the trainer's device, left there (reading
+    it waits for the device); ``loss`` reads it: the same float as summing the float32 losses in
+    Python (float64 additions in the same order)."""
 
     lo: int
     hi: int
-    loss: float
+    loss_t: torch.Tensor
     pos: torch.Tensor
     neg: torch.Tensor
     h_src: torch.Tensor | None = None  # [b, dim] when requested (downstream tasks)
     h_dst: torch.Tensor | None = None
+
+    @property
+    def loss(self) -> float:
+        return float(self.loss_t)
 
 
 @dataclass
@@ -158,6 +165,7 @@ class Progress:
         if (self.tty and now - self.last > 0.2) or now - self.last > 10 or self.done >= self.total:
             self.last = now
             rate = self.done / max(now - self.start, 1e-9)
+            info = {k: v() if callable(v) else v for k, v in info.items()}  # values read only when shown
             extra = " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in info.items())
             per_s = "ev/s" if self.unit == "events" else f"{self.unit}/s"
             line = (f"{self.desc}: {self.done:,}/{self.total:,} {self.unit} "
@@ -397,7 +405,7 @@ class Trainer:
         b = hi - lo
         t3 = time.perf_counter()
         rows, rows_ts, hop1, pos_l, neg_l, src_l, dst_l = [], [], [], [], [], [], []
-        loss_value, pending, wrote, inners = 0.0, None, 0.0, []
+        loss_value, pending, wrote, inners = None, None, 0.0, []
         with torch.set_grad_enabled(train):
             if train:
                 self.optimizer.zero_grad(set_to_none=True)
@@ -436,7 +444,9 @@ class Trainer:
                     loss = loss * (bq / b)
                 if train:
                     pending = loss
-                loss_value += float(loss.detach())
+                # on the device, in float64: a read here would wait for the device every step
+                lq = loss.detach().double()
+                loss_value = lq if loss_value is None else loss_value + lq
                 pos_idx = q.root_idx[:2 * bq]  # the positive roots [src | dst]: what the write needs
                 rows.append(upd.mem.detach().index_select(0, pos_idx))
                 rows_ts.append(upd.mem_ts.index_select(0, pos_idx))
@@ -470,6 +480,8 @@ class Trainer:
                 self.optimizer.step()
         tm.add("compute", time.perf_counter() - t3 - wrote)
         tm.add("memory_write", wrote)
+        if loss_value is None:  # no events
+            loss_value = torch.zeros((), dtype=torch.float64, device=dev)
         out = BatchOutput(lo, hi, loss_value, _cat(pos_l), _cat(neg_l))
         if keep_emb:
             out.h_src, out.h_dst = _cat(src_l), _cat(dst_l)
@@ -558,14 +570,15 @@ class Trainer:
         self.model.train()
         lo, hi = self.split.range("train")
         prog = Progress(hi - lo, f"epoch {epoch} train", self.progress)
-        loss_sum, events = 0.0, 0
+        loss_sum, events = 0.0, 0  # loss_sum: a device tensor once a batch is trained (read when shown)
         t0, c0 = time.perf_counter(), jit.compile_seconds()
         for s, e in self.batches("train"):
             out = self.step(s, e, self.negatives.train(e - s, 1), train=True)
-            loss_sum += out.loss * (e - s)
+            loss_sum = loss_sum + out.loss_t * (e - s)
             events += e - s
-            prog.update(e - s, loss=loss_sum / events)  # the epoch's mean so far
+            prog.update(e - s, loss=lambda t=loss_sum, n=events: float(t) / n)  # the epoch's mean so far
         el, compiled = time.perf_counter() - t0, jit.compile_seconds() - c0
+        loss_sum = float(loss_sum)
         if not math.isfinite(loss_sum):
             log.warning("epoch %d: the training loss is %s: training diverged (lower train.lr?)", epoch, loss_sum)
         return {"loss": loss_sum / max(events, 1), "train_events": events, "train_seconds": el,
