@@ -24,12 +24,17 @@ from tgdist.memory import StoreContext, register
 @dataclass
 class MemoryRead:
     """Memory of ``num_ids`` nodes: ``mem [num_ids, mem_dim]``, ``mem_ts [num_ids]`` (float64),
-    ``mail [num_ids, S, mail_dim]``, ``mail_ts [num_ids, S]`` (float64, -inf where empty)."""
+    ``mail [num_ids, S, mail_dim]``, ``mail_ts [num_ids, S]`` (float64, -inf where empty).
+    ``empty``, what the host knows without asking the device: True, no row has a mail (the store's
+    mailbox was not written since its reset); False, rows may have one; None, not known (a store
+    that does not say). The memory updaters skip their work on True and, on a GPU, run without
+    reading device values where it is known (``models.modules._CellUpdater``)."""
 
     mem: torch.Tensor
     mem_ts: torch.Tensor
     mail: torch.Tensor
     mail_ts: torch.Tensor
+    empty: bool | None = None
 
 
 class MemoryStore(nn.Module):
@@ -151,6 +156,24 @@ class LocalMemory(MemoryStore):
         self.register_buffer("mail", torch.zeros(num_nodes, mailbox_size, mail_dim))
         self.register_buffer("mail_ts", torch.full((num_nodes, mailbox_size), float("-inf"), dtype=torch.float64))
         self.register_buffer("head", torch.zeros(num_nodes, dtype=torch.int64))
+        self._mark_unwritten()
+
+    # Whether the mailbox is as reset, known on the host: ``mail_ts`` is the tensor it was then and
+    # its version counter has not moved (every in-place write moves it: write_mail, deliver_mails,
+    # another module's index_put_, load_state_dict's copy). A replaced buffer is not known.
+    def _mark_unwritten(self) -> None:
+        self._unwritten = (self.mail_ts, self.mail_ts._version)
+
+    def mail_unwritten(self) -> bool:
+        t, version = self._unwritten
+        return self.mail_ts is t and t._version == version
+
+    def _apply(self, fn, *args, **kwargs):
+        unwritten = self.mail_unwritten()
+        out = super()._apply(fn, *args, **kwargs)  # .to(device) and the like make new buffers
+        if unwritten:
+            self._mark_unwritten()
+        return out
 
     def reset_state(self) -> None:
         self.mem.zero_()
@@ -158,10 +181,12 @@ class LocalMemory(MemoryStore):
         self.mail.zero_()
         self.mail_ts.fill_(float("-inf"))
         self.head.zero_()
+        self._mark_unwritten()
 
     def read(self, ids: torch.Tensor) -> MemoryRead:
         return MemoryRead(self.mem.index_select(0, ids), self.mem_ts.index_select(0, ids),
-                          self.mail.index_select(0, ids), self.mail_ts.index_select(0, ids))
+                          self.mail.index_select(0, ids), self.mail_ts.index_select(0, ids),
+                          empty=self.mail_unwritten())
 
     def write_memory(self, ids: torch.Tensor, mem: torch.Tensor, mem_ts: torch.Tensor) -> None:
         """``ids`` unique ``[n]``; ``mem [n, mem_dim]`` (detached); ``mem_ts [n]``."""

@@ -70,6 +70,14 @@ def use_cpu_kernels(module: nn.Module, enabled: bool) -> None:
             m.fused = enabled
 
 
+def use_sync_free(module: nn.Module, enabled: bool) -> None:
+    """Let the memory updaters of ``module`` that have one run on the CPU as on a GPU, without
+    reads of device values (``_CellUpdater.sync_free``; where ``fused`` is off)."""
+    for m in module.modules():
+        if hasattr(m, "sync_free"):
+            m.sync_free = enabled
+
+
 # ----------------------------------------------------------------------------------------------
 # Memory updaters: (memory read of unique nodes) -> (updated memory, its time, updated mask)
 
@@ -97,9 +105,22 @@ class _CellUpdater(nn.Module):
     vector are merged where the cell adds them, ``W_m,own s + W_hh s = (W_m,own + W_hh) s`` (all of
     a tanh RNN's input, the r and z gates of a GRU). ``step`` is the plain formulation (GPUs,
     ``cpu_kernels=false``); the tests check that both agree.
+
+    A read known to hold no mail (``MemoryRead.empty``, e.g. the first batch after a reset)
+    returns the memory as it is. Otherwise the CPU asks the device whether any row has a mail and
+    which (``has.any()``, ``nonzero``): on a GPU two reads that wait for it every step. A GPU (or
+    the CPU with ``sync_free``, ``use_sync_free``: as a GPU runs it) runs without them where the
+    store says what it knows (``empty`` False; None keeps the reads): the cell runs on every row,
+    the rows without a mail with a time gap of 0 (infinite otherwise, it would reach the backward
+    pass through the selection as NaN), and ``torch.where`` keeps their old memory. Values and
+    gradients equal the other path's to float rounding (a test compares them) but for one case: in
+    a batch where no row has a mail and the store could not tell, the other path leaves the
+    updater's parameters without a gradient (None), this one gives them zeros, which Adam does not
+    skip (its moments and step count move on). The CPU kernels (``fused``) are taken first.
     """
 
     fused = True
+    sync_free = False
 
     def __init__(self, cell: nn.Module, time_enc: TimeEncoder):
         super().__init__()
@@ -109,6 +130,14 @@ class _CellUpdater(nn.Module):
     def forward(self, read: MemoryRead) -> MemoryUpdate:
         mail, mail_ts = read.mail[:, -1], read.mail_ts[:, -1]  # S == 1: the one slot
         has = torch.isfinite(mail_ts)
+        if read.empty:
+            return MemoryUpdate(read.mem, read.mem_ts, has)
+        cpu = read.mem.device.type == "cpu"
+        if read.empty is not None and (not cpu or (self.sync_free and not self.fused)):
+            dt = torch.where(has, mail_ts - read.mem_ts, 0.0).float()
+            new = self.step(mail, self.time_enc(dt), read.mem)
+            mem = torch.where(has.unsqueeze(1), new, read.mem)
+            return MemoryUpdate(mem, torch.where(has, mail_ts, read.mem_ts), has)
         if not bool(has.any()):
             return MemoryUpdate(read.mem, read.mem_ts, has)
         idx = torch.nonzero(has).squeeze(1)

@@ -163,7 +163,8 @@ class Pipeline:
 
         def restored(v):
             return tr.prepare(v["lo"], v["hi"], v["neg"].numpy(),
-                              read=MemoryRead(**{k: t.to(tr.device) for k, t in v["read"].items()}))
+                              read=MemoryRead(**{k: t.to(tr.device) if isinstance(t, torch.Tensor) else t
+                                                 for k, t in v["read"].items()}))
 
         self.slots = {int(slot): [restored(q) for q in v] if isinstance(v, list) else restored(v)
                       for slot, v in sorted(mine["slots"].items())}
