@@ -2,7 +2,9 @@
 
 A GPU runs tgdist at the host's pace while the host dispatches every operation and waits for the
 device's values; these figures say how much of each a step does, without a GPU. Per model and
-batch size, with ``model.cpu_kernels=false`` (the plain torch formulation, as a GPU runs it):
+batch size, with ``model.cpu_kernels=false`` (the plain torch formulation, as a GPU runs it) and
+the memory updaters as a GPU runs them (``use_sync_free``: no reads where the store says whether
+its mailbox is empty, as local memory does):
 
 - ``aten_ops``: aten operations per training step. ``profiler_all`` and ``profiler_top_level``
   are torch.profiler's aten events (every one, and those not called from another aten op: the
@@ -53,6 +55,7 @@ from common import REPO, at_least, emit, machine, note, run_main
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tgdist.models.modules import use_sync_free
 from tgdist.runtime import trainer
 from tgdist.runtime.build import build_trainer, compose
 
@@ -311,6 +314,7 @@ def measure(model: str, batch: int, args) -> dict:
                    "model.cpu_kernels=false", f"train.batch_size={batch}", "train.num_neg_eval=1",
                    f"train.num_threads={args.threads}", f"sampler.num_threads={args.threads}", "train.progress=false"])
     tr = build_trainer(cfg, progress=False)
+    use_sync_free(tr.model, True)  # the updaters' GPU formulation (a CPU asks the device which rows have a mail)
     steps = list(tr.batches("train"))
     need = args.warmup + args.window * args.windows + 2 * args.count_steps
     if len(steps) < need:

@@ -210,9 +210,10 @@ def test_gpu_predictors_count_host_reads_and_dispatched_ops(monkeypatch):
 
 def test_gpu_predictors_runs_and_prints_its_figures():
     """A tiny run of ``gpu_predictors.py`` (TGN, CollegeMsg's first events): per-step op counts by
-    phase adding up, reads by kind adding up with their call sites in tgdist, the one read only
-    the CPU path makes (modules.py's ``int(index.max())``; if it moved, ``CPU_ONLY`` must follow)
-    counted apart, and the milliseconds, by phase too."""
+    phase adding up, no host read in a TGN step (issue 53.5: the loss stays on the device, the
+    memory updater runs as on a GPU), the one read only the CPU path makes (modules.py's
+    ``int(index.max())``; if it moved, ``CPU_ONLY`` must follow) counted apart, the uploads' call
+    sites in tgdist, and the milliseconds, by phase too."""
     r = subprocess.run([sys.executable, "gpu_predictors.py", "--data", "collegemsg", "--max-events", "3000",
                         "--models", "tgn", "--batch", "100", "--warmup", "1", "--window", "2", "--windows", "2",
                         "--count-steps", "2"], cwd=BENCH, capture_output=True, text=True, timeout=300, check=False)
@@ -224,7 +225,7 @@ def test_gpu_predictors_runs_and_prints_its_figures():
     assert ops["dispatched"] == pytest.approx(sum(ops["dispatched_by_phase"].values()))
     assert min(ops["dispatched_by_phase"].values()) > 0 and 0 < ops["dispatched_views"] < ops["dispatched"]
     assert ops["profiler_all"] > ops["profiler_top_level"] > 0
-    assert reads["per_step"] == pytest.approx(sum(reads["by_kind"].values())) and reads["per_step"] >= 1
+    assert reads["per_step"] == 0 and reads["by_kind"] == {} and reads["top_sites"] == []
     assert reads["cpu_only"] == {"int": 1.0}
     root = BENCH.parent
     for site in reads["top_sites"] + reads["to_device_sites"]:
