@@ -564,7 +564,7 @@ def resumed_run_dir(resume: str | Path | None) -> Path | None:
 def saved_config(resume: str | Path | None) -> tuple[Path, Any] | None:
     """``(path, config)`` of the ``config.yaml`` of the run ``train.resume`` names, or None when the
     checkpoint is not in a run directory that has one (a file copied elsewhere)."""
-    from tgdist.errors import ConfigError
+    from tgdist.errors import ConfigError, first_line
 
     run = resumed_run_dir(resume)
     if run is None or not (run / "config.yaml").is_file():
@@ -573,15 +573,11 @@ def saved_config(resume: str | Path | None) -> tuple[Path, Any] | None:
     try:
         saved = OmegaConf.load(path)
     except Exception as e:  # noqa: BLE001 - YAML's and OmegaConf's errors alike: one line
-        raise ConfigError(f"train.resume={resume}: cannot read the run's {path} ({first_line_of(e)}); repair it, "
+        raise ConfigError(f"train.resume={resume}: cannot read the run's {path} ({first_line(e)}); repair it, "
                           f"or resume from checkpoints/last.pt with every setting given") from None
     if not isinstance(saved, DictConfig):
         raise ConfigError(f"train.resume={resume}: {path} is not a tgdist config (a mapping of settings)")
     return path, saved
-
-
-def first_line_of(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def leaf_keys(config_name: str = "train") -> list[str]:

@@ -128,7 +128,10 @@ def clear_old_run(path: Path, resume: str | None = None) -> list[str]:
     removed = []
     for p in path.iterdir():
         if p.name in RESULT_FILES:
-            shutil.rmtree(p, ignore_errors=True) if p.is_dir() and not p.is_symlink() else p.unlink(missing_ok=True)
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
             removed.append(p.name)
     hydra = sorted(n for n in old if n.startswith(".hydra/"))
     if hydra and all(isinstance(old[n], bytes) and (path / n).is_file() and (path / n).read_bytes() == old[n]
@@ -137,9 +140,10 @@ def clear_old_run(path: Path, resume: str | None = None) -> list[str]:
         removed.append(".hydra")
     log_file, was = path / "train.log", old.get("train.log")
     if was is not None and log_file.is_file():  # the new run's lines follow the old run's: keep those alone
-        size = len(was) if isinstance(was, bytes) else was
+        size = len(was) if isinstance(was, bytes) else was  # (a long log's snapshot keeps its length only)
         text = log_file.read_bytes()
-        log_file.write_bytes(text[size:] if (text[:size] == was if isinstance(was, bytes) else True) else text)
+        if not isinstance(was, bytes) or text[:size] == was:
+            log_file.write_bytes(text[size:])
     made = c.made if c is not None else False
     _write_marker(path, made)
     if c is not None:  # nothing of the old run is left to put back; the new run's files are its own
