@@ -853,9 +853,9 @@ def test_closed_or_unwritable_standard_streams(tmp_path):
     r = subprocess.run(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=300, check=False,
                        preexec_fn=lambda: os.close(2))
     assert r.returncode == 0 and json.loads(r.stdout.strip().splitlines()[-1])["run_dir"] == str(run)
-    with open("/dev/full", "w") as full:
-        r = subprocess.run(cmd, cwd=tmp_path, stdout=full, stderr=subprocess.PIPE, text=True, timeout=300,
-                           check=False)
+    with open("/dev/full", "w") as full:  # (the same run_dir again: train.overwrite=true replaces the first run)
+        r = subprocess.run([*cmd, "train.overwrite=true"], cwd=tmp_path, stdout=full, stderr=subprocess.PIPE,
+                           text=True, timeout=300, check=False)
     assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == (
         f"tgdist train: error: cannot write the summary to stdout (No space left on device); it is in "
         f"{run}/summary.json")

@@ -439,13 +439,6 @@ def test_a_failed_seal_names_the_checkpoint_and_leaves_no_temp_file(tmp_path, mo
     assert list(tmp_path.iterdir()) == []
 
 
-def test_reusing_a_run_directory_warns(tmp_path, caplog):
-    run(tmp_path, "a", ["train.epochs=1"])
-    assert "already holds a run" not in caplog.text
-    run(tmp_path, "a", ["train.epochs=1"])
-    assert f"run_dir {tmp_path / 'a'} already holds a run" in caplog.text
-
-
 def test_run_directory_files(tmp_path):
     summary, d = run(tmp_path, "a", ["train.epochs=1"])
     rec = json.loads((d / "metrics.jsonl").read_text().splitlines()[0])
