@@ -159,6 +159,7 @@ def test_a_sweep_directory_of_other_files_is_refused(tmp_path):
     assert tree(tmp_path) == before
 
 
+@pytest.mark.slow  # three sweeps of one job: ~1-2 min on 2 cores
 def test_a_sweep_never_replaces_an_earlier_sweeps_runs(tmp_path):
     sweep = tmp_path / "sweep"
     args = ["-m", *QUICK, "train.seed=0", f"hydra.sweep.dir={sweep}"]
