@@ -297,8 +297,9 @@ def test_a_resume_takes_the_runs_settings_and_checks_what_is_given_on_top(tmp_pa
     for given, line in (
             (["model.dropout=0.1"], f"{run / 'checkpoints' / 'last.pt'}: checkpoint was written under another config "
                                     f"(model.dropout: checkpoint 0.3 vs now 0.1)"),
-            (["model=jodie"], "model=jodie: a resume keeps the run's config groups (it was composed with model=tgn); "
-                              "drop model=jodie, and give single keys (model.KEY=VALUE) for what a resume may change")):
+            (["model=jodie"], "model=jodie: a resume keeps the run's config groups (model=jodie sets "
+                              "model.name='jodie' (the run has 'tgn')); drop model=jodie, and give single keys "
+                              "(model.KEY=VALUE) for what a resume may change")):
         r = tgdist("train", f"train.resume={run}", "train.epochs=3", *given, cwd=tmp_path)
         assert r.returncode == 2 and r.stderr.strip().splitlines() == [f"tgdist train: error: {line}"], r.stderr
     r = tgdist("train", "model=tgn", "data=collegemsg", f"train.resume={run}", "train.epochs=3", cwd=tmp_path)

@@ -662,8 +662,9 @@ def with_run_config(overrides: list[str], config_name: str = "train") -> list[st
     read. Unchanged otherwise (no resume, or a checkpoint outside a run directory).
 
     A group choice (``model=jodie``) given with a resume is kept out when it is the one the run
-    was composed with, and refused otherwise: the group's file would replace the run's settings
-    wholesale, and which of them a resume may change is a per-key question."""
+    was composed with, or one whose settings the run has, and refused otherwise: the group's file
+    would replace the run's settings wholesale, and which of them a resume may change is a per-key
+    question."""
     from tgdist.errors import ConfigError
 
     if {"-m", "--multirun"} & set(overrides):
@@ -684,11 +685,12 @@ def with_run_config(overrides: list[str], config_name: str = "train") -> list[st
             had, option = (choices or {}).get(key), value.strip("'\"")
             if choices is not None and str(had) == option:
                 continue  # the run's own choice (an earlier command pasted back): its settings are in config.yaml
-            if choices is None and (differs := _group_mismatch(saved, key, option, given)) is None:
-                continue  # (a run without Hydra's record) a choice whose settings the run has
-            was = f"it was composed with {key}={had}" if choices is not None else f"{key}={option} sets {differs}"
-            raise ConfigError(f"{key}={value}: a resume keeps the run's config groups ({was}); drop {key}={value}, "
-                              f"and give single keys ({key}.KEY=VALUE) for what a resume may change")
+            # a choice whose settings the run has (Hydra's record of a resumed run names the defaults' groups)
+            if (differs := _group_mismatch(saved, key, option, given)) is None:
+                continue
+            raise ConfigError(f"{key}={value}: a resume keeps the run's config groups ({key}={option} sets {differs}); "
+                              f"drop {key}={value}, and give single keys ({key}.KEY=VALUE) for what a resume may "
+                              f"change")
         kept.append(o)
     saved_keys = []
     for key in leaf_keys(config_name):
