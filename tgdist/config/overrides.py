@@ -611,15 +611,6 @@ def config_groups() -> list[str]:
     return sorted(p.name for p in Path(config_dir()).iterdir() if p.is_dir() and p.name != "hydra")
 
 
-def run_choices(run: Path) -> dict | None:
-    """The group options a run was composed with (Hydra's ``.hydra/hydra.yaml``), or None."""
-    try:
-        choices = OmegaConf.load(run / ".hydra" / "hydra.yaml").hydra.runtime.choices
-        return OmegaConf.to_container(choices)
-    except Exception:  # noqa: BLE001 - absent (a Python caller's run, ranks but 0) or unreadable
-        return None
-
-
 def _group_mismatch(saved, group: str, option: str, given: frozenset = frozenset()) -> str | None:
     """None when ``saved`` (a run's config) holds every setting the file of ``group=option`` sets
     but the keys ``given`` on the same command line (its own keys; the groups an experiment
@@ -661,9 +652,9 @@ def with_run_config(overrides: list[str], config_name: str = "train") -> list[st
     against the checkpoint afterwards (``runtime.checkpoint.check_resume``), before any data is
     read. Unchanged otherwise (no resume, or a checkpoint outside a run directory).
 
-    A group choice (``model=jodie``) given with a resume is kept out when it is the one the run
-    was composed with, or one whose settings the run has, and refused otherwise: the group's file
-    would replace the run's settings wholesale, and which of them a resume may change is a per-key
+    A group choice (``model=jodie``) given with a resume is kept out when the run has its settings
+    (those the same command does not give as keys), and refused otherwise: the group's file would
+    replace the run's settings wholesale, and which of them a resume may change is a per-key
     question."""
     from tgdist.errors import ConfigError
 
@@ -674,18 +665,16 @@ def with_run_config(overrides: list[str], config_name: str = "train") -> list[st
     if found is None:
         return list(overrides)
     path, saved = found
-    run = path.parent
-    groups, choices = config_groups(), run_choices(run)
+    groups = config_groups()
     given = frozenset(o.partition("=")[0].lstrip("+") for o in overrides if "=" in o and not o.startswith("-"))
     kept = []
     for o in overrides:
         key, eq, value = o.partition("=")
         key = key.lstrip("+")
         if eq and not o.startswith("-") and key in groups:
-            had, option = (choices or {}).get(key), value.strip("'\"")
-            if choices is not None and str(had) == option:
-                continue  # the run's own choice (an earlier command pasted back): its settings are in config.yaml
-            # a choice whose settings the run has (Hydra's record of a resumed run names the defaults' groups)
+            option = value.strip("'\"")
+            # a choice whose settings the run has (an earlier command pasted back) adds nothing: kept out.
+            # (Not Hydra's record of the run's choices: a resumed run's names the default groups.)
             if (differs := _group_mismatch(saved, key, option, given)) is None:
                 continue
             raise ConfigError(f"{key}={value}: a resume keeps the run's config groups ({key}={option} sets {differs}); "
