@@ -62,16 +62,22 @@ LOADER = textwrap.dedent("""
 """)
 
 
-def test_processes_starting_together_build_the_entry_once_and_map_the_same_files(tmp_path):
-    source, cache = events(tmp_path / "e.csv"), tmp_path / "cache"
+def load_together(source, cache, n: int) -> list[dict]:
+    """``LOADER`` in ``n`` processes started at once (each entry write slowed): each one's report."""
     env = {**os.environ, "SLOW_WRITE": "1.5"}
     procs = [subprocess.Popen([sys.executable, "-c", LOADER, str(source), str(cache)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env) for _ in range(4)]
+                              stderr=subprocess.PIPE, text=True, env=env) for _ in range(n)]
     out = []
     for p in procs:
         stdout, stderr = p.communicate(timeout=120)
         assert p.returncode == 0, stderr
         out.append(json.loads(stdout.strip().splitlines()[-1]))
+    return out
+
+
+def test_processes_starting_together_build_the_entry_once_and_map_the_same_files(tmp_path):
+    source, cache = events(tmp_path / "e.csv"), tmp_path / "cache"
+    out = load_together(source, cache, 4)
     assert sorted(o["built"] for o in out) == [0, 0, 0, 1]  # one builder; three waited, then mapped
     assert len({o["mapped"] for o in out}) == 1 and len({o["inode"] for o in out}) == 1
     assert not any(o["writeable"] for o in out)  # read-only maps, no private copies
@@ -370,14 +376,7 @@ def test_processes_finding_an_edited_manifest_together_rebuild_it_once(tmp_path)
     load_graph(source, cache_dir=cache)
     (entry,) = entries(cache)
     _edit_manifest(entry, EDITS["num_nodes"][0])
-    env = {**os.environ, "SLOW_WRITE": "1.5"}
-    procs = [subprocess.Popen([sys.executable, "-c", LOADER, str(source), str(cache)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env) for _ in range(3)]
-    out = []
-    for p in procs:
-        stdout, stderr = p.communicate(timeout=120)
-        assert p.returncode == 0, stderr
-        out.append(json.loads(stdout.strip().splitlines()[-1]))
+    out = load_together(source, cache, 3)
     assert sorted(o["built"] for o in out) == [0, 0, 1] and len({o["inode"] for o in out}) == 1
     assert json.loads((entry / "manifest.json").read_text())["meta"]["num_nodes"] == 200
     assert [p.name for p in cache.iterdir() if p.name.startswith(".")] == [f".{entry.name}.lock"]

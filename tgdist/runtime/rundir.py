@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tgdist import __version__
+from tgdist.config.overrides import resumed_run_dir
 from tgdist.errors import ConfigError
 
 MARKER = ".tgdist-run"
@@ -96,16 +97,19 @@ def held_run(path: Path) -> str | None:
     return None
 
 
+def _resumes(path: Path, resume: str | None) -> bool:
+    """True when ``train.resume`` names the run in ``path`` (its folder or a checkpoint there)."""
+    return bool(resume) and resumed_run_dir(resume) == path
+
+
 def check_replace(path: Path, overwrite: bool, resume: str | None = None) -> None:
     """A run never replaces another in its folder: a ``ConfigError`` naming ``train.resume=`` and
     ``train.overwrite=true`` when ``path`` holds a finished or interrupted run that this one does
     not resume, unless ``overwrite`` (the run removes the old one's files with ``clear_old_run``
     once it has passed every check before training)."""
-    from tgdist.config.overrides import resumed_run_dir
-
     path = Path(path).absolute()
     state = held_run(path)
-    if overwrite or state is None or (resume and resumed_run_dir(resume) == path):
+    if overwrite or state is None or _resumes(path, resume):
         return
     article = "an" if state[0] in "aeiou" else "a"
     raise ConfigError(f"run_dir={path} holds {article} {state} tgdist run: continue it with {resume_override(path)}, "
@@ -118,10 +122,8 @@ def clear_old_run(path: Path, resume: str | None = None) -> list[str]:
     (``RESULT_FILES``), its lines at the head of ``train.log`` and its ``.hydra/`` where the new run
     has not rewritten them, and its marker, written anew. A user's own files stay. Returns the
     names removed."""
-    from tgdist.config.overrides import resumed_run_dir
-
     path = Path(path).absolute()
-    if held_run(path) is None or (resume and resumed_run_dir(resume) == path):
+    if held_run(path) is None or _resumes(path, resume):
         return []
     c = claimed(path)
     old = dict(c.files) if c is not None else {}
