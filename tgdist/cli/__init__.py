@@ -96,6 +96,9 @@ def main(argv: list[str] | None = None) -> int:
         terminate_as_interrupt()
     sys.argv = [f"tgdist {name}", *argv[1:]]
     try:
+        from tgdist import plugins
+
+        plugins.load()  # extensions register their stores, pipelines, models and readers first
         module = importlib.import_module(COMMANDS[name][0])
         rc = module.main()
     except TgdistError as e:

@@ -260,8 +260,11 @@ def main() -> None:
         print(f"tgdist train: error: {why}", file=sys.stderr)
         sys.exit(2)
     try:
+        from tgdist import plugins
         from tgdist.distributed.world import detect
         from tgdist.kernels.interrupts import terminate_as_interrupt
+
+        plugins.load()  # extensions' stores, pipelines, models, readers: choices before composition
 
         if detect().world_size == 1:  # ranks keep SIGTERM's default (terminate_as_interrupt)
             terminate_as_interrupt()
