@@ -176,3 +176,50 @@ def test_features_left_in_the_host_map_train_as_features_on_the_device(tmp_path,
         return scores(Run(cfg, tmp_path / where, trainer=tr).train())
 
     assert run(0.0, "host") == run(features.DEVICE_SHARE, "device")
+
+
+@pytest.mark.parametrize("model", ["tgn", "jodie", "apan"])
+def test_a_training_step_on_the_device_waits_for_nothing(tmp_path, device, model, monkeypatch):
+    """Issue 53, point 5: the second epoch's training steps (after a warm first epoch: kernels
+    compiled, buffers allocated) under ``torch.cuda.set_sync_debug_mode``, from taking the batch
+    through the backward, the optimizer and the memory write. A synchronisation is what ``"error"``
+    mode refuses; the test records every one (``"warn"`` mode, its warnings' call sites) so that a
+    failure lists them all, not the first. CUDA only: the CPU has nothing to wait for."""
+    import warnings
+
+    if torch.device(device).type != "cuda":
+        pytest.skip("host-device synchronisation is a CUDA matter")
+    cfg = compose(on(device, [f"model={model}", "train.epochs=2", f"run_dir={tmp_path}"]))
+    run = Run(cfg, tmp_path)
+    tr, pipe, nb = run.trainer, run.pipeline, run.batches_per_epoch
+    seen: list[str] = []
+    run_t = [0]  # the iteration under way
+
+    def watched(fn, reads_train: bool = False):
+        def call(*args, **kwargs):
+            train = kwargs.get("train", args[1] if reads_train and len(args) > 1 else True)
+            if run_t[0] < nb or not train:  # the first epoch warms up; evaluation reads its scores
+                return fn(*args, **kwargs)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+                    seen.extend(f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message))
+        return call
+
+    step = run._step
+
+    def step_at(t):
+        run_t[0] = t
+        return step(t)
+
+    monkeypatch.setattr(run, "_step", step_at)
+    monkeypatch.setattr(pipe, "take", watched(pipe.take))
+    monkeypatch.setattr(tr, "compute", watched(tr.compute, reads_train=True))
+    monkeypatch.setattr(tr.memory, "exchange", watched(tr.memory.exchange))
+    run.train()
+    assert run_t[0] >= 2 * nb - 1, "the second epoch did not run"
+    assert not seen, f"{len(seen)} synchronisations in the second epoch's steps, at: {sorted(set(seen))}"
