@@ -22,8 +22,10 @@ its mailbox is empty, as local memory does):
   made otherwise (``equal``, the aten scalar read; the dispatch mode). ``to(device)`` counts
   ``.to(d)`` calls given a ``torch.device``: from a host tensor that is a copy to the GPU, which
   waits for the stream unless the source is pinned and ``non_blocking``; a tensor already on
-  ``d`` costs nothing. ``top_sites`` and ``to_device_sites`` give the call sites (file:line in
-  tgdist, and the line) of the most frequent, ``--top`` of each. Reads in branches the CPU alone
+  ``d`` costs nothing; ``to_device_queued`` counts those given ``non_blocking=True``
+  (``tgdist.runtime.uploads.upload``: pinned on a GPU, queued without a wait). ``top_sites``
+  and ``to_device_sites`` give the call sites (file:line in tgdist, and the line) of the most
+  frequent, ``--top`` of each. Reads in branches the CPU alone
   takes (``CPU_ONLY``: the GPU path makes no read there) are counted apart as ``cpu_only``.
 - ``host_ms``: wall milliseconds per step with the model's arithmetic made small
   (``model.mem_dim`` and ``model.time_dim`` ``--dim``, default 8; on a CPU what still grows with
@@ -138,6 +140,8 @@ class HostReads(TorchFunctionMode):
         if func is torch.Tensor.to:
             dev = _device_argument(args, kwargs)
             kind = None if dev is None else "to('cpu')" if isinstance(dev, str) and dev == "cpu" else "to(device)"
+            if kind == "to(device)" and kwargs.get("non_blocking"):
+                kind = "to(device) queued"  # queued on the stream: the host does not wait (runtime.uploads)
         if kind is None:
             return func(*args, **kwargs)
         self.counts.read(kind)
@@ -268,7 +272,8 @@ def mode_counts(tr, steps, top: int) -> tuple[dict, dict]:
     per = {p: round(counts.ops[p] / n, 1) for p in PHASES}
     ops = {"dispatched": round(sum(counts.ops.values()) / n, 1), "dispatched_by_phase": per,
            "dispatched_views": round(counts.views / n, 1)}
-    sync_kinds = {k: v for k, v in counts.reads.items() if k != "to(device)"}
+    uploads = ("to(device)", "to(device) queued")
+    sync_kinds = {k: v for k, v in counts.reads.items() if k not in uploads}
 
     def sites(kinds) -> list[dict]:
         ranked = sorted(((calls, kind, site) for kind in kinds for site, calls in counts.sites[kind].items()),
@@ -281,6 +286,7 @@ def mode_counts(tr, steps, top: int) -> tuple[dict, dict]:
              "cpu_only": {k: round(v / n, 2) for k, v in sorted(counts.cpu_only.items())},
              "top_sites": sites(sync_kinds),
              "to_device_per_step": round(counts.reads["to(device)"] / n, 2),
+             "to_device_queued_per_step": round(counts.reads["to(device) queued"] / n, 2),
              "to_device_sites": sites(["to(device)"])}
     return ops, reads
 

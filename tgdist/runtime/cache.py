@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from tgdist.kernels import graph as kernels
+from tgdist.runtime.uploads import upload
 
 
 @dataclass
@@ -184,7 +185,7 @@ class EmbeddingCache:
         hit = np.zeros(num_pairs, dtype=bool)
         hit[fresh] = True
         dev = self.device
-        hit_values = self.table.index_select(0, torch.from_numpy(row[fresh]).to(dev)).requires_grad_(True)
+        hit_values = self.table.index_select(0, upload(row[fresh], dev)).requires_grad_(True)
         row_hit = hit[pair_of_row]
         st = self.stats
         st.slots += num_rows
@@ -198,7 +199,7 @@ class EmbeddingCache:
             st.nbrs_avoided += int(hops[1].mask[valid[row_hit]].sum())
 
         def t(a):
-            return torch.from_numpy(a).to(dev)
+            return upload(a, dev)
 
         miss = ~row_hit
         if self.share:  # one computed row per pair not served: its last slot
@@ -239,11 +240,11 @@ class EmbeddingCache:
         computed = batch.computed
         grad = torch.zeros(num_pairs, computed.shape[1], device=dev)
         if computed.grad is not None:
-            grad.index_add_(0, torch.from_numpy(batch.grad_pair).to(dev),
-                            computed.grad.index_select(0, torch.from_numpy(batch.grad_pos).to(dev)))
+            grad.index_add_(0, upload(batch.grad_pair, dev),
+                            computed.grad.index_select(0, upload(batch.grad_pos, dev)))
         hit_pairs = np.flatnonzero(batch.hit)
         if batch.hit_values.grad is not None and hit_pairs.shape[0]:
-            grad[torch.from_numpy(hit_pairs).to(dev)] = batch.hit_values.grad
+            grad[upload(hit_pairs, dev)] = batch.hit_values.grad
         order = torch.argsort(grad.norm(dim=1), stable=True).cpu().numpy()
         small, large = order[:int(self.p_grad * num_pairs)], order[int(self.p_grad * num_pairs):]
 
@@ -263,8 +264,8 @@ class EmbeddingCache:
             live = prev[prev >= 0]
             self.stats.overwritten += live.shape[0]
             self.id_map[live] = -1
-            value_rows = torch.from_numpy(batch.value_pos[new]).to(dev)  # each pair's last slot
-            self.table[torch.from_numpy(rows).to(dev)] = computed.detach().index_select(0, value_rows)
+            value_rows = upload(batch.value_pos[new], dev)  # each pair's last slot
+            self.table[upload(rows, dev)] = computed.detach().index_select(0, value_rows)
             self.id_map[keys] = rows
             self.row_key[rows] = keys
             self.row_iteration[rows] = self.iteration

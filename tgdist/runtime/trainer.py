@@ -32,6 +32,7 @@ from tgdist.runtime.cache import EmbeddingCache, prune_nodes
 from tgdist.runtime.features import RelativeTimes, feature_table
 from tgdist.runtime.metrics import average_precision, reciprocal_ranks, roc_auc
 from tgdist.runtime.tgb_eval import one_vs_many
+from tgdist.runtime.uploads import upload
 
 log = logging.getLogger(__name__)
 
@@ -334,7 +335,7 @@ class Trainer:
         parts = [roots] + [h.nbr[h.mask] for h in hops]
         unique, psi, _ = kernels.organize(np.concatenate(parts) if len(parts) > 1 else roots)
         offset = roots.shape[0]
-        root_idx = torch.from_numpy(psi[:offset]).to(dev)
+        root_idx = upload(psi[:offset], dev)
         hop_tables = []
         for h in hops:
             idx = np.zeros(h.nbr.shape, dtype=np.int64)
@@ -342,7 +343,7 @@ class Trainer:
             idx[h.mask] = psi[offset:offset + cnt]
             offset += cnt
             hop_tables.append(self._hop_tables(h, idx))
-        ids = torch.from_numpy(unique).to(dev)
+        ids = upload(unique, dev)
         tm.add("features", time.perf_counter() - t1)
         return ids, root_idx, hop_tables, hops
 
@@ -372,7 +373,7 @@ class Trainer:
             with torch.no_grad():
                 upd = model.updater(self.memory.read(ids))
                 h = model.node_repr(ids, upd, None if self.node_feat is None else self.node_feat[ids])
-                t_rel = torch.from_numpy(self._seconds(times - self.g.t[0])).to(self.device)
+                t_rel = upload(self._seconds(times - self.g.t[0]), self.device)
                 return model.embedding(EmbedInput(h, upd.mem_ts, root_idx, t_rel, hop_tables))
         finally:
             model.train(training)
@@ -420,7 +421,7 @@ class Trainer:
                         pending = upd.mem.sum() * 0
                     continue
                 h = model.node_repr(q.ids, upd, None if self.node_feat is None else self.node_feat[q.ids])
-                root_t_rel = torch.from_numpy(np.tile(self.t_rel[q.lo:q.hi], 2 + num_neg)).to(dev)
+                root_t_rel = upload(np.tile(self.t_rel[q.lo:q.hi], 2 + num_neg), dev)
                 inner = q.inner
                 if inner is None and self.cache is not None and train:
                     inner = self.cache.lookup(q.hops, q.lo)
@@ -505,10 +506,10 @@ class Trainer:
         edge_index = edge_feat = None
         if self.edge_feat is not None:
             ev, ev_index, _ = kernels.organize(np.where(h.mask, h.eid, 0).reshape(-1))
-            edge_index = torch.from_numpy(ev_index.reshape(h.eid.shape)).to(dev)
-            edge_feat = self.edge_feat.index_select(0, torch.from_numpy(ev).to(dev))
-        return HopTables(torch.from_numpy(node_idx).to(dev), torch.from_numpy(h.mask).to(dev),
-                         torch.from_numpy(dt_index.reshape(h.dt.shape)).to(dev), torch.from_numpy(dt_values).to(dev),
+            edge_index = upload(ev_index.reshape(h.eid.shape), dev)
+            edge_feat = self.edge_feat.index_select(0, upload(ev, dev))
+        return HopTables(upload(node_idx, dev), upload(h.mask, dev),
+                         upload(dt_index.reshape(h.dt.shape), dev), upload(dt_values, dev),
                          edge_index, edge_feat)
 
     @torch.no_grad()
@@ -525,11 +526,11 @@ class Trainer:
         other = torch.stack([mem_rows[b:], mem_rows[:b]], 1).reshape(2 * b, -1)
         own_ts = torch.stack([mem_ts[:b], mem_ts[b:]], 1).reshape(-1)
         nodes_np = np.stack([g.src[lo:hi], g.dst[lo:hi]], 1).reshape(-1)
-        ts = torch.from_numpy(np.repeat(self.t_rel[lo:hi], 2)).to(dev)
+        ts = upload(np.repeat(self.t_rel[lo:hi], 2), dev)
 
         uniq, _, phi = kernels.organize(nodes_np)
-        last = torch.from_numpy(phi).to(dev)
-        node_ids = torch.from_numpy(uniq).to(dev)
+        last = upload(phi, dev)
+        node_ids = upload(uniq, dev)
         latest = own.index_select(0, last)  # (index_select: 3-4x faster than x[idx] on CPU)
         self.memory.write_memory(node_ids, latest, own_ts.index_select(0, last))
         if not self.model.deliver_to_neighbors:  # only each node's latest mail is kept (COMB = latest)
@@ -537,14 +538,13 @@ class Trainer:
                                    ts.index_select(0, last))
             return
         mail = self._mails(own, other, torch.arange(lo, hi, device=dev).repeat_interleave(2))
-        # APAN: each positive root's mail also goes to its sampled hop-1 neighbours.
-        nb = torch.from_numpy(nbr).to(dev)
-        mk = torch.from_numpy(mask).to(dev)
+        # APAN: each positive root's mail also goes to its sampled hop-1 neighbours. The masks are
+        # applied on the host, where they are: on a GPU a boolean mask's result size is a read.
         # hop rows follow roots order [src | dst]; map to interleaved positions 2*i (+1 for dst)
-        pos_of_row = torch.cat([torch.arange(b) * 2, torch.arange(b) * 2 + 1]).to(dev)
-        rows = pos_of_row.unsqueeze(1).expand_as(nb)[mk]
-        recip = torch.cat([torch.from_numpy(nodes_np).to(dev), nb[mk]])
-        src_pos = torch.cat([torch.arange(2 * b, device=dev), rows])
+        pos_of_row = np.concatenate([np.arange(b) * 2, np.arange(b) * 2 + 1])
+        rows = np.broadcast_to(pos_of_row[:, None], nbr.shape)[mask]
+        recip = upload(np.concatenate([nodes_np.astype(np.int64), nbr[mask].astype(np.int64)]), dev)
+        src_pos = upload(np.concatenate([np.arange(2 * b), rows]).astype(np.int64), dev)
         order = src_pos.to(torch.float64)  # positions are in event order already
         self.memory.deliver_mails(recip, order, self.model.mailbox_size, mail, ts, src_pos)
 

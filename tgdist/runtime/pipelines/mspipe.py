@@ -51,6 +51,7 @@ from tgdist.runtime.pipelines.base import Pipeline, PipelineContext, StepHooks, 
 from tgdist.runtime.pipelines.plain import micro_batches
 from tgdist.runtime.pipelines.registry import register
 from tgdist.runtime.trainer import STAGES  # MSPipe's stages 1..5, in its order
+from tgdist.runtime.uploads import upload
 
 log = logging.getLogger(__name__)
 
@@ -373,7 +374,7 @@ def mitigate(mem: torch.Tensor, updated: torch.Tensor, now: float, similar, gamm
     cand = np.full((len(rows), max(f.size for f in found)), -1, dtype=np.int64)
     for i, f in enumerate(found):
         cand[i, :f.size] = f
-    cand = torch.from_numpy(cand).to(mem.device)
+    cand = upload(cand, mem.device)
     rows_t = torch.tensor(rows, dtype=torch.long, device=mem.device)
     c = cand.clamp(min=0)
     omega = (cand >= 0) & ((now - updated[c]) <= gamma) & (updated[c] > updated[rows_t].unsqueeze(1))
