@@ -23,7 +23,7 @@ its mailbox is empty, as local memory does):
   ``.to(d)`` calls given a ``torch.device``: from a host tensor that is a copy to the GPU, which
   waits for the stream unless the source is pinned and ``non_blocking``; a tensor already on
   ``d`` costs nothing; ``to_device_queued`` counts those given ``non_blocking=True``
-  (``tgdist.runtime.uploads.upload``: pinned on a GPU, queued without a wait). ``top_sites``
+  (``tgdist.uploads.upload``: pinned on a GPU, queued without a wait). ``top_sites``
   and ``to_device_sites`` give the call sites (file:line in tgdist, and the line) of the most
   frequent, ``--top`` of each. Reads in branches the CPU alone
   takes (``CPU_ONLY``: the GPU path makes no read there) are counted apart as ``cpu_only``.
@@ -141,7 +141,7 @@ class HostReads(TorchFunctionMode):
             dev = _device_argument(args, kwargs)
             kind = None if dev is None else "to('cpu')" if isinstance(dev, str) and dev == "cpu" else "to(device)"
             if kind == "to(device)" and kwargs.get("non_blocking"):
-                kind = "to(device) queued"  # queued on the stream: the host does not wait (runtime.uploads)
+                kind = "to(device) queued"  # queued on the stream: the host does not wait (tgdist.uploads)
         if kind is None:
             return func(*args, **kwargs)
         self.counts.read(kind)

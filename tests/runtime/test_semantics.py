@@ -163,11 +163,14 @@ def test_mailbox_ring_order_and_rounds():
 def test_mail_delivery_in_one_write_equals_rounds_of_ring_appends(keep):
     """``LocalMemory.deliver_mails`` writes every kept delivery at once; it leaves the rings, their
     times and heads exactly as ``keep`` rounds of ``write_mail`` do, over batches that wrap the
-    rings, give some recipients more mails than a ring keeps, and order deliveries by time."""
+    rings, give some recipients more mails than a ring keeps, and order deliveries by time. Given
+    the recipients and their order as host arrays (the trainer's way: the kept deliveries are
+    found on the host, no read of the device), both write the same."""
     from tgdist.memory.store import MemoryStore
 
     gen = torch.Generator().manual_seed(0)
-    one, rounds = (LocalMemory(num_nodes=30, mem_dim=1, mail_dim=3, mailbox_size=4) for _ in range(2))
+    one, rounds, host, host_rounds = (LocalMemory(num_nodes=30, mem_dim=1, mail_dim=3, mailbox_size=4)
+                                      for _ in range(4))
     for batch in range(6):
         n = 80
         ids = torch.randint(0, 30, (n,), generator=gen)
@@ -177,8 +180,11 @@ def test_mail_delivery_in_one_write_equals_rounds_of_ring_appends(keep):
         index = torch.randperm(n + 5, generator=gen)[:n]
         one.deliver_mails(ids, order, keep, table, ts, index)
         MemoryStore.deliver_mails(rounds, ids, order, keep, table, ts, index)
+        host.deliver_mails(ids.numpy(), order.numpy(), keep, table, ts, index)
+        MemoryStore.deliver_mails(host_rounds, ids.numpy(), order.numpy(), keep, table, ts, index)
         for name in ("mail", "mail_ts", "head"):
-            assert torch.equal(getattr(one, name), getattr(rounds, name)), (batch, name)
+            for other in (rounds, host, host_rounds):
+                assert torch.equal(getattr(one, name), getattr(other, name)), (batch, name)
     assert int(torch.bincount(ids, minlength=30).max()) > keep  # some recipient dropped its oldest
 
 

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
 from tgdist.memory import StoreContext, register
+from tgdist.uploads import upload
 
 
 @dataclass
@@ -134,10 +136,17 @@ class MemoryStore(nn.Module):
         """Deliver mails to recipients with repeats (APAN: a root's mail to its neighbours too):
         delivery i appends row ``index[i]`` of ``mail`` / ``mail_ts`` to the ring of ``ids[i]``, in
         ``order_key`` order, and each ring keeps its newest ``keep``. Here: ``write_mail`` in rounds
-        of unique recipients (``mail_rounds``), which every store supports."""
+        of unique recipients (``mail_rounds``), which every store supports. ``ids`` and
+        ``order_key`` may be host arrays (NumPy): which deliveries each ring keeps is then found on
+        the host, where a GPU would be asked for the sizes of its masks."""
+        dev = mail.device
         for r in mail_rounds(ids, order_key, keep):
+            if isinstance(ids, np.ndarray):
+                r, rid = upload(r, dev), upload(ids[r], dev)
+            else:
+                rid = ids.index_select(0, r)
             rows = index.index_select(0, r)
-            self.write_mail(ids.index_select(0, r), mail.index_select(0, rows), mail_ts.index_select(0, rows))
+            self.write_mail(rid, mail.index_select(0, rows), mail_ts.index_select(0, rows))
 
     def reset_state(self) -> None:
         raise NotImplementedError
@@ -206,19 +215,27 @@ class LocalMemory(MemoryStore):
         kept delivery of a recipient goes to slot ``(head + k) % S`` and the head moves by the
         number kept, which is what ``keep`` successive rounds of ring appends do (a test compares
         the two); 10 rounds of Python-level ops per batch become a few."""
-        if ids.numel() == 0:
+        if len(ids) == 0:
             return
         if keep > self.mailbox_size:  # later rounds would overwrite earlier ones' slots
             return super().deliver_mails(ids, order_key, keep, mail, mail_ts, index)
         sel, k = _kept_deliveries(ids, order_key, keep)
-        rid = ids.index_select(0, sel)
+        if isinstance(ids, np.ndarray):  # found on the host: uploaded, the device is asked nothing
+            dev = self.head.device
+            rid_host = ids[sel]
+            last = np.flatnonzero(np.append(rid_host[1:] != rid_host[:-1], True))  # each recipient's newest
+            rid, sel, k, last_rid, last = (upload(a, dev) for a in (rid_host, sel, k, rid_host[last], last))
+        else:
+            rid = ids.index_select(0, sel)
+            newest = torch.ones_like(rid, dtype=torch.bool)  # each recipient's newest kept delivery
+            newest[:-1] = rid[1:] != rid[:-1]
+            last = torch.nonzero(newest).squeeze(1)
+            last_rid = rid.index_select(0, last)
         slot = (self.head.index_select(0, rid) + k) % self.mailbox_size
         rows = index.index_select(0, sel)
         self.mail[rid, slot] = mail.index_select(0, rows).detach().to(self.mail.dtype)
         self.mail_ts[rid, slot] = mail_ts.index_select(0, rows).to(torch.float64)
-        last = torch.ones_like(rid, dtype=torch.bool)  # each recipient's newest kept delivery
-        last[:-1] = rid[1:] != rid[:-1]
-        self.head.index_copy_(0, rid[last], (slot[last] + 1) % self.mailbox_size)
+        self.head.index_copy_(0, last_rid, (slot.index_select(0, last) + 1) % self.mailbox_size)
 
 
 def mail_rounds(ids: torch.Tensor, order_key: torch.Tensor, keep: int) -> list[torch.Tensor]:
@@ -229,7 +246,7 @@ def mail_rounds(ids: torch.Tensor, order_key: torch.Tensor, keep: int) -> list[t
     with at least ``keep - r`` (clipped) deliveries, its r-th oldest kept delivery. Appending the
     rounds in order leaves the newest ``keep`` mails in each ring, in time order.
     """
-    if ids.numel() == 0:
+    if len(ids) == 0:
         return []
     sel, k = _kept_deliveries(ids, order_key, keep)
     rounds = []
@@ -243,7 +260,9 @@ def mail_rounds(ids: torch.Tensor, order_key: torch.Tensor, keep: int) -> list[t
 def _kept_deliveries(ids: torch.Tensor, order_key: torch.Tensor, keep: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The deliveries each recipient keeps (its newest ``keep``), sorted by (recipient, order):
     ``sel [m]`` indices into ``ids`` and ``k [m]`` the rank of each among its recipient's kept
-    ones (0 = oldest)."""
+    ones (0 = oldest). Host arrays (NumPy) are answered on the host, in NumPy, the same."""
+    if isinstance(ids, np.ndarray):
+        return _kept_deliveries_host(ids, np.asarray(order_key), keep)
     # Sort by (recipient, order) with two stable sorts.
     perm = torch.argsort(order_key, stable=True)
     perm = perm[torch.argsort(ids[perm], stable=True)]
@@ -262,6 +281,23 @@ def _kept_deliveries(ids: torch.Tensor, order_key: torch.Tensor, keep: int) -> t
     from_end = count - 1 - rank  # 0 = newest
     kept = from_end < keep
     first_kept = torch.clamp(count - keep, min=0)
+    return perm[kept], (rank - first_kept)[kept]
+
+
+def _kept_deliveries_host(ids: np.ndarray, order_key: np.ndarray, keep: int) -> tuple[np.ndarray, np.ndarray]:
+    """``_kept_deliveries`` of host arrays."""
+    perm = np.argsort(order_key, kind="stable")
+    perm = perm[np.argsort(ids[perm], kind="stable")]
+    sid = ids[perm]
+    n = len(sid)
+    start = np.ones(n, dtype=bool)
+    start[1:] = sid[1:] != sid[:-1]
+    position = np.arange(n)
+    rank = position - np.maximum.accumulate(np.where(start, position, 0))  # 0 = oldest
+    sizes = np.diff(np.append(np.flatnonzero(start), n))
+    count = np.repeat(sizes, sizes)  # each delivery's recipient's number of deliveries
+    kept = count - 1 - rank < keep
+    first_kept = np.maximum(count - keep, 0)
     return perm[kept], (rank - first_kept)[kept]
 
 

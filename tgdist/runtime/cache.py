@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from tgdist.kernels import graph as kernels
-from tgdist.runtime.uploads import upload
+from tgdist.uploads import upload
 
 
 @dataclass

@@ -32,7 +32,7 @@ from tgdist.runtime.cache import EmbeddingCache, prune_nodes
 from tgdist.runtime.features import RelativeTimes, feature_table
 from tgdist.runtime.metrics import average_precision, reciprocal_ranks, roc_auc
 from tgdist.runtime.tgb_eval import one_vs_many
-from tgdist.runtime.uploads import upload
+from tgdist.uploads import upload
 
 log = logging.getLogger(__name__)
 
@@ -541,12 +541,12 @@ class Trainer:
         # APAN: each positive root's mail also goes to its sampled hop-1 neighbours. The masks are
         # applied on the host, where they are: on a GPU a boolean mask's result size is a read.
         # hop rows follow roots order [src | dst]; map to interleaved positions 2*i (+1 for dst)
+        # Recipients and their order stay host arrays: the store finds which each ring keeps there.
         pos_of_row = np.concatenate([np.arange(b) * 2, np.arange(b) * 2 + 1])
         rows = np.broadcast_to(pos_of_row[:, None], nbr.shape)[mask]
-        recip = upload(np.concatenate([nodes_np.astype(np.int64), nbr[mask].astype(np.int64)]), dev)
-        src_pos = upload(np.concatenate([np.arange(2 * b), rows]).astype(np.int64), dev)
-        order = src_pos.to(torch.float64)  # positions are in event order already
-        self.memory.deliver_mails(recip, order, self.model.mailbox_size, mail, ts, src_pos)
+        recip = np.concatenate([nodes_np.astype(np.int64), nbr[mask].astype(np.int64)])
+        src_pos = np.concatenate([np.arange(2 * b), rows]).astype(np.int64)  # positions are in event order
+        self.memory.deliver_mails(recip, src_pos, self.model.mailbox_size, mail, ts, upload(src_pos, dev))
 
     def _mails(self, own: torch.Tensor, other: torch.Tensor, event: torch.Tensor) -> torch.Tensor:
         """Mails ``[s'_own || s'_other || e_event]`` (memory rows, and event ids; DESIGN.md step 7)."""

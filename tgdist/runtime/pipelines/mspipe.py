@@ -51,7 +51,7 @@ from tgdist.runtime.pipelines.base import Pipeline, PipelineContext, StepHooks, 
 from tgdist.runtime.pipelines.plain import micro_batches
 from tgdist.runtime.pipelines.registry import register
 from tgdist.runtime.trainer import STAGES  # MSPipe's stages 1..5, in its order
-from tgdist.runtime.uploads import upload
+from tgdist.uploads import upload
 
 log = logging.getLogger(__name__)
 
