@@ -51,3 +51,12 @@ def test_the_documented_file_count_is_what_the_toy_needed():
     toy_modules = [p for p in (ROOT / "tests" / "extending").glob("*.py") if p.name.startswith("toy_model")]
     toy_configs = [p for p in (ROOT / "configs").rglob("*.yaml") if "toy" in p.stem]
     assert (modules, configs) == (len(toy_modules), len(toy_configs)) == (1, 0)
+
+
+def test_the_python_api_composes_with_the_extension_as_the_command_does(tmp_path):
+    code = ("from tgdist.runtime.build import compose, validate; cfg = compose(['model.name=toy']); validate(cfg); "
+            "print(cfg.model.name)")
+    environ = {**os.environ, "PYTHONPATH": str(ROOT), "TGDIST_PLUGINS": "tests.extending.toy_model"}
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=environ, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and r.stdout.split() == ["toy"], r.stderr

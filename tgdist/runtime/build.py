@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from tgdist import memory, version_line, wait_policy
+from tgdist import memory, plugins, version_line, wait_policy
 from tgdist.config import check_data_source, load_data, model_tag
 from tgdist.config.overrides import checked_compose
 from tgdist.data.graph import (
@@ -373,5 +373,8 @@ def compose(overrides: list[str] | None = None, config_name: str = "train",
     """The config ``tgdist train OVERRIDES`` would run with (for scripts, benchmarks and tests);
     with ``return_hydra_config``, Hydra's own settings too (under ``hydra``). A bad override (a key
     not in the config, ``+key`` included, a value of the wrong type, an unknown group option)
-    raises ``ConfigError`` with the line the command would print. Hydra's global state is reset."""
+    raises ``ConfigError`` with the line the command would print. Hydra's global state is reset.
+    Extensions (``TGDIST_PLUGINS``, ``tgdist.plugins``) are imported first, as the command does, so
+    the names they register (``model.name=...``) compose."""
+    plugins.load()
     return checked_compose(list(overrides or []), config_name, return_hydra_config)
