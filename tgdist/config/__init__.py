@@ -126,6 +126,27 @@ class Choice(str, Enum):
     def __format__(self, spec: str) -> str:  # Python < 3.12 would format the member's name
         return format(self.value, spec)
 
+    @classmethod
+    def add(cls, name: str) -> None:
+        """Make ``name`` one of the options, from a registry above the schema (``ModelName``:
+        ``tgdist.models.register``), so a config naming it composes as one naming a built-in
+        option does, and an unknown name is still refused with the options listed."""
+        if name in cls._member_map_:
+            return
+        member = str.__new__(cls, name)
+        member._name_ = member._value_ = name
+        member.__objclass__ = cls
+        cls._member_map_[name] = member
+        cls._member_names_.append(name)
+        cls._value2member_map_[name] = member
+
+    @classmethod
+    def drop(cls, name: str) -> None:
+        """Undo ``add`` (a registration a test takes back)."""
+        if cls._member_map_.pop(name, None) is not None:
+            cls._member_names_.remove(name)
+            cls._value2member_map_.pop(name, None)
+
 
 def count_or_auto(least: int, what: str, default: str):
     """A key that is a count of at least ``least`` or the word ``auto``. OmegaConf cannot type it
@@ -160,7 +181,9 @@ def _choice(name: str, options: str) -> type[Choice]:
 DataFormat = _choice("DataFormat", "auto edgelist jodie tgl native collegemsg synthetic tgb")
 TimeUnit = _choice("TimeUnit", "auto s ms us ns")  # data.time_unit: auto, or tgdist.data.graph.TIME_UNITS
 SamplingStrategy = _choice("SamplingStrategy", "recent uniform")  # sampler.strategy: TemporalSampler's
-ModelName = _choice("ModelName", "tgn jodie apan")  # model.name: what tgdist.models.modules.build_model assembles
+# model.name: the models of tgdist.models' registry: the built-in ones (tgdist/models/zoo.py), and
+# those registered before composing (tgdist.models.register adds their names: Choice.add)
+ModelName = _choice("ModelName", "tgn jodie apan")
 Task = _choice("Task", "link node edge")  # train.task
 LrScaling = _choice("LrScaling", "linear sqrt none")  # train.lr_scaling: tgdist.distributed.schedule.LR_SCALING_MODES
 Select = _choice("Select", "best_val last")  # train.select: which epoch a run reports and hands on
@@ -306,7 +329,7 @@ def register(name: str, node: Any, group: Optional[str] = None) -> None:
 class ModelConfig:
     """Which M-TGNN and its sizes; ``name`` selects the injected updater/embedding parts."""
 
-    name: ModelName = ModelName.tgn  # tgn | jodie | apan
+    name: ModelName = ModelName.tgn  # tgn | jodie | apan, or a model registered with tgdist.models.register
     mem_dim: int = 100  # node memory and embedding size
     time_dim: int = 100  # time encoding size
     num_layers: int = 1  # attention layers (TGN); 2 = TGAT-style second layer

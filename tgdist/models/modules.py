@@ -1,4 +1,5 @@
-"""M-TGNN building blocks. TGN, JODIE and APAN differ only by the modules they are given.
+"""M-TGNN building blocks. TGN, JODIE and APAN differ only by the modules they are given
+(``zoo.py`` gives them; ``build_model`` builds the model registered under a name).
 
 A ``TemporalModel`` holds an ``updater`` (memory update from pending mails, DistTGL eq. 3 / 8), an
 ``embedding`` (temporal attention for TGN, eq. 4-7; time projection for JODIE; identity for APAN),
@@ -21,6 +22,7 @@ from torch import nn
 
 from tgdist.kernels import cpu_ops
 from tgdist.memory.store import MemoryRead
+from tgdist.models.registry import model_class
 
 
 class TimeEncoder(nn.Module):
@@ -592,25 +594,12 @@ class TemporalModel(nn.Module):
 def build_model(name: str, *, num_nodes: int, mem_dim: int = 100, time_dim: int = 100, edge_dim: int = 0,
                 node_dim: int = 0, num_layers: int = 1, num_heads: int = 2, dropout: float = 0.1,
                 mailbox_size: int = 10, static_memory: bool = False, time_scale: float = 1.0) -> TemporalModel:
-    """TGN, JODIE or APAN from parts (the config's ``model.name`` picks the parts, not the loop)."""
+    """The model registered as ``name`` (``tgdist.models.registry``; the config's ``model.name``),
+    which assembles itself from parts: the loop never asks which it is. An unknown name is a
+    ``ConfigError`` naming the registered ones."""
+    spec = model_class(name)
     with warnings.catch_warnings():  # time_dim=0 (no time encoding, an ablation): empty maps, which torch warns of
         warnings.filterwarnings("ignore", "Initializing zero-element tensors is a no-op")
-        return _assemble(name, num_nodes, mem_dim, time_dim, edge_dim, node_dim, num_layers, num_heads, dropout,
-                         mailbox_size, static_memory, time_scale)
-
-
-def _assemble(name, num_nodes, mem_dim, time_dim, edge_dim, node_dim, num_layers, num_heads, dropout, mailbox_size,
-              static_memory, time_scale) -> TemporalModel:
-    mail_dim = 2 * mem_dim + edge_dim
-    if name == "tgn":
-        return TemporalModel(num_nodes, mem_dim, edge_dim, node_dim, GRUUpdater(mem_dim, mail_dim, time_dim),
-                             AttentionEmbedding(mem_dim, edge_dim, time_dim, num_layers, num_heads, dropout),
-                             1, static_memory)
-    if name == "jodie":
-        return TemporalModel(num_nodes, mem_dim, edge_dim, node_dim, RNNUpdater(mem_dim, mail_dim, time_dim),
-                             TimeProjectionEmbedding(mem_dim, time_scale), 1, static_memory)
-    if name == "apan":
-        return TemporalModel(num_nodes, mem_dim, edge_dim, node_dim,
-                             MailboxAttentionUpdater(mem_dim, mail_dim, time_dim, num_heads), IdentityEmbedding(),
-                             mailbox_size, static_memory, deliver_to_neighbors=True)
-    raise ValueError(f"unknown model {name!r}: choose tgn, jodie or apan")
+        return spec.build(num_nodes=num_nodes, mem_dim=mem_dim, time_dim=time_dim, edge_dim=edge_dim,
+                          node_dim=node_dim, num_layers=num_layers, num_heads=num_heads, dropout=dropout,
+                          mailbox_size=mailbox_size, static_memory=static_memory, time_scale=time_scale)

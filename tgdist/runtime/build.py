@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from tgdist import memory, version_line, wait_policy
+from tgdist import memory, plugins, version_line, wait_policy
 from tgdist.config import check_data_source, load_data, model_tag
 from tgdist.config.overrides import checked_compose
 from tgdist.data.graph import (
@@ -31,6 +31,7 @@ from tgdist.distributed.schedule import Layout, passes_per_group
 from tgdist.errors import ConfigError
 from tgdist.kernels import graph as kernels
 from tgdist.memory.placement import check_settings
+from tgdist.models import model_class, names as model_names
 from tgdist.models.modules import build_model, use_cpu_kernels
 from tgdist.runtime import checkpoint, pipelines, tensorboard
 from tgdist.runtime.cache import EmbeddingCache, default_size
@@ -121,8 +122,9 @@ def _validate(cfg: DictConfig) -> None:
     if not 0 < t.lr < math.inf:
         raise ConfigError(f"train.lr={t.lr}: give a positive, finite learning rate")
     validate_pipeline(cfg.pipeline, cfg.parallel, str(cfg.memory.backend))
+    model = model_class(m.name)  # what the model reads, from its class (tgdist.models.registry)
     fanouts = list(cfg.sampler.fanouts)
-    if (not fanouts and m.name != "jodie") or (fanouts and min(fanouts) <= 0):  # JODIE samples none
+    if (not fanouts and model.samples_neighbours()) or (fanouts and min(fanouts) <= 0):  # JODIE samples none
         raise ConfigError(f"sampler.fanouts={fanouts}: give one positive neighbour count per hop, e.g. [10]")
     if t.stop_after_batches is not None and t.stop_after_batches <= 0:
         raise ConfigError(f"train.stop_after_batches={t.stop_after_batches}: give a positive number of batches or null")
@@ -133,10 +135,12 @@ def _validate(cfg: DictConfig) -> None:
             raise ConfigError(f"model.{key}={m[key]}: must be at least {least}")
     if not 0 <= m.dropout <= 1:
         raise ConfigError(f"model.dropout={m.dropout}: give a probability in [0, 1]")
-    if m.mem_dim % m.num_heads and m.name != "jodie":  # JODIE has no attention
+    if m.mem_dim % m.num_heads and model.attention_heads:  # JODIE has no attention
         raise ConfigError(f"model.mem_dim={m.mem_dim} must be divisible by model.num_heads={m.num_heads}")
-    if m.mailbox_size != 1 and m.name != "apan":  # settings a model does not read are refused, not ignored
-        raise ConfigError(f"model.mailbox_size={m.mailbox_size}: only APAN keeps a mailbox (model=apan); "
+    if m.mailbox_size != 1 and not model.mailbox:  # settings a model does not read are refused, not ignored
+        keep = [name for name in model_names() if model_class(name).mailbox]
+        raise ConfigError(f"model.mailbox_size={m.mailbox_size}: only {' and '.join(k.upper() for k in keep)} "
+                          f"{'keeps' if len(keep) == 1 else 'keep'} a mailbox (model={'|'.join(keep)}); "
                           f"{m.name.upper()} keeps each node's latest mail")
     least = {"train.seed": 0, "train.num_threads": 0, "train.checkpoint_every": 0, "train.num_neg_eval": 0,
              "train.node_class_epochs": 1, "model.static_pretrain_epochs": 0, "sampler.num_threads": 0,
@@ -155,7 +159,12 @@ def _validate(cfg: DictConfig) -> None:
     if cfg.memory.backend != "auto" and cfg.memory.backend not in memory.names():  # a registered store, or auto
         raise ConfigError(f"memory.backend={cfg.memory.backend}: choose one of auto, {', '.join(memory.names())}")
     layout = Layout(cfg.parallel.i, cfg.parallel.j, cfg.parallel.k)  # each a positive integer
-    store = memory.store_class(memory.resolve(cfg.memory.backend, layout.group_size))
+    backend = memory.resolve(cfg.memory.backend, layout.group_size)
+    store = memory.store_class(backend)
+    if model.stores is not None and backend not in model.stores:
+        chosen = f"{cfg.memory.backend} ({backend})" if backend != cfg.memory.backend else backend
+        raise ConfigError(f"memory.backend={chosen}: {m.name.upper()} keeps its memory in "
+                          f"{', '.join(model.stores)} only")
     if store.partitioned:  # epoch parallelism, partition.* settings
         check_settings(store, cfg.parallel.j, cfg.partition)
         if layout.group_size == 1 and layout.world_size > 1:
@@ -168,13 +177,15 @@ def _validate(cfg: DictConfig) -> None:
                           f"(per trainer) into more micro-batches than it has events: give at most {t.batch_size}")
     if m.num_layers not in (1, 2):
         raise ConfigError(f"model.num_layers={m.num_layers}: 1 or 2 attention layers are supported")
-    if m.name != "tgn" and m.num_layers != 1:
+    if m.num_layers > model.max_layers:
         raise ConfigError(f"model.num_layers={m.num_layers}: {m.name.upper()} has no attention layers to stack; "
                           f"a second layer is TGN's (model=tgat2)")
-    if m.name != "tgn" and len(fanouts) > 1:
-        what = "samples no neighbours" if m.name == "jodie" else "delivers mails to one hop of sampled neighbours"
+    hops = model.neighbour_hops  # None: one hop per attention layer
+    if hops is not None and len(fanouts) > max(hops, 1):  # (one entry, the default [10], is left unread)
+        what = ("samples no neighbours" if hops == 0 else "delivers mails to one hop of sampled neighbours"
+                if model.delivers_to_neighbours else f"samples {hops} hop{'s' * (hops != 1)} of neighbours")
         raise ConfigError(f"sampler.fanouts={fanouts} gives {len(fanouts)} hops, but {m.name.upper()} {what}")
-    if m.name == "tgn" and len(fanouts) > m.num_layers:  # the extra hops would be dropped unsaid
+    if hops is None and len(fanouts) > m.num_layers:  # the extra hops would be dropped unsaid
         fix = ("use model=tgat2 (or model.num_layers=2) for two hops" if len(fanouts) == 2
                else "give one neighbour count per layer")
         raise ConfigError(f"sampler.fanouts={fanouts} gives {len(fanouts)} hops, but model.num_layers={m.num_layers} "
@@ -215,7 +226,7 @@ def check_cache(cfg: DictConfig) -> None:
         raise ConfigError(f"cache.t_stale={c.t_stale}: give a number of iterations of at least 0")
     if c.size is not None and c.size < 1:
         raise ConfigError(f"cache.size={c.size}: give a positive number of table rows, or null")
-    if c.enabled and (m.name != "tgn" or m.num_layers < 2):
+    if c.enabled and (not model_class(m.name).embedding_cache or m.num_layers < 2):
         raise ConfigError(f"cache.enabled=true caches inner-layer embeddings, which {model_tag(m.name, m.num_layers)} "
                           f"does not have: use a model with two attention layers (model=tgat2)")
 
@@ -326,7 +337,8 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
     model = build_model(m.name, num_nodes=graph.num_nodes, mem_dim=m.mem_dim, time_dim=m.time_dim,
                         edge_dim=graph.edge_dim, node_dim=graph.node_dim, num_layers=m.num_layers,
                         num_heads=m.num_heads, dropout=m.dropout, mailbox_size=m.mailbox_size,
-                        static_memory=m.static_memory, time_scale=time_scale(graph) / units_per_second if m.name == "jodie" else 1.0)
+                        static_memory=m.static_memory,
+                        time_scale=time_scale(graph) / units_per_second if model_class(m.name).uses_time_scale else 1.0)
     use_cpu_kernels(model, m.cpu_kernels)
     dev = device or resolve_device(cfg.train.device)
     model.to(dev)
@@ -361,5 +373,8 @@ def compose(overrides: list[str] | None = None, config_name: str = "train",
     """The config ``tgdist train OVERRIDES`` would run with (for scripts, benchmarks and tests);
     with ``return_hydra_config``, Hydra's own settings too (under ``hydra``). A bad override (a key
     not in the config, ``+key`` included, a value of the wrong type, an unknown group option)
-    raises ``ConfigError`` with the line the command would print. Hydra's global state is reset."""
+    raises ``ConfigError`` with the line the command would print. Hydra's global state is reset.
+    Extensions (``TGDIST_PLUGINS``, ``tgdist.plugins``) are imported first, as the command does, so
+    the names they register (``model.name=...``) compose."""
+    plugins.load()
     return checked_compose(list(overrides or []), config_name, return_hydra_config)

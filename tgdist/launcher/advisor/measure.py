@@ -722,6 +722,7 @@ def measure(overrides: list[str], *, batch_sizes: list[int], iterations: int = 3
     prices each collective), and without ``accuracy`` no sweep for L (``largest_batch`` or none:
     ``accuracy_source`` is then ``none``)."""
     from tgdist.memory.placement import first_pass_access
+    from tgdist.models import model_class
     from tgdist.partition.measures import measure as measure_placement
     from tgdist.partition.methods import assign
 
@@ -774,7 +775,7 @@ def measure(overrides: list[str], *, batch_sizes: list[int], iterations: int = 3
     if parts:
         n += 1
         t0 = time.perf_counter()
-        fanouts = list(cfg.sampler.fanouts) if cfg.model.name != "jodie" else []
+        fanouts = list(cfg.sampler.fanouts) if model_class(cfg.model.name).samples_neighbours() else []
         place_progress = Progress(f"[{n}/{steps}] placements", len(parts) * len(methods), "trainer counts x methods")
         for q, m in enumerate(parts):
             strategy = getattr(cfg.sampler.strategy, "value", str(cfg.sampler.strategy))
