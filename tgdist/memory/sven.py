@@ -184,7 +184,7 @@ class PartitionedMemory(MemoryStore):
         owned = torch.cat([s["owned"] for s in shards])
         n = owned.numel()
         if not torch.equal(torch.sort(owned).values, torch.arange(n)):
-            raise ValueError(f"the {len(shards)} memory shards do not hold each of {n} nodes once")
+            raise ValueError(f"the {len(shards)} memory shards hold {n} rows, not nodes 0 .. {n - 1} once each")
         out = {}
         for k in _STATE:
             rows = torch.cat([s[f"shard.{k}"] for s in shards])
