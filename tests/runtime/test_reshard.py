@@ -60,9 +60,9 @@ def test_a_place_that_is_no_boundary_of_the_new_global_batches_is_refused_naming
     state = {"layout": "1 x 1 x 1", "iteration": 3, "dir": "it00000003"}
     with pytest.raises(ConfigError) as e:
         reshard.plan(Path("last.pt"), state, Layout(2), 0, N_TRAIN, 100)
-    assert str(e.value) == ("last.pt: written at iteration 3 of layout 1 x 1 x 1, after 300 events of pass 0, which is "
-                            "not a boundary of this run's global batches of 2 x 100 events; resume it with a parallel.i "
-                            "that divides 3, or let layout 1 x 1 x 1 train on to its iteration 4 and resume from there")
+    assert str(e.value) == ("last.pt: written at iteration 3 of layout 1 x 1 x 1, after 300 events of pass 0, which "
+                            "is not a boundary of this run's global batches of 2 x 100 events; resume it with a "
+                            "parallel.i that divides 3, or let layout 1 x 1 x 1 train on to its iteration 4 and resume from there")
     assert reshard.plan(Path("last.pt"), state, Layout(1), 0, N_TRAIN, 100) is None  # its own layout
 
 

@@ -665,7 +665,7 @@ class Run:
             reshard.carry_lr(moved, tr.optimizer, self.cfg, self.lr)
         name, writes = tr.memory.checkpoint_part(self.ii, self.jj, self.kk)
         replaced = reshard.replaces_memory(state, self.cfg, self.layout, self.backend)
-        if name not in state["parts"] and not replaced:  # (an older checkpoint names no store: check_store could not tell)
+        if name not in state["parts"] and not replaced:  # (an older checkpoint names no store)
             held = ", ".join(p for p in state["parts"] if p.startswith("memory")) or "none"
             raise ConfigError(f"{path}: its node memory is in {held}, and this run's memory.backend={self.backend} "
                               f"reads {name}; resume with the memory.backend the run was written with")
