@@ -204,9 +204,10 @@ def probe(folder: Path, nproc: int, *args: str) -> None:
 
 
 def test_one_process_resumes_a_local_checkpoint_into_sven_and_back(tmp_path):
-    """The fast core: 1 x 1 x 1 with local memory into sven's one shard, and sven's into local."""
-    probe(tmp_path, 1, "write=local,sven", "read=src-1-local", "into=sven")
-    probe(tmp_path, 1, "read=src-1-sven", "into=local")
+    """The fast core, in this process: 1 x 1 x 1 with local memory into sven's one shard, and sven's
+    into local."""
+    reshard_probe.main(str(tmp_path), "write=local,sven", "read=src-1-local", "into=sven", *SMALL)
+    reshard_probe.main(str(tmp_path), "read=src-1-sven", "into=local", *SMALL)
     assert_carried(tmp_path, "src-1-local", 1, "sven")
     assert_carried(tmp_path, "src-1-sven", 1, "local")
 
