@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from tgdist.errors import ConfigError, DataError
-from tgdist.runtime import checkpoint
+from tgdist.distributed.schedule import Layout
+from tgdist.runtime import checkpoint, reshard
 from tgdist.runtime.build import build_trainer, compose
 from tgdist.runtime.pipelines import GradientHooks
 from tgdist.runtime.run import Run
@@ -325,10 +326,14 @@ def test_checkpoint_from_another_config_is_refused(tmp_path):
     torch.save({"a": 1}, tmp_path / "other.pt")
     with pytest.raises(ConfigError, match=r"other.pt: not a tgdist checkpoint \(no model state\)$"):
         run(tmp_path, "e", ["train.epochs=1", f"train.resume={tmp_path / 'other.pt'}"])
-    cfg = compose(SMALL + ["train.epochs=1", "parallel.i=2", f"train.resume={d}"])
-    with pytest.raises(ConfigError, match=r"last.pt: written by a run of layout 1 x 1 x 1, and this run's is 2 x 1 x 1 "
-                                          r"\(parallel.i/j/k\); a run resumes with the layout it was written under$"):
+    cfg = compose(SMALL + ["train.epochs=1", "parallel.k=2", f"train.resume={d}"])
+    with pytest.raises(ConfigError, match=r"last.pt: written by a run of layout 1 x 1 x 1, and this run's is 1 x 1 x 2 "
+                                          r"\(parallel.i/j/k\), a layout the memory cannot be re-placed to \(with "
+                                          r"parallel.k > 1 each memory group .*\); resume with layout 1 x 1 x 1, or "
+                                          r"change only parallel.i where j = k = 1$"):
         checkpoint.check_resume(cfg)  # what tgdist launch checks before starting the ranks
+    # another trainer count of one memory group is resumed on (issue 55; tests/runtime/test_reshard.py)
+    checkpoint.check_resume(compose(SMALL + ["train.epochs=1", "parallel.i=2", f"train.resume={d}"]))
 
 
 def test_resume_with_more_epochs_equals_the_longer_run(tmp_path):
@@ -1014,27 +1019,27 @@ def test_a_checkpoint_keeps_the_gpu_generator_and_resume_restores_it(tmp_path, m
         r.close()
 
 
-def test_a_resume_into_a_store_that_reads_other_files_is_refused_naming_both():
-    """A sven checkpoint (a shard per trainer) resumed with depcache (a copy per group) said one of
-    its valid files was missing; now the check before any process starts names both stores. Stores
-    that keep a whole copy per group read each other's files; a partitioned store's shards hold the
-    nodes its placement settings gave them."""
+def test_a_resume_into_a_store_that_reads_other_files_re_places_the_memory():
+    """A sven checkpoint (a shard per trainer) resumed with depcache (a copy per group), or with
+    sven under another placement, was refused; since issue 55 its memory is gathered and re-placed
+    (``reshard.replaces_memory``), and ``check_store`` refuses only a store this tgdist lacks.
+    Stores that keep a whole copy per group read each other's files as they are."""
     par = ["parallel.i=2", "train.epochs=2"]
-    state = {"memory_backend": "sven", "placement": checkpoint.settings(
+    layout = Layout(2, 1, 1)
+    state = {"layout": str(layout), "memory_backend": "sven", "placement": checkpoint.settings(
         compose([*par, "memory.backend=sven"]), ("partition",), set())}
-    with pytest.raises(ConfigError) as e:
-        checkpoint.check_store("last.pt", state, compose([*par, "memory.backend=depcache"]))
-    assert str(e.value) == ("last.pt: written with memory.backend=sven, which keeps node memory sharded over the "
-                            "trainers of each memory group, and this run's memory.backend=depcache keeps it a whole "
-                            "copy per memory group; resume with memory.backend=sven")
-    with pytest.raises(ConfigError) as e:
-        checkpoint.check_store("last.pt", state, compose([*par, "memory.backend=sven", "partition.method=range"]))
-    assert str(e.value) == ("last.pt: its memory shards were placed with partition.method=reflexbicut, and this run's "
-                            "is partition.method=range; resume with the placement it was written under")
-    checkpoint.check_store("last.pt", state, compose([*par, "memory.backend=sven"]))
-    checkpoint.check_store("last.pt", {"memory_backend": "depcache", "placement": None},
-                           compose([*par, "memory.backend=daemon"]))  # a whole copy per group, both
+    for now, replaced in [("depcache", True), ("sven", False), ("depcomm", True)]:
+        cfg = compose([*par, f"memory.backend={now}"])
+        checkpoint.check_store("last.pt", state, cfg)
+        assert reshard.replaces_memory(state, cfg, layout, now) is replaced, now
+    cfg = compose([*par, "memory.backend=sven", "partition.method=range"])
+    checkpoint.check_store("last.pt", state, cfg)
+    assert reshard.replaces_memory(state, cfg, layout, "sven")  # shards of another placement
+    whole = {"layout": str(layout), "memory_backend": "depcache", "placement": None}
+    checkpoint.check_store("last.pt", whole, compose([*par, "memory.backend=daemon"]))  # a whole copy per group, both
+    assert not reshard.replaces_memory(whole, compose([*par, "memory.backend=daemon"]), layout, "daemon")
     checkpoint.check_store("last.pt", {}, compose([*par, "memory.backend=depcache"]))  # an older checkpoint
+    assert not reshard.replaces_memory({}, compose(par), layout, "depcache")  # its files read as they are
 
 
 @pytest.mark.parametrize("backend, store, held", [("depcache", "DepCacheMemory", 2), ("sven", "SvenMemory", 1),

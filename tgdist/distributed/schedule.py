@@ -54,6 +54,9 @@ __all__ = [
     "summary",
     "scaled_lr",
     "LR_SCALING_MODES",
+    "stream_position",
+    "resume_iteration",
+    "next_resumable_iteration",
 ]
 
 
@@ -331,6 +334,43 @@ def single_process_slices(num_train_events: int, batch_size: int, epochs: int,
 
 def single_process_iterations(num_train_events: int, batch_size: int, epochs: int) -> int:
     return epochs * num_global_batches(num_train_events, 1, batch_size)
+
+
+def _one_group(layout: Layout) -> None:
+    if layout.j != 1 or layout.k != 1:
+        raise ValueError(f"the stream position of layout {layout} is not one place in the stream (j = k = 1 only)")
+
+
+def stream_position(layout: Layout, iteration: int, num_train_events: int, batch_size: int) -> tuple[int, int]:
+    """``(pass, events)``: where a run of ``layout`` (one memory group, j = k = 1) stands before
+    ``iteration``: passes done over the stream, and events of the pass under way trained so far
+    (``batch * i * B``, a whole global batch each; the last batch of a pass, shorter, ends it)."""
+    _one_group(layout)
+    nb = num_global_batches(num_train_events, layout.i, batch_size)
+    g, b = divmod(iteration, nb)
+    return g, b * layout.i * batch_size
+
+
+def resume_iteration(old: Layout, iteration: int, new: Layout, num_train_events: int, batch_size: int) -> int | None:
+    """The iteration of layout ``new`` that continues a run of layout ``old`` (both j = k = 1)
+    stopped before ``iteration``: the one starting at the same place in the stream, or None where
+    that place is not a boundary of ``new``'s global batches of ``new.i * B`` events (the first
+    batch would be a part of one; a resume there is refused, see ``next_resumable_iteration``)."""
+    _one_group(new)
+    g, events = stream_position(old, iteration, num_train_events, batch_size)
+    b, rest = divmod(events, new.i * batch_size)
+    if rest:
+        return None
+    return g * num_global_batches(num_train_events, new.i, batch_size) + b
+
+
+def next_resumable_iteration(old: Layout, iteration: int, new: Layout, num_train_events: int, batch_size: int) -> int:
+    """The first iteration of ``old`` from ``iteration`` on whose place in the stream is a boundary
+    of ``new``'s global batches (an end of pass always is)."""
+    t = iteration
+    while resume_iteration(old, t, new, num_train_events, batch_size) is None:
+        t += 1
+    return t
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,20 @@ class MemoryStore(nn.Module):
         a file per trainer."""
         return f"memory-{kk}.pt", ii == 0 and jj == 0
 
+    @classmethod
+    def whole_state(cls, parts: dict[str, dict]) -> dict:
+        """A memory group's whole memory from the checkpoint files its trainers wrote
+        (``checkpoint_part``'s names -> their contents): ``LocalMemory``'s buffers, by global id,
+        which any store takes (``load_whole_state``). Here: the group's one copy."""
+        if len(parts) != 1:
+            raise ValueError(f"{cls.__name__} writes one memory file per group, found {len(parts)}")
+        return next(iter(parts.values()))
+
+    def load_whole_state(self, state: dict) -> None:
+        """Take a memory group's whole memory (``whole_state``'s) as this trainer's part of it:
+        here all of it (a copy, or the one copy of the group)."""
+        self.load_state_dict(state)
+
     def open_position(self, position: int, slot: int, reset: bool) -> None:
         """The reads of stream ``position`` follow (into read ``slot``); ``reset``: the position
         starts a pass, which starts from empty memory."""

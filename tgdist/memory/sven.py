@@ -86,6 +86,9 @@ def append_in_order(store: LocalMemory, ids: torch.Tensor, key: torch.Tensor, ma
     store.head.index_copy_(0, sid[last], (head[last] + count[last]) % s)
 
 
+_STATE = ("mem", "mem_ts", "mail", "mail_ts", "head")  # LocalMemory's buffers: a shard's and a whole memory's
+
+
 class PartitionedMemory(MemoryStore):
     """This trainer's shard of its memory group's node memory, and the group exchanges that keep
     the shards what DepCache's replicas would be (sven's; DepComm changes the read).
@@ -171,6 +174,30 @@ class PartitionedMemory(MemoryStore):
                               f"nodes than this run's placement gives it (another partition.* setting or data); resume "
                               f"with the placement it was written under")
         return super().load_state_dict({k: v for k, v in state_dict.items() if k != "owned"}, strict, assign)
+
+    @classmethod
+    def whole_state(cls, parts: dict[str, dict]) -> dict:
+        """The group's whole memory from its shards' files (``state_dict``'s): each shard's rows
+        put back at the global ids it holds (``owned``); refused where the shards do not hold
+        every node once."""
+        shards = list(parts.values())
+        owned = torch.cat([s["owned"] for s in shards])
+        n = owned.numel()
+        if not torch.equal(torch.sort(owned).values, torch.arange(n)):
+            raise ValueError(f"the {len(shards)} memory shards hold {n} rows, not nodes 0 .. {n - 1} once each")
+        out = {}
+        for k in _STATE:
+            rows = torch.cat([s[f"shard.{k}"] for s in shards])
+            out[k] = torch.empty_like(rows)
+            out[k][owned] = rows
+        return out
+
+    def load_whole_state(self, state: dict) -> None:
+        """This trainer's shard of a whole memory: the rows of the nodes its placement gives it."""
+        if state["mem"].shape[0] != self.num_nodes:
+            raise ValueError(f"a memory of {state['mem'].shape[0]} nodes, and this run's has {self.num_nodes}")
+        owned = torch.from_numpy(self.maps.globals_of(self.me).astype(np.int64))
+        self.shard.load_state_dict({k: state[k].index_select(0, owned) for k in _STATE})
 
     # -- lifecycle ------------------------------------------------------------------------------
 

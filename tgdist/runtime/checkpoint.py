@@ -106,11 +106,19 @@ def atomic_save(obj, path: str | Path) -> Path:
 _DATA_PLACE = {"data.path", "data.name"}
 
 
-def check_config(path, saved: dict, cfg: DictConfig, content_checked: bool = False) -> None:
+# The layout: ``check_layout`` judges it (a resume may change parallel.i where j = k = 1).
+_LAYOUT = {"parallel.i", "parallel.j", "parallel.k"}
+
+
+def check_config(path, saved: dict, cfg: DictConfig, content_checked: bool = False,
+                 layout_checked: bool = False) -> None:
     """One line naming every key that differs between the checkpoint's config and ``cfg``.
-    ``content_checked``: the data's identity is compared by content, not by its path."""
+    ``content_checked``: the data's identity is compared by content, not by its path;
+    ``layout_checked``: the layout was judged by ``check_layout``."""
     mine = identity(cfg)
     saved = {**_ADDED, **saved}
+    if layout_checked:
+        mine, saved = ({k: v for k, v in d.items() if k not in _LAYOUT} for d in (mine, saved))
     for key, renamed in _RENAMED.items():
         for d in (mine, saved):
             if key in d:
@@ -260,47 +268,47 @@ def read_part(path: Path) -> dict:
 
 
 def check_layout(path, state: dict, cfg: DictConfig) -> None:
-    """A parallel run resumes only with the layout and ``train.epochs`` it started with (the
-    layout is in the config too; said first, and plainly). One process, 1 x 1 x 1, may raise
-    ``train.epochs`` to train on: its schedule does not depend on it."""
+    """A run resumes with the layout it was written under, or with another where its node memory
+    can be re-placed (``tgdist.runtime.reshard``): one memory group without epoch parallelism on
+    both sides (j = k = 1), where the trainer count i may change; anything else is refused in one
+    line saying why. A parallel run resumes with the ``train.epochs`` it started with; one
+    process, 1 x 1 x 1, may raise it to train on: its schedule does not depend on it."""
     p = cfg.parallel
     layout = f"{p.i} x {p.j} x {p.k}"  # as str(Layout) writes it
-    if state.get("layout", layout) != layout:
-        raise ConfigError(f"{path}: written by a run of layout {state['layout']}, and this run's is {layout} "
-                          f"(parallel.i/j/k); a run resumes with the layout it was written under")
+    written = state.get("layout", layout)
+    if written != layout:
+        old = [int(x) for x in written.split(" x ")]
+        why = None
+        if old[2] > 1 or p.k > 1:
+            why = ("with parallel.k > 1 each memory group holds its own memory at its own place in the stream, "
+                   "so no one memory is the run's")
+        elif old[1] > 1 or p.j > 1:
+            why = ("with parallel.j > 1 the subgroups train other places in the stream in one iteration, and only "
+                   "the first writes memory")
+        elif state.get("memory_backend") is None:
+            why = "the checkpoint, of an older tgdist, does not say which store wrote its memory files"
+        if why is not None:
+            raise ConfigError(f"{path}: written by a run of layout {written}, and this run's is {layout} "
+                              f"(parallel.i/j/k), a layout the memory cannot be re-placed to ({why}); resume with "
+                              f"layout {written}, or change only parallel.i where j = k = 1")
     if layout != "1 x 1 x 1" and state.get("epochs", cfg.train.epochs) != cfg.train.epochs:
         raise ConfigError(f"{path}: this parallel run was started with train.epochs={state['epochs']}, and "
                           f"resumes only with it (train.epochs={cfg.train.epochs} changes every rank's schedule)")
 
 
 def check_store(path, state: dict, cfg: DictConfig) -> None:
-    """The node memory resumes into a store that reads the files it was written as: stores that
-    keep a whole copy per memory group (``memory-K.pt``) read each other's, and a partitioned
-    store (a shard per trainer) reads its own only. A checkpoint of an older tgdist names no store
-    (``memory_backend``): its files are checked when they are read."""
+    """The node memory resumes into any store: one that reads the files as they were written
+    (stores keeping a whole copy per memory group read each other's; a partitioned store its own
+    shards) loads its part of them, and another has the memory gathered and re-placed
+    (``tgdist.runtime.reshard``), which needs the store that wrote them to read them. A
+    checkpoint of an older tgdist names no store (``memory_backend``): its files are checked when
+    they are read."""
     from tgdist import memory
-    from tgdist.distributed.schedule import Layout
 
     written = state.get("memory_backend")
-    if written is None:
-        return
-    now = memory.resolve(str(cfg.memory.backend), Layout(cfg.parallel.i, cfg.parallel.j, cfg.parallel.k).group_size)
-    if now == written:
-        placed = state.get("placement")  # a partitioned store's shards hold the nodes these settings placed
-        if placed:
-            here = settings(cfg, ("partition",), set())
-            differ = [k for k in sorted(set(placed) | set(here)) if placed.get(k) != here.get(k)]
-            if differ:
-                k = differ[0]
-                raise ConfigError(f"{path}: its memory shards were placed with {k}={_plain(placed.get(k))}, and this "
-                                  f"run's is {k}={_plain(here.get(k))}; resume with the placement it was written under")
-        return
-    a, b = memory.store_class(written), memory.store_class(now)
-    if a.partitioned or b.partitioned:
-        how = {True: "sharded over the trainers of each memory group", False: "a whole copy per memory group"}
-        raise ConfigError(f"{path}: written with memory.backend={written}, which keeps node memory {how[a.partitioned]}, "
-                          f"and this run's memory.backend={now} keeps it {how[b.partitioned]}; resume with "
-                          f"memory.backend={written}")
+    if written is not None and written not in memory.names():
+        raise ConfigError(f"{path}: its node memory was written by memory.backend={written}, a store this tgdist "
+                          f"does not have; resume where that store is registered (TGDIST_PLUGINS)")
 
 
 def _plain(text: str | None) -> str:
@@ -320,7 +328,7 @@ def check_resume(cfg: DictConfig) -> tuple[Path, dict]:
                           f"resume from; resume with the run directory or its checkpoints/last.pt")
     check_layout(path, state, cfg)
     check_store(path, state, cfg)
-    check_config(path, state.get("config", {}), cfg, content_checked="data" in state)
+    check_config(path, state.get("config", {}), cfg, content_checked="data" in state, layout_checked=True)
     for part in parts(path, state):
         verify_part(part)
     return path, state

@@ -51,7 +51,7 @@ from tgdist.distributed.world import ProcessGroups, detect, disagreement
 from tgdist.distributed.world import validate as validate_layout
 from tgdist.errors import ConfigError
 from tgdist.kernels import jit
-from tgdist.runtime import checkpoint, pipelines, rundir
+from tgdist.runtime import checkpoint, pipelines, reshard, rundir
 from tgdist.runtime.build import build_trainer, validate
 from tgdist.runtime.cache import cache_totals
 from tgdist.runtime.distributed import (cpu_share, fault_injection, memory_backend, model_digest, rank_logging,
@@ -145,6 +145,7 @@ class Run:
         if cfg.train.resume:  # a refused resume leaves the run directory (maybe the checkpoint's own) as it was
             self._resume = checkpoint.check_resume(cfg)
             checkpoint.check_data(*self._resume, tr.g)
+            reshard.plan(*self._resume, lay, self.rank, self.n_train, tr.batch_size)  # its refusals, before any write
         if not self.store.trainers_own:  # the store the config names; local memory is the trainer's own
             m = tr.model
             tr.memory = memory.create(self.backend, memory.StoreContext(
@@ -653,22 +654,29 @@ class Run:
 
     def load(self, path: Path, state: dict) -> None:
         """Restore every rank's part of the checkpoint ``path`` (``state``: its ``last.pt`` as
-        ``check_resume`` read it)."""
+        ``check_resume`` read it). A checkpoint of another layout or store has its memory
+        re-placed and its ranks' files mapped to this layout's (``tgdist.runtime.reshard``)."""
         tr = self.trainer
         d = path.parent / state["dir"]
+        moved = reshard.plan(path, state, self.layout, self.rank, self.n_train, tr.batch_size)
         checkpoint.restore(path, tr.model, state["model"], "model")
         checkpoint.restore(path, tr.optimizer, state["optimizer"], "optimizer state")
+        if moved is not None:
+            reshard.carry_lr(moved, tr.optimizer, self.cfg, self.lr)
         name, writes = tr.memory.checkpoint_part(self.ii, self.jj, self.kk)
-        if name not in state["parts"]:  # (an older checkpoint names no store: check_store could not tell)
+        replaced = reshard.replaces_memory(state, self.cfg, self.layout, self.backend)
+        if name not in state["parts"] and not replaced:  # (an older checkpoint names no store)
             held = ", ".join(p for p in state["parts"] if p.startswith("memory")) or "none"
             raise ConfigError(f"{path}: its node memory is in {held}, and this run's memory.backend={self.backend} "
                               f"reads {name}; resume with the memory.backend the run was written with")
         shared = tr.memory.one_copy_per_group  # (a daemon's): its writer loads it
-        if not shared or writes:
+        if replaced and (not shared or writes):
+            reshard.load_memory(path, state, tr.memory, self.kk)
+        elif not shared or writes:
             checkpoint.restore(d / name, tr.memory, checkpoint.read_part(d / name), "node memory")
         if shared:
             collectives.barrier(self.groups.get("memory"), name="checkpoint")
-        mine = checkpoint.read_part(d / f"rank-{self.rank}.pt")
+        mine = checkpoint.read_part(d / f"rank-{self.rank}.pt") if moved is None else moved.mine
         checkpoint.restore_trainer_state(path, tr, mine)
         self.losses, self._passes = [], {}
         for g, loss_sum, events in mine["losses"]:
@@ -676,7 +684,7 @@ class Run:
         self.pipeline.load_state(mine)  # its read slots, read again from the saved rows
         self.pipeline.grads.restore(state.get("pending_gradients"), tr.device)
         self.history = [dict(h) for h in state["history"]]
-        self.start_iteration = int(state["iteration"])
+        self.start_iteration = int(state["iteration"]) if moved is None else moved.start
         best = path.parent / "best.pt"  # a run of one process resumed into another directory takes its best.pt
         if self.alone and best.exists() and best.parent.resolve() != self.ckpt_dir.resolve():
             parts = best.parent / checkpoint.read(best, map_location="cpu", mmap=True)["dir"]
