@@ -775,15 +775,15 @@ def measure(overrides: list[str], *, batch_sizes: list[int], iterations: int = 3
                                       warmup, iterations, over_stream=False,
                                       progress=Progress(f"[{n}/{steps}] overlap: prefetch at batch {S}", 1,
                                                         "iterations"))
-        plain = window[S]
-        scale = plain / per_iter[sizes.index(S)]  # the stages below are over the epoch: back to the window
+        in_turn = window[S]
+        scale = in_turn / per_iter[sizes.index(S)]  # the stages below are over the epoch: back to the window
         front = (at.seconds["sample"] + at.seconds["features"]) * scale
-        rest = max(plain - front, 0.0)
+        rest = max(in_turn - front, 0.0)
         ideal = min(front, rest)
-        share = (plain - pre_wall) / ideal if ideal > 0 else 1.0
-        overlap = {"prefetch": round(min(max(share, 0.0), 1.0), 4), "batch": S, "plain_s": round(plain, 6),
+        share = (in_turn - pre_wall) / ideal if ideal > 0 else 1.0
+        overlap = {"prefetch": round(min(max(share, 0.0), 1.0), 4), "batch": S, "plain_s": round(in_turn, 6),
                    "prefetch_s": round(pre_wall, 6)}
-        _say(f"[{n}/{steps}] overlap: prefetch at batch {S}: {1e3 * pre_wall:.1f} ms against {1e3 * plain:.1f} ms, "
+        _say(f"[{n}/{steps}] overlap: prefetch at batch {S}: {1e3 * pre_wall:.1f} ms against {1e3 * in_turn:.1f} ms, "
              f"{overlap['prefetch']:.0%} of the ideal saving ({time.perf_counter() - t0:.1f} s)")
     lo, train_end = tr.split.range("train")
     placements = []
