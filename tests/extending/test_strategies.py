@@ -111,3 +111,14 @@ def test_architecture_page_counts_the_files_a_toy_needed():
         assert modules == len([p for p in HERE.glob(f"{toy}*.py")]) == 1
         assert configs == len(list(HERE.glob(f"{toy}*.yaml"))) == 0
         assert f"tests/extending/{toy}.py" in section and "tests/extending/test_strategies.py" in section
+
+
+def test_registries_see_extensions_without_the_command_line(tmp_path):
+    """The Python API's registry lookups load the extensions themselves (``tgdist.plugins.load``):
+    with ``TGDIST_PLUGINS`` set, ``memory.names()`` and the pipeline registry list the toys."""
+    code = ("from tgdist import memory; from tgdist.runtime import pipelines; "
+            "print('toy' in memory.names(), 'toy' in pipelines.names(), pipelines.pipeline_class('toy').__name__)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env(), capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["True", "True", "ToyPipeline"]
