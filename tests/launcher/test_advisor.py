@@ -868,3 +868,20 @@ def test_pipeline_candidates_are_the_composed_presets():
         pipe = OmegaConf.to_container(compose([f"pipeline={name}"]).pipeline, resolve=True)
         assert dict(options[name].pipe) == pipe, name
         assert options[name].strategy is pipelines.pipeline_class(pipe["mode"])
+
+
+def test_profile_collectives_go_through_tgdist_distributed():
+    """The advisor makes no collective of its own: no module of ``tgdist/launcher/advisor/`` imports
+    ``torch.distributed`` (the profile's all-reduces are ``tgdist.distributed.collectives``')."""
+    import ast
+
+    found = []
+    for path in sorted(Path(model.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found += [f"{path.name}: import {a.name}" for a in node.names if a.name.startswith("torch.distributed")]
+            if isinstance(node, ast.ImportFrom) and node.module and (
+                    node.module.startswith("torch.distributed")
+                    or (node.module == "torch" and any(a.name == "distributed" for a in node.names))):
+                found.append(f"{path.name}: from {node.module}")
+    assert not found, found
