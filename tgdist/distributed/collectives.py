@@ -237,6 +237,21 @@ def all_reduce_mean(tensors: Sequence[torch.Tensor], group=None, name: str = "al
     return all_reduce_mean_async(tensors, group, name, counter, active).wait()
 
 
+def all_reduce_sum(tensor: torch.Tensor, group=None, name: str = "all_reduce",
+                   counter: ByteCounter | None = None) -> torch.Tensor:
+    """Sum ``tensor`` in place over ``group``, one collective on the tensor as it is (no packing:
+    the bare cost of an all-reduce of its bytes, which a profile times, ``launcher.advisor.measure``),
+    counted and priced on the link as every collective here. Returns the tensor."""
+    issued = time.perf_counter()
+    counter = DEFAULT_COUNTER if counter is None else counter
+    if not _active(group):
+        return tensor
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
+    nbytes = tensor.numel() * tensor.element_size()
+    _sleep_until(_charge(issued, "all_reduce", group, name, counter, sent=nbytes, received=nbytes))
+    return tensor
+
+
 def all_reduce_mean_async(tensors: Sequence[torch.Tensor], group=None, name: str = "all_reduce",
                           counter: ByteCounter | None = None, active: bool | None = None) -> Handle:
     """``all_reduce_mean`` issued without waiting: the tensors are copied into the send buffers

@@ -6,8 +6,9 @@ from __future__ import annotations
 import torch
 
 from tgdist.distributed import collectives
-from tgdist.memory import StoreContext, register
+from tgdist.memory import StoreContext, register, volumes
 from tgdist.memory.store import LocalMemory, MemoryStore
+from tgdist.memory.volumes import TrainerRows
 
 
 class DepCacheMemory(LocalMemory):
@@ -19,6 +20,24 @@ class DepCacheMemory(LocalMemory):
     """
 
     placement, auto, trainers_own = "collective", True, False
+    collectives = (0, 2)  # the all-gather of the writes: the counts, then the rows
+
+    @classmethod
+    def traffic(cls, rows: TrainerRows, group: int) -> tuple[float, float]:
+        """The all-gather gives each trainer the others' written rows, M - 1 shares per direction
+        where eq. (7) counts (M - 1)^2 / M: M / (M - 1) times its share."""
+        if group < 2:
+            return 0.0, 0.0
+        v = volumes.depcache_volume(group * rows.roots_distinct, 0.0, group, rows.mem_bytes, rows.mail_bytes)
+        return 0.0, volumes.per_trainer(v, group) * group / (group - 1)
+
+    @classmethod
+    def paper_volume(cls, n1, eta1, n2, eta2, m, mem_bytes, mail_bytes):
+        return volumes.depcache_volume(n2, eta2, m, mem_bytes, mail_bytes)
+
+    @classmethod
+    def price_memory(cls, read_s, write_s, group_write_s, group):
+        return read_s, group_write_s, 0.0  # each replica applies the whole group's writes
 
     def __init__(self, num_nodes: int, mem_dim: int, mail_dim: int, mailbox_size: int, group=None,
                  counter: collectives.ByteCounter | None = None):

@@ -33,8 +33,9 @@ import torch
 
 from tgdist.distributed import collectives
 from tgdist.errors import ConfigError
-from tgdist.memory import StoreContext, register
+from tgdist.memory import StoreContext, register, volumes
 from tgdist.memory.store import MemoryRead
+from tgdist.memory.volumes import TrainerRows
 from tgdist.memory.sven import PartitionedMemory, build
 
 
@@ -90,6 +91,22 @@ class DepCommMemory(PartitionedMemory):
     name = "depcomm"
     # owners update at compute time, which the idle trainers of epoch parallelism's fill and drain skip
     epoch_parallel = False
+    collectives = (6, 2)  # sven's, and the gradients of the dispatched memory back to their owners
+
+    @classmethod
+    def traffic(cls, rows: TrainerRows, group: int) -> tuple[float, float]:
+        """Eq. (8) per trainer: the memory of every sampled occurrence others own and its gradient
+        back (the paper's first term, with the gradients' return), then the aggregation as eq. (9)'s."""
+        r = rows.remote
+        d = volumes.depcomm_volume(group * rows.rows_sampled, 0.0, 0.0, group, rows.mem_bytes + rows.grad_mem_bytes,
+                                   0.0, remote=(r, r))[0]
+        a = volumes.depcomm_volume(0.0, group * rows.roots_distinct, 0.0, group, rows.mem_bytes, rows.mail_bytes,
+                                   remote=(r, r))[1]
+        return volumes.per_trainer(d, group), volumes.per_trainer(a, group)
+
+    @classmethod
+    def paper_volume(cls, n1, eta1, n2, eta2, m, mem_bytes, mail_bytes):
+        return sum(volumes.depcomm_volume(n1, n2, eta2, m, mem_bytes, mail_bytes))
 
     @staticmethod
     def layout_refusal(train_end: int, i: int, batch_size: int) -> str | None:

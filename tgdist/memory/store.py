@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from tgdist.memory import StoreContext, register
+from tgdist.memory.volumes import TrainerRows
 from tgdist.uploads import upload
 
 
@@ -72,6 +73,44 @@ class MemoryStore(nn.Module):
     # sampled occurrences, ``tgdist.runtime.trainer.occurrences``), which the trainer then passes. A
     # store that sends a row per occurrence (DepComm as the paper counts it, eq. (8)) asks for it.
     wants_occurrences = False
+    # Whether a profile times this store's exchanges, two trainers of one memory group, to price
+    # every store's collectives as training pays them (``launcher.advisor.measure.exchange_runs``):
+    # one store whose dispatch and aggregation are both exchanges of rows says so.
+    profiled_exchange = False
+
+    # Pricing: what the strategy advisor (``tgdist.launcher.advisor.model``) reads of a store to
+    # predict an iteration with it, from its class as the capabilities above. ``collectives``: the
+    # collectives of one iteration on the dispatch side and the aggregation side, each paying a
+    # link's latency once (an exchange of rows is two: the row counts, then the rows).
+    collectives = (0, 0)
+
+    @classmethod
+    def traffic(cls, rows: TrainerRows, group: int) -> tuple[float, float]:
+        """Bytes on one trainer's link per iteration, its busier direction (as ``parallel.link``
+        charges an exchange), as (dispatch, aggregation), in a memory group of ``group`` trainers
+        (from ``memory/volumes.py``). Here none: the memory stays in the process."""
+        return 0.0, 0.0
+
+    @classmethod
+    def paper_volume(cls, n1: float, eta1: float, n2: float, eta2: float, m: int, mem_bytes: float,
+                     mail_bytes: float) -> float | None:
+        """The bytes one iteration moves over a group of ``m`` trainers as Sven prints it (eq. (7)-(9),
+        ``memory/volumes.py``), or None: the paper gives none for this store."""
+        return None
+
+    @classmethod
+    def price_memory(cls, read_s: float, write_s: float, group_write_s: float, group: int) -> tuple[float, float, float]:
+        """A trainer's memory read and write seconds per iteration with this store, from the one
+        process's (``read_s``, ``write_s``; ``group_write_s``: the write of the whole group's batches),
+        and the CPU seconds per iteration that a process serving the group spends besides its
+        trainers. Here the one process's, and no such process."""
+        return read_s, write_s, 0.0
+
+    @classmethod
+    def bytes_per_rank(cls, copy_bytes: float, group: int, imbalance: float) -> float:
+        """The node memory (and mails) a trainer holds, given a whole copy's ``copy_bytes``, its
+        group's size and a partition's ``imbalance`` (its busiest share over the mean): here a copy."""
+        return copy_bytes
 
     def checkpoint_part(self, ii: int, jj: int, kk: int) -> tuple[str, bool]:
         """The checkpoint file (in the iteration's directory) that holds this trainer's memory, and

@@ -20,9 +20,10 @@ import torch
 from tgdist.distributed import collectives
 from tgdist.errors import ConfigError
 from tgdist.kernels import graph as kernels
-from tgdist.memory import StoreContext, register
+from tgdist.memory import StoreContext, register, volumes
 from tgdist.memory.placement import Placement, check_settings, placement
 from tgdist.memory.store import LocalMemory, MemoryRead, MemoryStore
+from tgdist.memory.volumes import TrainerRows
 from tgdist.partition.idmap import DualHashMap
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,26 @@ class PartitionedMemory(MemoryStore):
     name = "sven"
     partitioned = True
     staged_reads = False  # its reads are collectives of the group, made in one order on every rank
+    # eq. (9)'s two exchanges: the request of ids and the rows back (dispatch), the latest writes
+    # to their owners (aggregation); each exchange of rows is two collectives (counts, then rows)
+    collectives = (4, 2)
+
+    @classmethod
+    def traffic(cls, rows: TrainerRows, group: int) -> tuple[float, float]:
+        """Eq. (9) per trainer: the distinct rows it needs that others own, raw memory and mails,
+        then its distinct roots' latest rows to their owners."""
+        r = rows.remote
+        d, a = volumes.sven_volume(group * rows.rows_distinct, 0.0, group * rows.roots_distinct, 0.0, group,
+                                   rows.mem_bytes, rows.mail_bytes, remote=(r, r))
+        return volumes.per_trainer(d, group), volumes.per_trainer(a, group)
+
+    @classmethod
+    def paper_volume(cls, n1, eta1, n2, eta2, m, mem_bytes, mail_bytes):
+        return sum(volumes.sven_volume(n1, eta1, n2, eta2, m, mem_bytes, mail_bytes))
+
+    @classmethod
+    def bytes_per_rank(cls, copy_bytes, group, imbalance):
+        return copy_bytes / group * imbalance  # its shard: 1/M of a copy, the busiest share
 
     def __init__(self, place: Placement, mem_dim: int, mail_dim: int, mailbox_size: int = 1, group=None,
                  counter: collectives.ByteCounter | None = None):
@@ -403,6 +424,8 @@ def _cat(writes, dtypes, widths, dev) -> list[torch.Tensor]:
 class SvenMemory(PartitionedMemory):
     """``memory.backend=sven``: the partitioned store with Algorithm 2's deduplicated dispatch of
     raw rows (the requester updates them)."""
+
+    profiled_exchange = True  # its dispatch and aggregation, one exchange of rows each, price the collectives
 
 
 def build(cls, ctx: StoreContext, **options):

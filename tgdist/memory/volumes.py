@@ -15,6 +15,8 @@ is how a real placement's counts meet the formulas exactly.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 def ideal_remote(m: int) -> float:
     """The share of a trainer's rows on other trainers under ideal balance: ``(m - 1) / m``."""
@@ -41,3 +43,38 @@ def sven_volume(n1: int, eta1: float, n2: int, eta2: float, m: int, mem_bytes: i
     r1, r2 = remote if remote is not None else (ideal_remote(m),) * 2
     row = mail_bytes + mem_bytes
     return n1 * (1 - eta1) * row * 2 * r1, n2 * (1 - eta2) * row * 2 * r2
+
+
+def sven_beats_depcache(t: float, m: int) -> bool:
+    """Eq. (10): with the redundancy-free dispatch ``t`` times the aggregation's vertices
+    (N1 (1 - eta1) = T N2 (1 - eta2)), eq. (9) moves less than eq. (7) when ``M > T + 2``."""
+    return m > t + 2
+
+
+def per_trainer(volume: float, m: int) -> float:
+    """One trainer's bytes in its busier direction, of a ``volume`` above moved evenly by ``m``
+    trainers: each byte is counted sent and received (the factor 2), over m trainers."""
+    return volume / (2 * m)
+
+
+@dataclass(frozen=True)
+class TrainerRows:
+    """What one trainer's iteration moves, for a store's ``traffic``: ``rows_sampled`` node
+    occurrences its batch samples (so N1 = m ``rows_sampled`` for a group of m), ``rows_distinct``
+    of them distinct (N1 (1 - eta1) = m ``rows_distinct``), ``roots_distinct`` distinct roots it
+    writes (N2 (1 - eta2) = m ``roots_distinct``); ``row_bytes`` a node's memory and mails with
+    their times, ``mem_bytes`` its memory and time alone, ``grad_mem_bytes`` the gradient of a
+    memory row; ``remote`` the share of rows another trainer of the group owns (``ideal_remote``
+    for the paper's balance, a placement's measure otherwise)."""
+
+    rows_sampled: float
+    rows_distinct: float
+    roots_distinct: float
+    row_bytes: float
+    mem_bytes: float
+    grad_mem_bytes: float
+    remote: float
+
+    @property
+    def mail_bytes(self) -> float:
+        return self.row_bytes - self.mem_bytes

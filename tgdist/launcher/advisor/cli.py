@@ -25,11 +25,10 @@ from tgdist.errors import ConfigError
 from tgdist.launcher.advisor import cluster as clusters
 from tgdist.launcher.advisor import profile as profiles
 from tgdist.launcher.advisor import report
-from tgdist.launcher.advisor.model import PIPELINES, predict
+from tgdist.launcher.advisor import model
+from tgdist.launcher.advisor.model import predict
 
 __all__ = ["main", "wants_advisor"]
-
-BACKENDS = ("local", "daemon", "depcache", "depcomm", "sven")
 
 
 def wants_advisor(argv: list[str]) -> bool:
@@ -94,15 +93,17 @@ def _parser() -> argparse.ArgumentParser:
                     help="training events of each accuracy-sweep run (default: one whole pass)")
     ap.add_argument("--ap-tolerance", type=float, default=0.01, help="L: AP within this of the best (default 0.01)")
     ap.add_argument("--no-collectives", action="store_true",
-                    help="skip timing collectives between two processes (idle, and as two sven trainers pay them) "
-                         "and the sharing of the cores")
+                    help="skip timing collectives between two processes (idle, and as two trainers of a partitioned "
+                         "store pay them) and the sharing of the cores")
     ap.add_argument("--cluster", metavar="NAME|FILE", help="the cluster to advise for (a preset or a YAML file)")
     ap.add_argument("--batch", type=_positive, nargs="+", metavar="B",
                     help="local batch sizes of the candidates (default: the profile's saturation batch S)")
-    ap.add_argument("--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS), help="memory stores to consider")
-    ap.add_argument("--pipelines", nargs="+", choices=list(PIPELINES), default=list(PIPELINES),
-                    help="pipeline levels to consider")
-    ap.add_argument("--placements", nargs="+", help="partition methods for sven / depcomm (default: the profile's)")
+    ap.add_argument("--backends", nargs="+", metavar="STORE",
+                    help="memory stores to consider (default: every registered one, extensions included)")
+    ap.add_argument("--pipelines", nargs="+", metavar="PIPELINE",
+                    help="pipelines to consider: presets of configs/pipeline/ and registered strategies without "
+                         "one (default: all)")
+    ap.add_argument("--placements", nargs="+", help="partition methods for the partitioned stores (default: the profile's)")
     ap.add_argument("--epochs", type=_positive, default=report.DEFAULT_EPOCHS,
                     help="epochs of the launch lines (rounded up to a multiple of j*k)")
     ap.add_argument("--top", type=_positive, default=10, help="rows of the table, candidates of --sweep (default 10)")
@@ -189,6 +190,17 @@ def _check(args) -> "clusters.Cluster | None":
         for name in names or []:
             if name not in METHODS:
                 raise ConfigError(f"{flag} {name}: not a partition method; choose from {', '.join(METHODS)}")
+    if args.backends:
+        stores = model.store_names()
+        for name in args.backends:
+            if name not in stores:
+                raise ConfigError(f"--backends {name}: not a registered memory store; choose from {', '.join(stores)}")
+    if args.pipelines:
+        options = model.pipeline_options()
+        for name in args.pipelines:
+            if name not in options:
+                raise ConfigError(f"--pipelines {name}: not a pipeline preset or strategy; choose from "
+                                  f"{', '.join(options)}")
     if args.profile is not None:
         if not 0 < args.ap_tolerance < 1:
             raise ConfigError(f"--ap-tolerance {args.ap_tolerance}: give an AP difference in (0, 1)")

@@ -15,11 +15,13 @@ In one process, as ``tgdist train`` would build it for the data the overrides na
    (``first_pass_access``) and the placement's remote share and imbalance (``measures``);
 3. the cost of a collective between two processes of this machine (gloo, loopback): what a
    parallel run pays besides the modelled link, idle (``collective_costs``) and as two training
-   processes pay it (``exchange_runs``, ``paid_costs``: two sven ranks over the same window, their
-   all-reduce and store timed inside); and how much slower 1, 2, M processes run side by side than
+   processes pay it (``exchange_runs``, ``paid_costs``: two ranks of the store that times its
+   exchanges, ``model.exchange_store``, over the same window, their all-reduce and store timed
+   inside), each through the run's own collectives (``tgdist.distributed``); and how much slower
+   1, 2, M processes run side by side than
    one alone (``core_sharing``: the cores as they are shared now);
 4. how much of the ideal overlap a background stage thread buys on this machine: the loop with
-   ``pipeline=prefetch`` at S against the plain loop, over what perfect overlap of sampling and
+   ``pipeline.prefetch=2`` at S against the loop without it, over what perfect overlap of sampling and
    features would save (``overlap``; threads of one process share its interpreter and cores);
 5. DistTGL's S (saturation: the smallest batch within 10% of the best events/s) and L (given, or
    the largest batch whose validation AP after one pass is within ``ap_tolerance`` of the best).
@@ -44,6 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tgdist.launcher.advisor.model import default_pipeline, exchange_store
 from tgdist.launcher.advisor.profile import STAGES, BatchProfile, PlacementShare, Profile
 
 __all__ = ["measure", "collective_costs", "saturation", "largest_safe", "Progress", "PROGRESS_EVERY"]
@@ -310,27 +313,34 @@ def _val_ap(cfg_over: list[str], graph, b: int, events: int | None, progress: Pr
     return float(tr.evaluate("val", num_neg=1)["val_ap"])
 
 
-def _collective_worker(rank: int, path: str, out: str, sizes: list[int], repeats: int) -> None:
+def _collective_worker(out: str, sizes: list[int], repeats: int) -> None:
+    """One of ``collective_costs``' two ranks (started with torchrun's environment): all-reduces of
+    each size through the run's own collectives (``tgdist.distributed``), timed."""
     import torch
-    import torch.distributed as dist
+
+    from tgdist.distributed import collectives
+    from tgdist.distributed.schedule import Layout
+    from tgdist.distributed.world import ProcessGroups, detect
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=2)
+    world = detect()
+    groups = ProcessGroups.init(world, Layout(2, 1, 1), backend="gloo")
     try:
+        group, counter = groups.get("world"), collectives.ByteCounter()
         res = {}
         for n in sizes:
             x = torch.zeros(max(n // 4, 1))
             for _ in range(3):
-                dist.all_reduce(x)
-            dist.barrier()
+                collectives.all_reduce_sum(x, group, counter=counter)
+            collectives.barrier(group, counter=counter)
             t0 = time.perf_counter()
             for _ in range(repeats):
-                dist.all_reduce(x)
+                collectives.all_reduce_sum(x, group, counter=counter)
             res[n] = (time.perf_counter() - t0) / repeats
-        if rank == 0:
+        if world.rank == 0:
             Path(out).write_text(repr(res))
     finally:
-        dist.destroy_process_group()
+        groups.destroy()
 
 
 def collective_costs(repeats: int = 30, timeout: float = 300.0, progress: Progress | None = None) -> dict:
@@ -338,15 +348,21 @@ def collective_costs(repeats: int = 30, timeout: float = 300.0, progress: Progre
     and ``bytes_per_s`` (from 4 MiB): what each collective of a parallel run costs here besides the
     modelled link's sleep. The two processes are this module run as a script (``--collective-worker``)."""
     import ast
+    import socket
     import subprocess
 
     sizes = [4, 4 << 20]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
     with tempfile.TemporaryDirectory(prefix="tgdist-advisor-") as d:
-        path, out = os.path.join(d, "store"), os.path.join(d, "out")
-        cmd = [sys.executable, "-m", "tgdist.launcher.advisor.measure", "--collective-worker", path, out,
+        out = os.path.join(d, "out")
+        cmd = [sys.executable, "-m", "tgdist.launcher.advisor.measure", "--collective-worker", out,
                ",".join(map(str, sizes)), str(repeats)]
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        procs = [subprocess.Popen([*cmd, str(r)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        procs = [subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1", "RANK": str(r), "LOCAL_RANK": str(r),
+                                            "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                                            "MASTER_PORT": str(port)},
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
                  for r in range(2)]
         failed = ""
         with (progress or _silent()).waiting(timeout, "two processes timing all-reduces"):
@@ -371,7 +387,7 @@ def collective_costs(repeats: int = 30, timeout: float = 300.0, progress: Progre
 
 def _exchange_worker(out: str, plan: str) -> None:
     """One rank of ``exchange_runs`` (started with torchrun's environment): for each (batch size,
-    warm-up, timed iterations) of the plan, a ``Run`` of sven at 2 x 1 x 1 stopped after
+    warm-up, timed iterations) of the plan, a ``Run`` of ``model.exchange_store()`` at 2 x 1 x 1 stopped after
     ``warmup + iterations`` batches, after a short warm-up run (imports, numba compiles). Written to
     ``OUT.RANK``, per batch and timed iteration: the wall (the Run loop's ticks), the seconds in the
     gradients' all-reduce (``average_gradients``), in the store (memory read and write stages, which
@@ -550,7 +566,7 @@ def exchange_runs(overrides: list[str], windows: list[tuple[int, int, int]], *, 
                   progress: Progress | None = None) -> dict:
     """Two trainer processes of this machine train the stream's first ``warmup + iterations``
     global batches of 2 x b events per (b, warmup, iterations) of ``windows`` (the one-process
-    loop's) with sven at 2 x 1 x 1: both ranks meet at the store's dispatch and aggregation and at
+    loop's) with ``model.exchange_store()`` at 2 x 1 x 1 (a partitioned store): both ranks meet at the store's dispatch and aggregation and at
     the gradients' all-reduce every iteration. Timed directly in each rank, so that no other run's
     stream position enters (memory parallelism, 1 x 1 x 2, would walk the stream from two places:
     on Wikipedia its ranks' first batches differ by a third in cost): per batch size, the seconds an
@@ -558,10 +574,10 @@ def exchange_runs(overrides: list[str], windows: list[tuple[int, int, int]], *, 
     write, exchange), the middle 80% of each rank's timed iterations averaged, then the ranks'
     means averaged; the iteration's wall (``wall_s``); the collectives (``calls``, the backend's:
     two per packed exchange) and bytes a rank's store sent per iteration."""
-    t0 = time.perf_counter()
     base = [o for o in overrides if not o.startswith(("parallel.", "memory.backend=", "pipeline="))]
-    plan = {"overrides": [*base, "parallel.i=2", "parallel.j=1", "parallel.k=1", "memory.backend=sven",
-                          "pipeline=none", "parallel.link=none"], "batches": sorted(windows)}
+    plan = {"overrides": [*base, "parallel.i=2", "parallel.j=1", "parallel.k=1", f"memory.backend={exchange_store()}",
+                          f"pipeline={default_pipeline()}", "parallel.link=none"], "batches": sorted(windows)}
+    t0 = time.perf_counter()  # (after naming the store and the preset: the ranks' time starts here)
     if progress is not None:  # the warm-up run's 3 iterations, then each window's (as the ranks count them)
         progress.total = float(3 + sum(w + n for _, w, n in windows))
     ranks = _two_ranks(plan, max(timeout - (time.perf_counter() - t0), 60.0), progress)
@@ -695,7 +711,7 @@ def _base(overrides: list[str], threads: int) -> list[str]:
     """The overrides of the one process the profile trains: the user's, then one trainer, no pipeline."""
     return [*overrides, f"train.num_threads={threads}", f"sampler.num_threads={threads}", "train.progress=false",
             "train.num_neg_eval=1", "parallel.i=1", "parallel.j=1", "parallel.k=1", "memory.backend=auto",
-            "pipeline=none"]
+            f"pipeline={default_pipeline()}"]
 
 
 def check_overrides(overrides: list[str], threads: int = 1) -> None:
@@ -756,19 +772,19 @@ def measure(overrides: list[str], *, batch_sizes: list[int], iterations: int = 3
         at = next(bp for bp in batches if bp.batch_size == S)
         # the prefetching loop against the plain one over the same window, unscaled: a like-for-like
         # ratio (scaling each by its own measure of the stream would add that measure's noise)
-        *_, pre_wall, _ = _time_batch([o for o in base if o != "pipeline=none"] + ["pipeline=prefetch"], graph, S,
+        *_, pre_wall, _ = _time_batch([*base, "pipeline.prefetch=2"], graph, S,
                                       warmup, iterations, over_stream=False,
                                       progress=Progress(f"[{n}/{steps}] overlap: prefetch at batch {S}", 1,
                                                         "iterations"))
-        plain = window[S]
-        scale = plain / per_iter[sizes.index(S)]  # the stages below are over the epoch: back to the window
+        in_turn = window[S]
+        scale = in_turn / per_iter[sizes.index(S)]  # the stages below are over the epoch: back to the window
         front = (at.seconds["sample"] + at.seconds["features"]) * scale
-        rest = max(plain - front, 0.0)
+        rest = max(in_turn - front, 0.0)
         ideal = min(front, rest)
-        share = (plain - pre_wall) / ideal if ideal > 0 else 1.0
-        overlap = {"prefetch": round(min(max(share, 0.0), 1.0), 4), "batch": S, "plain_s": round(plain, 6),
+        share = (in_turn - pre_wall) / ideal if ideal > 0 else 1.0
+        overlap = {"prefetch": round(min(max(share, 0.0), 1.0), 4), "batch": S, "plain_s": round(in_turn, 6),
                    "prefetch_s": round(pre_wall, 6)}
-        _say(f"[{n}/{steps}] overlap: prefetch at batch {S}: {1e3 * pre_wall:.1f} ms against {1e3 * plain:.1f} ms, "
+        _say(f"[{n}/{steps}] overlap: prefetch at batch {S}: {1e3 * pre_wall:.1f} ms against {1e3 * in_turn:.1f} ms, "
              f"{overlap['prefetch']:.0%} of the ideal saving ({time.perf_counter() - t0:.1f} s)")
     lo, train_end = tr.split.range("train")
     placements = []
@@ -838,7 +854,7 @@ def measure(overrides: list[str], *, batch_sizes: list[int], iterations: int = 3
                               [bp.step_cv for bp in paid_batches], grad_bytes, coll["bytes_per_s"])
             coll = {**coll, **paid}
             _say(f"[{n}/{steps}] collectives as two training processes pay them: the gradients' all-reduce "
-                 f"{1e6 * paid['gradient_s']:.0f} us, a store collective {1e6 * paid['exchange_s']:.0f} us (sven "
+                 f"{1e6 * paid['gradient_s']:.0f} us, a store collective {1e6 * paid['exchange_s']:.0f} us ({exchange_store()} "
                  f"at 2 x 1 x 1, " + ", ".join(f"batch {b}: all-reduce {1e3 * g:.1f} ms, store {1e3 * x:.1f} ms"
                                               for b, g, x in zip(runs["batches"], runs["gradients_s"], runs["store_s"]))
                  + f" an iteration) ({time.perf_counter() - t0:.1f} s)")
@@ -881,5 +897,5 @@ if __name__ == "__main__" and sys.argv[1:2] == ["--spin-worker"]:  # one of core
 if __name__ == "__main__" and sys.argv[1:2] == ["--exchange-worker"]:  # one of exchange_runs' two ranks
     _exchange_worker(sys.argv[2], sys.argv[3])
 if __name__ == "__main__" and sys.argv[1:2] == ["--collective-worker"]:  # one of collective_costs' two processes
-    _path, _out, _sizes, _repeats, _rank = sys.argv[2:7]
-    _collective_worker(int(_rank), _path, _out, [int(x) for x in _sizes.split(",")], int(_repeats))
+    _out, _sizes, _repeats = sys.argv[2:5]
+    _collective_worker(_out, [int(x) for x in _sizes.split(",")], int(_repeats))

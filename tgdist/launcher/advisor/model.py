@@ -1,6 +1,13 @@
-"""The advisor's prediction: for every allowed layout, memory store, pipeline level and placement, the
+"""The advisor's prediction: for every allowed layout, memory store, pipeline and placement, the
 epoch time stage by stage and the memory per rank, from a profile and a cluster (a pure function:
 ``predict(profile, cluster)``; no measurement, no process).
+
+The candidates are the registries': every registered memory store (``tgdist.memory``) and every
+pipeline (the presets of ``configs/pipeline/``, composed as a run composes them, and each
+registered strategy of ``tgdist.runtime.pipelines`` that no preset picks), extensions included.
+What a candidate costs comes from its classes, never from its name: the store's pricing members
+(``MemoryStore.collectives``, ``traffic``, ``price_memory``, ``bytes_per_rank``) and the pipeline
+strategy's ``price``; what it may not do, from the runtime's own checks.
 
 One iteration of one trainer at local batch b (DESIGN.md "One training iteration"), W = i j k
 trainers, memory groups of G = i j trainers (DistTGL 3.2), Q trainers per machine:
@@ -8,41 +15,35 @@ trainers, memory groups of G = i j trainers (DistTGL 3.2), Q trainers per machin
 - CPU stages, from the profile: sample, features, memory read, compute, memory write, each fitted
   as ``a + c b`` over the profiled batch sizes (``StageFit``); the rows a batch reads, N1 (1 - eta1),
   from Sven eq. (12)'s hypothesis eta = A + B / bs (``RowFit``, the fit ``fit_eta`` of
-  ``micro_batches=auto``).
+  ``micro_batches=auto``). The store turns the memory read and write into its own
+  (``price_memory``: a replica that applies the whole group's writes, a daemon's buffers and the
+  CPU its process spends serving the group).
 - Communication, per trainer and iteration, priced with ``parallel.link``'s alpha-beta model
   (``link_seconds``) on the cluster's link (the inter-machine one when the collective's ranks span
-  machines). Memory bytes are Sven's volumes per trainer (``volumes``): eq. (9) for sven (dispatch
-  of the distinct rows + aggregation of the distinct roots), eq. (8) for depcomm (every sampled
-  occurrence's memory, its gradients back, then aggregation), and for depcache the all-gather of
-  the distinct roots' rows to the G - 1 others (eq. (7) counts (M-1)^2 / M per trainer where the
-  gather moves M - 1: see ``volumes``). The share of rows another trainer owns is the profile's
-  measure of the placement (``PlacementShare``) in place of the ideal (M - 1) / M, and the busiest
-  trainer's load over the mean scales the time. Gradients: a ring all-reduce over all W trainers.
+  machines): the store's bytes per trainer (``traffic``, from ``memory/volumes.py``, the one copy
+  of Sven's eq. (7)-(9)) and its collectives per iteration (``collectives``, each paying the
+  link's latency once). The share of rows another trainer owns is the profile's measure of the
+  placement (``PlacementShare``) in place of the ideal (M - 1) / M, and the busiest trainer's load
+  over the mean scales the time. Gradients: a ring all-reduce over all W trainers.
 - Collectives on the profile's own machine (a simulated cluster: the ranks are its processes): each
   of the store's collectives and the gradients' all-reduce costs what two training processes paid
-  for one there (``exchange_s``, ``gradient_s``: ``measure.paid_costs``, two sven ranks over the
-  window the profile timed alone, their all-reduce and store timed inside) and its bytes at the
-  idle rate (``bytes_per_s``); a profile without that measure prices each at the idle two-process
-  cost (``fixed_s``). Measured at two ranks, used for any W (as ``parallel.link`` prices a latency per
-  collective, whatever the group's size).
-- Overlap by pipeline level (``pipeline`` overrides in ``PIPELINES``):
-  none: everything in turn, but the aggregation travels during the backward pass (the plain step
-  starts it after the write: ``BACKWARD_SHARE`` of compute hides it);
-  prefetch (Sven 3.3.1): sampling and features leave the critical path (a background thread), by the
-  share of that ideal the profile measured for a stage thread here (``overlap``; 1 when absent);
-  micro-batches (Sven 3.3.2): n micro-batches, dispatch overlapping the memory update and the
-  aggregation overlapping the GNN layers, T(n) = max(C, D) + min(C, D) / n + n o, n from eq. (12)
-  as ``micro_batches=auto`` fits it (``fit_granularity``: n = sqrt(min(C, D) / o) at the batch);
-  asynchronous all-reduce (Sven eq. (13)): the all-reduce hides behind the next iteration's compute;
-  mspipe (MSPipe 3.2, eq. (3)-(4), C1-C3): the five stages overlap across iterations; the epoch is
-  the schedule of ``staleness_bounds`` (stall-free minimal staleness), whose steady K is the
-  staleness the table reports, reached by the same measured share of its saving over the stages in turn.
+  for one there (``exchange_s``, ``gradient_s``: ``measure.paid_costs``, two ranks of the store
+  that times its exchanges, ``exchange_store``, over the window the profile timed alone, their
+  all-reduce and store timed inside) and its bytes at the idle rate (``bytes_per_s``); a profile
+  without that measure prices each at the idle two-process cost (``fixed_s``). Measured at two
+  ranks, used for any W (as ``parallel.link`` prices a latency per collective, whatever the
+  group's size).
+- Overlap: the pipeline strategy's ``price`` (``runtime.pipelines``: the plain loop with Sven's
+  levels, prefetch, micro-batches with eq. (12)'s n*, asynchronous all-reduce; MSPipe's schedule of
+  ``staleness_bounds``), given the stages alone (``IterationCosts``) and the share of the ideal
+  overlap that stage threads bought in the profile (``overlap``; 1 when absent).
 - Shared cores (CPU trainers, ``Cluster.cores_per_machine``): the Q trainers of a machine, their
-  background threads and memory daemons share its cores. With x = the machine's CPU seconds per
-  iteration over the critical path (the processes at work on average: a rank waiting on a slept
-  link leaves its core to another), the CPU stages run s(x) times slower, s measured by the
-  profile on its machine (``core_sharing``: its cores, and the load others put on them), else
-  s(x) = x / cores: the iteration is the path plus (s(x) - 1) times the rank's CPU seconds on it.
+  background threads and the processes serving memory groups share its cores. With x = the
+  machine's CPU seconds per iteration over the critical path (the processes at work on average: a
+  rank waiting on a slept link leaves its core to another), the CPU stages run s(x) times slower,
+  s measured by the profile on its machine (``core_sharing``: its cores, and the load others put
+  on them), else s(x) = x / cores: the iteration is the path plus (s(x) - 1) times the rank's CPU
+  seconds on it.
 - Synchronised ranks: every iteration ends in the gradient all-reduce, so it lasts as long as the
   slowest of the W ranks: the profile's spread of the step time (``step_cv``) and the expected
   maximum of W normal variables add ``cv * E[max of W]`` of the rank's CPU seconds, times the square
@@ -51,13 +52,16 @@ trainers, memory groups of G = i j trainers (DistTGL 3.2), Q trainers per machin
 - Epoch: ceil(E / (W b)) iterations per trainer, plus j - 1 for the epoch-parallel subgroups' fill.
 
 Memory per rank: node memory and mails (num_nodes rows of mem_dim floats, a float64 time, the
-mailbox) where the store keeps them (a copy per trainer: local, depcache; 1/G of a copy, times the
-imbalance: sven, depcomm; one copy per group in host memory: daemon), parameters with Adam's two
-moments, and a working set of the batch's rows; the host also holds each rank's graph and T-CSR.
+mailbox) as the store keeps them (``bytes_per_rank``: a copy, a shard times the imbalance, or none
+in the trainer; a store in host shared memory holds one copy per group on each machine),
+parameters with Adam's two moments, and a working set of the batch's rows; the host also holds
+each rank's graph and T-CSR.
 
 A combination is refused with its reason when it does not fit memory, or when the runtime refuses
-it (the same checks: ``validate_pipeline``, ``check_settings``), or DistTGL 3.2.4's rules for
-memory in host memory (k >= machines, a memory group on one machine).
+it (the same checks: ``validate_pipeline`` with the strategy's ``validate``, ``check_settings``,
+and ``distributed.world.validate``, where the rules of host shared memory live: k >= machines, a
+memory group on one machine), or when the store's placement makes it pointless (memory in a
+process for a group, a store kept by collectives for one trainer per copy).
 """
 
 from __future__ import annotations
@@ -65,33 +69,93 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
+from omegaconf import OmegaConf
 
 from tgdist.distributed.link import link_seconds
 from tgdist.errors import ConfigError
 from tgdist.launcher.advisor.cluster import Cluster
 from tgdist.launcher.advisor.profile import STAGES, Profile
 
-__all__ = ["PIPELINES", "BACKWARD_SHARE", "DAEMON_FACTOR", "StageFit", "RowFit", "Candidate", "volumes",
-           "paper_volumes", "sven_beats_depcache", "micro_count", "predict", "layouts", "expected_max_normal"]
+__all__ = ["PipelineOption", "pipeline_options", "default_pipeline", "exchange_store", "store_names", "StageFit", "RowFit", "Candidate",
+           "volumes", "paper_volumes", "sven_beats_depcache", "micro_count", "predict", "layouts",
+           "expected_max_normal"]
 
-# pipeline level -> the overrides that run it (configs/pipeline/*.yaml)
-PIPELINES = {
-    "none": ["pipeline=none"],
-    "prefetch": ["pipeline=prefetch"],
-    "prefetch+micro": ["pipeline=prefetch", "pipeline.micro_batches=auto"],
-    "sven": ["pipeline=sven"],  # prefetch, micro-batches and asynchronous all-reduce
-    "mspipe": ["pipeline=mspipe"],
-}
-BACKWARD_SHARE = 0.5  # of the compute stage that runs after the write (the backward pass): hides the aggregation
-# the memory daemon's read + write over in-process memory's, measured (benchmarks/results/memory_daemon.md: 1.82-2.03)
-DAEMON_FACTOR = 1.9
-MAX_MICRO = 8  # pipeline.max_micro_batches' default
-# collectives per iteration (dispatch side, aggregation side), each paying the link's latency once: an
-# all_to_all_rows or all_gather_parts is two (the row counts, then the rows); sven's dispatch is a
-# request of ids and the rows back, depcomm's adds the gradients' return
-COLLECTIVES = {"sven": (4, 2), "depcomm": (6, 2), "depcache": (0, 2), "daemon": (0, 0), "local": (0, 0)}
+
+@dataclass(frozen=True)
+class PipelineOption:
+    """One pipeline candidate: ``overrides`` that pick it, ``pipe`` the ``pipeline`` config they
+    compose to (the YAML preset through the config's own composition, a plain dict read fast) and
+    ``strategy`` the registered class ``pipe.mode`` names (which prices and validates it)."""
+
+    name: str
+    overrides: tuple
+    pipe: dict
+    strategy: type
+
+
+@functools.cache
+def pipeline_options() -> dict[str, PipelineOption]:
+    """The pipeline candidates by name: every preset of ``configs/pipeline/`` (the default first,
+    then by name), composed as ``tgdist train pipeline=NAME`` composes it, then every registered
+    strategy (``runtime.pipelines.registry``, extensions included) that no preset picks, as
+    ``pipeline.mode=NAME`` over the default preset. Built once per process."""
+    from tgdist import plugins
+    from tgdist.config import config_dir
+    from tgdist.runtime import pipelines
+    from tgdist.runtime.build import compose
+
+    plugins.load()
+    default = default_pipeline()
+    presets = sorted((p.stem for p in (Path(config_dir()) / "pipeline").glob("*.yaml")), key=lambda n: (n != default, n))
+    out: dict[str, PipelineOption] = {}
+
+    def add(name: str, overrides: list[str]) -> None:
+        pipe = _Plain(OmegaConf.to_container(compose(overrides).pipeline, resolve=True))
+        out[name] = PipelineOption(name, tuple(overrides), pipe, pipelines.pipeline_class(pipe["mode"]))
+
+    for name in presets:
+        add(name, [f"pipeline={name}"])
+    picked = {o.strategy for o in out.values()}
+    for mode in pipelines.names():
+        if pipelines.pipeline_class(mode) not in picked:
+            add(mode, [f"pipeline.mode={mode}"])
+    return out
+
+
+@functools.cache
+def default_pipeline() -> str:
+    """The preset of ``configs/pipeline/`` that a run without ``pipeline=...`` composes (the plain loop)."""
+    from tgdist.runtime.build import compose
+
+    return str(compose([], return_hydra_config=True).hydra.runtime.choices.pipeline)
+
+
+def exchange_store() -> str:
+    """The registered store whose exchanges a profile times to price every store's collectives
+    (``measure.exchange_runs``): the first whose class says so (``profiled_exchange``)."""
+    from tgdist import memory
+
+    for name in store_names():
+        if memory.store_class(name).profiled_exchange:
+            return name
+    raise ConfigError("no registered memory store times its exchanges for the profile (profiled_exchange)")
+
+
+def store_names() -> list[str]:
+    """The memory stores to weigh: every registered one (``memory.registry``, extensions included)."""
+    from tgdist import memory, plugins
+
+    plugins.load()
+    return memory.names()
+
+
+def _store(name: str):
+    from tgdist import memory
+
+    return memory.store_class(name)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -169,59 +233,57 @@ class RowFit:
 
 def fit_eta(sizes, eta) -> tuple[float, float]:
     """Sven eq. (12) (Appendix D, eq. (22)): least squares of eta = A + B / bs."""
-    from tgdist.runtime.pipelines.plain import fit_eta as runtime_fit
+    from tgdist.runtime.pipelines import fit_eta as runtime_fit
 
     return runtime_fit(sizes, eta)
 
 
 # ------------------------------------------------------------------------------------------------
-# Sven's volumes (3.2, eq. (7)-(10))
+# Sven's volumes (3.2, eq. (7)-(10)): each store's own (``memory/volumes.py``, the one copy)
 
 
 def paper_volumes(N1: float, eta1: float, N2: float, eta2: float, d_msg: float, d_mem: float, M: int,
                   C0: float = 4.0) -> dict:
-    """Eq. (7), (8), (9) as printed: the bytes one iteration moves over all M trainers (sent and
-    received), N1 / N2 the sampled / original vertices of the global batch."""
-    f = 2 * (M - 1) / M
-    agg = N2 * (1 - eta2) * (d_msg + d_mem) * f * C0
-    return {"depcache": N2 * (1 - eta2) * (d_msg + d_mem) * 2 * (M - 1) ** 2 / M * C0,  # (7)
-            "depcomm": N1 * d_mem * f * C0 + agg,  # (8)
-            "sven": N1 * (1 - eta1) * (d_msg + d_mem) * f * C0 + agg}  # (9)
-
-
-def sven_beats_depcache(T: float, M: int) -> bool:
-    """Eq. (10): with the redundancy-free dispatch T times the aggregation's vertices, Sven moves
-    less than DepCache when M > T + 2."""
-    return M > T + 2
+    """Eq. (7)-(9) as printed, by store: the bytes one iteration moves over all M trainers (sent and
+    received), N1 / N2 the sampled / original vertices of the global batch; every registered store
+    whose class gives one (``paper_volume``)."""
+    out = {}
+    for name in store_names():
+        v = _store(name).paper_volume(N1, eta1, N2, eta2, M, d_mem * C0, d_msg * C0)
+        if v is not None:
+            out[name] = v
+    return out
 
 
 def volumes(backend: str, rows_sampled: float, rows_distinct: float, roots_distinct: float, row_bytes: float,
             mem_bytes: float, grad_mem_bytes: float, remote: float, group: int) -> tuple[float, float]:
     """Bytes on one trainer's link per iteration (its busier direction, as ``parallel.link`` charges
-    an all-to-all), as (dispatch, aggregation), of a trainer whose batch samples ``rows_sampled``
-    rows, ``rows_distinct`` of them distinct, with ``roots_distinct`` distinct roots to write back;
-    ``remote``: the share of rows another trainer of its group owns ((M - 1) / M for an ideal
-    placement, the profile's measure otherwise).
+    an all-to-all), as (dispatch, aggregation), with store ``backend``: its class's ``traffic`` of
+    a trainer whose batch samples ``rows_sampled`` rows, ``rows_distinct`` of them distinct, with
+    ``roots_distinct`` distinct roots to write back; ``remote``: the share of rows another trainer
+    of its group owns ((M - 1) / M for an ideal placement, the profile's measure otherwise). Over M
+    trainers each sending and receiving this, the sums are the store's eq. (7)-(9) (see each
+    store's ``traffic``)."""
+    from tgdist.memory.volumes import TrainerRows
 
-    Over M trainers each sending and receiving this, sven's sum is eq. (9) and depcomm's eq. (8)
-    exactly (with N1 = M rows_sampled, N1 (1 - eta1) = M rows_distinct, N2 (1 - eta2) = M
-    roots_distinct, remote = (M - 1) / M); depcache's all-gather gives each trainer the others'
-    rows, (M - 1) roots_distinct rows per direction, which is M / (M - 1) times eq. (7)'s share."""
-    if backend == "sven":
-        return rows_distinct * remote * row_bytes, roots_distinct * remote * row_bytes
-    if backend == "depcomm":  # the memory of every sampled occurrence, and its gradient back
-        return rows_sampled * remote * (mem_bytes + grad_mem_bytes), roots_distinct * remote * row_bytes
-    if backend == "depcache":
-        return 0.0, (group - 1) * roots_distinct * row_bytes
-    return 0.0, 0.0
+    rows = TrainerRows(rows_sampled, rows_distinct, roots_distinct, row_bytes, mem_bytes, grad_mem_bytes, remote)
+    return _store(backend).traffic(rows, group)
 
 
-def micro_count(compute_s: float, dispatch_s: float, overhead_s: float, n_max: int = MAX_MICRO) -> int:
-    """Micro-batches as ``micro_batches=auto`` chooses them (``fit_granularity``: the cost model's
-    n* = sqrt(min(C, D) / o), which eq. (12) reproduces at the measured batch)."""
-    hidden = max(min(compute_s, dispatch_s), 0.0)
-    n = math.sqrt(hidden / max(overhead_s, 1e-9))
-    return int(min(max(math.floor(n + 1e-9), 1), n_max))
+def sven_beats_depcache(T: float, M: int) -> bool:
+    """Eq. (10) (``memory.volumes.sven_beats_depcache``)."""
+    from tgdist.memory.volumes import sven_beats_depcache as eq10
+
+    return eq10(T, M)
+
+
+def micro_count(compute_s: float, dispatch_s: float, overhead_s: float, n_max: int | None = None) -> int:
+    """Micro-batches as ``micro_batches=auto`` chooses them (``runtime.pipelines.micro_count``);
+    ``n_max``: ``pipeline.max_micro_batches``, its default when None."""
+    from tgdist.config import PipelineConfig
+    from tgdist.runtime.pipelines import micro_count as auto
+
+    return auto(compute_s, dispatch_s, overhead_s, PipelineConfig().max_micro_batches if n_max is None else n_max)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -267,8 +329,8 @@ class Candidate:
 
     def overrides(self, cluster: Cluster | None = None) -> list[str]:
         out = [f"parallel.i={self.i}", f"parallel.j={self.j}", f"parallel.k={self.k}",
-               f"memory.backend={'auto' if self.backend == 'local' else self.backend}",
-               f"train.batch_size={self.batch_size}", *PIPELINES[self.pipeline]]
+               f"memory.backend={_config_backend(self.backend, self.i * self.j)}",
+               f"train.batch_size={self.batch_size}", *pipeline_options()[self.pipeline].overrides]
         if self.placement:
             out.append(f"partition.method={self.placement}")
         if cluster is not None:
@@ -296,17 +358,19 @@ def layouts(world: int) -> list[tuple[int, int, int]]:
 
 def combinations(cluster: Cluster, batch_sizes: int, backends: list[str], pipelines: int, methods: int) -> int:
     """How many combinations ``predict`` weighs for ``cluster`` (before any is refused)."""
-    per_layout = sum(methods if b in ("sven", "depcomm") else 1 for b in backends) * pipelines * batch_sizes
+    per_layout = sum(methods if _store(b).partitioned else 1 for b in backends) * pipelines * batch_sizes
     return len(layouts(cluster.trainers)) * per_layout
 
 
 MAX_COMBINATIONS = 50_000  # about a minute of predict on a slow core; beyond it the user narrows the search
 
 
-def _store_class(backend: str):
+def _config_backend(backend: str, group: int) -> str:
+    """``memory.backend`` as a launch line gives it: ``auto`` where that picks this store and the
+    trainer builds it itself (memory in the process), else its name."""
     from tgdist import memory
 
-    return memory.store_class(backend)
+    return "auto" if _store(backend).trainers_own and memory.resolve("auto", group) == backend else backend
 
 
 def runtime_refusal(c: Candidate, cluster: Cluster | None = None, num_train_events: int | None = None) -> str | None:
@@ -332,32 +396,7 @@ class _Plain(dict):
 
 
 @functools.cache
-def _pipeline_config(pipeline: str):
-    """The ``pipeline`` config the overrides of ``PIPELINES[pipeline]`` compose to, typed by the schema
-    as a composed config is, then a plain dataclass again (built once; read fast)."""
-    from omegaconf import OmegaConf
-
-    from tgdist.config import PipelineConfig
-
-    pipe = PipelineConfig()
-    for ov in PIPELINES[pipeline]:
-        key, value = ov.split("=", 1)
-        if key == "pipeline":
-            if value in ("prefetch", "sven", "mspipe"):
-                pipe.prefetch = 2
-            if value == "sven":
-                pipe.micro_batches, pipe.async_allreduce = "auto", True
-            if value == "mspipe":
-                pipe.mode, pipe.staleness = "mspipe", "auto"
-        else:
-            setattr(pipe, key.split(".", 1)[1], value)
-    return _Plain(OmegaConf.to_container(OmegaConf.structured(pipe)))
-
-
-@functools.cache
 def _placement_config(method: str):
-    from omegaconf import OmegaConf
-
     from tgdist.config import PlacementConfig
 
     return _Plain(OmegaConf.to_container(OmegaConf.structured(PlacementConfig(method=method))))
@@ -365,15 +404,17 @@ def _placement_config(method: str):
 
 @functools.cache
 def _settings_refusal(i: int, j: int, k: int, backend: str, pipeline: str, placement: str | None) -> str | None:
-    """``validate_pipeline`` and ``check_settings`` for one combination (cached: they read no batch size)."""
+    """The runtime's own checks of the pipeline settings (``validate_pipeline``: its keys, then the
+    strategy's ``validate``) and of the partitioned store's (``check_settings``), for one combination
+    (cached: they read no batch size)."""
     from tgdist.config import ParallelConfig
     from tgdist.memory.placement import check_settings
     from tgdist.runtime.build import validate_pipeline
 
     try:
-        validate_pipeline(_pipeline_config(pipeline), ParallelConfig(i=i, j=j, k=k),
-                          "auto" if backend == "local" else backend)
-        store = _store_class(backend)
+        validate_pipeline(pipeline_options()[pipeline].pipe, ParallelConfig(i=i, j=j, k=k),
+                          _config_backend(backend, i * j))
+        store = _store(backend)
         if store.partitioned:
             check_settings(store, j, _placement_config(placement or "reflexbicut"))
     except ConfigError as e:
@@ -385,14 +426,15 @@ def _settings_refusal(i: int, j: int, k: int, backend: str, pipeline: str, place
 def _world_refusal(i: int, j: int, k: int, backend: str, machines: int, per_machine: int, num_train_events: int | None,
                    batch_size: int) -> str | None:
     """``tgdist.distributed.world.validate`` as ``tgdist launch`` calls it for this layout on the
-    cluster's machines, with the data's size, then the store's own rule for them where it has one
-    (``layout_refusal``): what the printed launch line would be refused with."""
+    cluster's machines, with the data's size (where the rules of the store's placement live: host
+    shared memory needs k >= machines and a group on one machine), then the store's own rule for
+    them where it has one (``layout_refusal``): what the printed launch line would be refused with."""
     from tgdist import memory
     from tgdist.distributed.schedule import Layout
     from tgdist.distributed.world import WorldInfo, validate
 
     layout = Layout(i, j, k)
-    name = memory.resolve("auto" if backend == "local" else backend, layout.group_size)
+    name = memory.resolve(_config_backend(backend, layout.group_size), layout.group_size)
     world = WorldInfo(world_size=layout.world_size, local_world_size=per_machine, num_nodes=machines,
                       launcher="torchrun")
     store = memory.store_class(name)
@@ -435,8 +477,12 @@ def predict(profile: Profile, cluster: Cluster, *, batch_sizes: list[int] | None
     if batch_sizes is None:  # DistTGL 3.2.4: each trainer takes S events, or L when L < S
         S = profile.saturation_batch or profile.batch_sizes()[len(profile.batches) // 2]
         batch_sizes = [min(S, profile.largest_batch) if profile.largest_batch else S]
-    backends = backends or ["local", "daemon", "depcache", "depcomm", "sven"]
-    pipelines = pipelines or list(PIPELINES)
+    backends = backends or store_names()
+    options = pipeline_options()
+    pipelines = pipelines or list(options)
+    for name in pipelines:
+        if name not in options:
+            raise ConfigError(f"pipeline {name}: give one of {', '.join(options)}")
     methods = placements or profile.methods() or ["reflexbicut"]
     n = combinations(cluster, len(batch_sizes), backends, len(pipelines), len(methods))
     if n > MAX_COMBINATIONS:
@@ -451,65 +497,64 @@ def predict(profile: Profile, cluster: Cluster, *, batch_sizes: list[int] | None
         G = i * j
         for b in batch_sizes:
             for backend in backends:
-                partitioned = backend in ("sven", "depcomm")
-                for method in (methods if partitioned else [None]):
+                store = _store(backend)
+                for method in (methods if store.partitioned else [None]):
                     for pipe in pipelines:
                         c = Candidate(i, j, k, backend, pipe, method, int(b))
                         out.append(c)
-                        why = _layout_refusal(c, G, P, Q, cluster)
+                        why = _layout_refusal(c, store, G)
                         if why is None and check_runtime:
                             why = runtime_refusal(c, cluster, E)
                         if why is not None:
                             c.refused = why
                             continue
-                        _time(c, profile, cluster, stage, rows, G, W, Q, E, row_bytes, mem_bytes, grad_mem_bytes,
-                              here, coll)
-                        _memory(c, profile, cluster, rows, G, W, Q, P, copy_bytes, row_bytes)
-                        _risk(c, L)
+                        price = _time(c, store, options[pipe], profile, cluster, stage, rows, G, W, Q, E, row_bytes,
+                                      mem_bytes, grad_mem_bytes, here, coll)
+                        _memory(c, store, profile, cluster, rows, G, W, Q, P, copy_bytes, row_bytes)
+                        _risk(c, L, price.risk)
     ok = sorted((c for c in out if c.refused is None), key=lambda c: (c.risk_level >= 2, c.epoch_s))
     return ok + [c for c in out if c.refused is not None]
 
 
-def _layout_refusal(c: Candidate, G: int, P: int, Q: int, cluster: Cluster) -> str | None:
-    if c.backend == "local" and G > 1:
-        return (f"local memory serves one trainer; a memory group of parallel.i x parallel.j = {G} trainers needs a "
-                f"shared store")
-    if c.backend != "local" and G == 1 and c.backend != "daemon":
+def _layout_refusal(c: Candidate, store: type, G: int) -> str | None:
+    """What the advisor leaves out besides the runtime's refusals, from the store's capabilities:
+    memory in a process serves one trainer; a store kept by collectives in a group of one holds
+    its copy whole, as memory in the process does; memory served by its own process (host shared)
+    is no use to one trainer alone."""
+    if store.placement == "process" and G > 1:
+        return (f"{c.backend} memory serves one trainer; a memory group of parallel.i x parallel.j = {G} trainers "
+                f"needs a shared store")
+    if store.placement == "collective" and G == 1:
         return f"one trainer per memory copy: memory.backend={c.backend} would hold it whole, as local memory does"
-    if c.backend == "daemon":
-        if c.world == 1:
-            return "one trainer: local memory in the process, no daemon"
-        if c.k < P:
-            return (f"memory in host memory needs k >= machines ({c.k} < {P}): only memory parallelism moves no "
-                    f"memory between machines (DistTGL 3.2.4)")
-        if _groups_span_machines(G, Q, cluster.machines):
-            return (f"a memory group of {G} trainers would span machines of {Q}: its daemon serves one machine "
-                    f"(DistTGL 3.3)")
+    if store.placement == "host_shared" and c.world == 1:
+        return f"one trainer: local memory in the process, no memory.backend={c.backend} process"
     if c.batch_size < c.i:
         return f"local batch {c.batch_size} below parallel.i = {c.i}"
     return None
 
 
-def _time(c: Candidate, profile: Profile, cluster: Cluster, stage: StageFit, rows: RowFit, G: int, W: int, Q: int,
-          E: int, row_bytes: float, mem_bytes: float, grad_mem_bytes: float, here: bool, coll: dict) -> None:
+def _time(c: Candidate, store: type, option: PipelineOption, profile: Profile, cluster: Cluster, stage: StageFit,
+          rows: RowFit, G: int, W: int, Q: int, E: int, row_bytes: float, mem_bytes: float, grad_mem_bytes: float,
+          here: bool, coll: dict):
+    """The candidate's iteration and epoch: the stages at its batch, the store's costs (its memory
+    read and write, its exchanges' bytes and collectives), the links, the pipeline's overlap (its
+    strategy's ``price``), shared cores and the wait for the slowest rank. Returns the ``Price``."""
+    from tgdist.memory.volumes import TrainerRows
+    from tgdist.runtime.pipelines.base import IterationCosts
+
     b = c.batch_size
     S, F, C = stage.at("sample", b), stage.at("features", b), stage.at("compute", b)
-    R, Wr = stage.at("memory_read", b), stage.at("memory_write", b)
-    daemon_cpu = 0.0
-    if c.backend == "depcache":  # each copy applies the whole group's writes
-        Wr = stage.at("memory_write", G * b)
-    if c.backend == "daemon":
-        daemon_cpu = G * (R + Wr)  # its daemon serves the group's reads and writes in turn
-        R, Wr = DAEMON_FACTOR * R, DAEMON_FACTOR * Wr
+    R, Wr, helper_cpu = store.price_memory(stage.at("memory_read", b), stage.at("memory_write", b),
+                                           stage.at("memory_write", G * b), G)
     place = profile.placement(c.placement, G) if c.placement else None
     remote = place.remote_share if place else (G - 1) / G
     imbalance = place.imbalance if place else 1.0
     if c.placement and place is None:
         c.notes.append(f"placement {c.placement} not profiled at M={G}: the ideal share (M-1)/M assumed")
-    disp_b, agg_b = volumes(c.backend, rows.sampled(b), rows.distinct(b), rows.roots_distinct(b), row_bytes,
-                            mem_bytes, grad_mem_bytes, remote, G)
+    disp_b, agg_b = store.traffic(TrainerRows(rows.sampled(b), rows.distinct(b), rows.roots_distinct(b), row_bytes,
+                                              mem_bytes, grad_mem_bytes, remote), G)
     disp_b, agg_b = disp_b * imbalance, agg_b * imbalance
-    n_disp, n_agg = COLLECTIVES.get(c.backend, (0, 0))
+    n_disp, n_agg = store.collectives
     mem_link = cluster.link(_groups_span_machines(G, Q, cluster.machines))
     grad_link = cluster.link(W > Q)
     lat = mem_link.latency
@@ -524,44 +569,20 @@ def _time(c: Candidate, profile: Profile, cluster: Cluster, stage: StageFit, row
         store_calls = n_disp + n_agg if G > 1 else 0
         coll_cpu = (store_calls * coll.get("exchange_s", idle) + (coll.get("gradient_s", idle) if W > 1 else 0.0)
                     + ((disp_b + agg_b) * (1 if G > 1 else 0) + (profile.grad_bytes if W > 1 else 0)) / bps)
-    front = S + F
     micro_o = stage.a["sample"] + stage.a["features"] + stage.a["memory_read"] + stage.a["compute"] + n_disp * lat
-    n = 1
-    pipe = c.pipeline
-    if pipe in ("none", "prefetch"):
-        rest = R + D + C + Wr + max(0.0, A - BACKWARD_SHARE * C) + Gr + coll_cpu
-    elif pipe in ("prefetch+micro", "sven"):
-        n = micro_count(C, D, micro_o) if D > 0 else 1
-        Gr_path = max(0.0, Gr - C) if pipe == "sven" else Gr
-        rest = (R + max(C, D) + min(C, D) / n + (n - 1) * micro_o + Wr + max(0.0, A - C) + Gr_path + coll_cpu)
-    else:  # mspipe
-        rest = 0.0
-    extra_cpu = (n - 1) * (micro_o - n_disp * lat)  # what more micro-batches cost the cores
-    eff = _overlap(profile)
-    if pipe == "none":
-        path = front + rest
-    elif pipe == "mspipe":
-        from tgdist.runtime.pipelines.mspipe import staleness_bounds
-
-        tau = (S, F, R + D, C + Gr + coll_cpu, Wr + A)
-        iters = max(1, math.ceil(E / (W * b)))
-        sim = min(iters, 400)
-        bounds = staleness_bounds(tau, sim)
-        half = sim // 2
-        if sim > 2:
-            ideal = float(bounds.end[-1, 4] - bounds.end[half, 4]) / (sim - 1 - half)
-        else:
-            ideal = float(bounds.end[-1, 4]) / sim
-        path = sum(tau) - eff * (sum(tau) - ideal)  # the measured share of the overlap the stage threads buy
-        c.staleness = bounds.steady()
-    else:
-        path = front + rest - eff * min(front, rest)
-    cpu_rank = S + F + R + C + Wr + coll_cpu + extra_cpu
+    iters = max(1, math.ceil(E / (W * b)))
+    price = option.strategy.price(option.pipe, IterationCosts(
+        sample=S, features=F, memory_read=R, dispatch=D, compute=C, memory_write=Wr, aggregation=A, allreduce=Gr,
+        collective_cpu=coll_cpu, micro_overhead=micro_o, micro_latency=n_disp * lat, overlap=_overlap(profile),
+        iterations=iters))
+    path, n = price.path, price.micro_batches
+    c.staleness = price.staleness
+    cpu_rank = S + F + R + C + Wr + coll_cpu + price.extra_cpu
     T = path
     sharing = _sharing(profile, cluster)
     if sharing is not None:
-        groups_here = max(1, Q // G) if c.backend == "daemon" else 0
-        busy = (Q * cpu_rank + groups_here * daemon_cpu) / max(path, 1e-12)  # processes at work, on average
+        groups_here = max(1, Q // G) if store.placement == "host_shared" else 0  # the processes serving groups
+        busy = (Q * cpu_rank + groups_here * helper_cpu) / max(path, 1e-12)  # processes at work, on average
         slower = sharing(busy)
         T = path + (slower - 1.0) * min(cpu_rank, path)
         if slower > 1.0:
@@ -569,7 +590,6 @@ def _time(c: Candidate, profile: Profile, cluster: Cluster, stage: StageFit, row
     phases = (1 if n_disp and G > 1 else 0) + (1 if n_agg and G > 1 else 0) + 1  # points where ranks meet
     wait = _straggler(profile, b, W, phases) * min(cpu_rank + (T - path), T)
     T += wait
-    iters = max(1, math.ceil(E / (W * b)))
     c.iterations = iters
     c.micro_batches = n
     c.iteration_s = T
@@ -578,6 +598,7 @@ def _time(c: Candidate, profile: Profile, cluster: Cluster, stage: StageFit, row
            "aggregation": A, "allreduce": Gr, "collective_cpu": coll_cpu, "straggler": wait}
     c.stages = {s: v * iters for s, v in per.items()}
     c.bytes_per_epoch = iters * W * ((disp_b + agg_b if G > 1 else 0.0) + (2 * (W - 1) / W * profile.grad_bytes))
+    return price
 
 
 @functools.cache
@@ -599,7 +620,7 @@ def _straggler(profile: Profile, b: float, W: int, phases: int = 1) -> float:
     stream, the machine's jitter); with the profile's step-time spread cv at batch b (``step_cv``,
     interpolated between the profiled sizes), the slowest of W is modelled as normal, E[max] = mean
     + cv * mean * ``expected_max_normal(W)``. A store whose exchanges meet ``phases`` times per
-    iteration (sven's and depcomm's dispatch and aggregation, and the gradients) splits the
+    iteration (a partitioned store's dispatch and aggregation, and the gradients) splits the
     iteration into that many parts, each waited for: with independent parts of variance
     1 / phases each, the waits sum to sqrt(phases) times one. Not from the four papers: an order
     statistic; 0 for one trainer or a profile without the spread."""
@@ -639,17 +660,16 @@ def _sharing(profile: Profile, cluster: Cluster):
     return lambda x: max(1.0, x / cores)
 
 
-def _memory(c: Candidate, profile: Profile, cluster: Cluster, rows: RowFit, G: int, W: int, Q: int, P: int,
-            copy_bytes: float, row_bytes: float) -> None:
+def _memory(c: Candidate, store_class: type, profile: Profile, cluster: Cluster, rows: RowFit, G: int, W: int, Q: int,
+            P: int, copy_bytes: float, row_bytes: float) -> None:
     b = c.batch_size
     params = 4.0 * profile.grad_bytes  # weights, gradients, Adam's two moments
     working = 3 * rows.distinct(b) * row_bytes + 6 * rows.sampled(b) * 4 * profile.data["mem_dim"]
-    store = {"local": copy_bytes, "depcache": copy_bytes, "daemon": 0.0}.get(c.backend, 0.0)
-    if c.backend in ("sven", "depcomm"):
-        place = profile.placement(c.placement, G) if c.placement else None
-        store = copy_bytes / G * (place.imbalance if place else 1.0)
+    place = profile.placement(c.placement, G) if c.placement else None
+    store = store_class.bytes_per_rank(copy_bytes, G, place.imbalance if place else 1.0)
     rank = params + working + store
-    groups_per_machine = max(1, Q // G) if c.backend == "daemon" else 0
+    # memory in host shared memory: one copy per memory group on the machine
+    groups_per_machine = max(1, Q // G) if store_class.placement == "host_shared" else 0
     host = Q * profile.graph_bytes + groups_per_machine * copy_bytes
     if cluster.device_memory_gb is None:  # CPU trainers: the rank lives in host memory
         host += Q * rank
@@ -663,7 +683,7 @@ def _memory(c: Candidate, profile: Profile, cluster: Cluster, rows: RowFit, G: i
                      + (f" ({groups_per_machine} memory copies per machine)" if groups_per_machine else ""))
 
 
-def _risk(c: Candidate, L: int | None) -> None:
+def _risk(c: Candidate, L: int | None, pipeline_risk: list) -> None:
     g = c.i * c.batch_size
     if L is not None and g > L:
         c.risk.append(f"global batch {g} > L = {L} (DistTGL 3.2.4: accuracy drops beyond it)")
@@ -671,10 +691,6 @@ def _risk(c: Candidate, L: int | None) -> None:
     if c.j > 1:
         c.risk.append(f"epoch parallelism j = {c.j} (DistTGL Fig. 9b: converges slower than memory parallelism)")
         c.risk_level = max(c.risk_level, 1)
-    if c.pipeline == "sven":
-        c.risk.append("gradient staleness 1 (Sven eq. (13))")
-        c.risk_level = max(c.risk_level, 1)
-    if c.pipeline == "mspipe" and c.staleness > 0:
-        c.risk.append(f"memory staleness K = {c.staleness} (MSPipe 3.2; tgdist measured -0.67 AP point at K = 1 on "
-                      f"CollegeMsg)")
-        c.risk_level = max(c.risk_level, 1)
+    for level, why in pipeline_risk:  # what the pipeline changes in training (its strategy's ``price``)
+        c.risk.append(why)
+        c.risk_level = max(c.risk_level, level)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tgdist.errors import ConfigError
 from tgdist.launcher.advisor.cluster import Cluster
-from tgdist.launcher.advisor.model import PIPELINES, Candidate
+from tgdist.launcher.advisor.model import Candidate, pipeline_options
 
 __all__ = ["TIE", "table", "refusals", "launch_lines", "write_sweep", "draw", "run_overrides", "best"]
 
@@ -95,7 +95,8 @@ def launch_lines(c: Candidate, cluster: Cluster, data: list[str], epochs: int = 
 def _experiment_yaml(c: Candidate, cluster: Cluster, epochs: int, predicted: str) -> str:
     """One candidate as an experiment file (``# @package _global_``): its pipeline group as a default,
     the rest as keys."""
-    group = [o for o in PIPELINES[c.pipeline] if o.startswith("pipeline=")][0].split("=", 1)[1]
+    group = next((o.split("=", 1)[1] for o in pipeline_options()[c.pipeline].overrides if o.startswith("pipeline=")),
+                 None)  # a strategy without a preset of its own: its keys only, over the default preset
     keys: dict[str, dict] = {}
     for o in run_overrides(c, cluster, [], epochs):
         key, value = o.split("=", 1)
@@ -103,8 +104,8 @@ def _experiment_yaml(c: Candidate, cluster: Cluster, epochs: int, predicted: str
             continue
         top, sub = key.split(".", 1)
         keys.setdefault(top, {})[sub] = value
-    lines = ["# @package _global_", f"# tgdist plan's candidate {c.label()}: {predicted}", "defaults:",
-             f"  - override /pipeline: {group}"]
+    lines = ["# @package _global_", f"# tgdist plan's candidate {c.label()}: {predicted}",
+             *(["defaults:", f"  - override /pipeline: {group}"] if group else [])]
     for top, sub in keys.items():
         lines.append(f"{top}:")
         lines += [f"  {k}: {v}" for k, v in sub.items()]

@@ -8,9 +8,10 @@ and one file in ``configs/pipeline/``."""
 from tgdist.runtime.pipelines.base import GradientHooks, Pipeline, PipelineContext, StepHooks, count_of
 from tgdist.runtime.pipelines.registry import names, pipeline_class, register
 from tgdist.runtime.pipelines import mspipe, plain  # noqa: E402,F401  (the built-in strategies register themselves)
+from tgdist.runtime.pipelines.plain import fit_eta, micro_count  # noqa: E402  (eq. (12)'s, which the advisor prices with)
 
 __all__ = ["GradientHooks", "Pipeline", "PipelineContext", "StepHooks", "count_of", "names", "pipeline_class",
-           "register", "create"]
+           "register", "create", "fit_eta", "micro_count"]
 
 
 def create(ctx: PipelineContext) -> Pipeline:

@@ -38,7 +38,8 @@ from tgdist.runtime.trainer import GradientHooks, StepHooks, Trainer
 
 log = logging.getLogger(__name__)
 
-__all__ = ["GradientHooks", "GradientSync", "Pipeline", "PipelineContext", "Prefetcher", "StepHooks"]
+__all__ = ["BACKWARD_SHARE", "GradientHooks", "GradientSync", "IterationCosts", "Pipeline", "PipelineContext", "Prefetcher",
+           "Price", "StepHooks"]
 
 
 def count_of(pipe, key: str) -> int | None:
@@ -46,6 +47,52 @@ def count_of(pipe, key: str) -> int | None:
     or None for ``auto``; a bad value (set after composition) is the ConfigError composing gives."""
     least, what = next(f for f in dataclasses.fields(PipelineConfig) if f.name == key).metadata["count_or_auto"]
     return parse_count_or_auto(pipe[key], f"pipeline.{key}", least, what)
+
+
+# ------------------------------------------------------------------------------------------------
+# Pricing: what the strategy advisor (``tgdist.launcher.advisor.model``) asks a strategy
+
+
+BACKWARD_SHARE = 0.5  # of the compute stage that runs after the write (the backward pass): hides the aggregation
+
+
+@dataclass(frozen=True)
+class IterationCosts:
+    """One trainer's seconds per iteration by stage, each alone (unoverlapped), for ``Pipeline.price``:
+    the five stages of the step (``sample``, ``features``, ``memory_read``, ``compute``,
+    ``memory_write``), the store's exchanges (``dispatch`` before the compute, ``aggregation`` after
+    the write), the gradients' ``allreduce``, and ``collective_cpu``, the collectives' own CPU time.
+    ``micro_overhead``: what one more micro-batch costs (the fixed parts of its stages and its
+    dispatch's link latencies, ``micro_latency`` of it); ``overlap``: the share of the ideal overlap
+    a stage thread buys (the profile's measure, 1 for the papers' perfect overlap);
+    ``iterations``: per trainer and epoch."""
+
+    sample: float
+    features: float
+    memory_read: float
+    dispatch: float
+    compute: float
+    memory_write: float
+    aggregation: float
+    allreduce: float
+    collective_cpu: float = 0.0
+    micro_overhead: float = 0.0
+    micro_latency: float = 0.0
+    overlap: float = 1.0
+    iterations: int = 1
+
+
+@dataclass
+class Price:
+    """A strategy's iteration: ``path``, the seconds of its critical path; ``micro_batches``;
+    ``extra_cpu``, CPU seconds it adds beyond the stages (more micro-batches); ``staleness``, the
+    memory staleness K it reads at; ``risk``, (level, why) of what it changes in training."""
+
+    path: float
+    micro_batches: int = 1
+    extra_cpu: float = 0.0
+    staleness: int = 0
+    risk: list = dataclasses.field(default_factory=list)
 
 
 @dataclass
@@ -101,6 +148,31 @@ class Pipeline:
     @classmethod
     def validate(cls, pipe, parallel=None, backend: str = "auto") -> None:
         """Refuse ``pipeline`` settings this strategy cannot run (a ``ConfigError``)."""
+
+    @classmethod
+    def price(cls, pipe, c: IterationCosts) -> Price:
+        """The iteration under ``pipeline`` settings ``pipe`` from its stages' costs (the advisor's
+        model; a strategy that overlaps otherwise says so here). Here the levels every strategy may
+        switch on: the stages in turn, but the aggregation travels during the backward pass (the step
+        starts it after the write: ``BACKWARD_SHARE`` of compute hides it); the asynchronous
+        all-reduce (Sven eq. (13)) hides behind the next iteration's compute; prefetching (Sven 3.3.1)
+        takes sampling and features off the critical path, by the measured share ``c.overlap``."""
+        front = c.sample + c.features
+        rest = (c.memory_read + c.dispatch + c.compute + c.memory_write
+                + max(0.0, c.aggregation - BACKWARD_SHARE * c.compute) + cls._allreduce_path(pipe, c) + c.collective_cpu)
+        return Price(cls._prefetched(pipe, c, front, rest), risk=cls._gradient_risk(pipe))
+
+    @staticmethod
+    def _allreduce_path(pipe, c: IterationCosts) -> float:
+        return max(0.0, c.allreduce - c.compute) if pipe.async_allreduce else c.allreduce
+
+    @staticmethod
+    def _prefetched(pipe, c: IterationCosts, front: float, rest: float) -> float:
+        return front + rest - (c.overlap * min(front, rest) if pipe.prefetch > 0 else 0.0)
+
+    @staticmethod
+    def _gradient_risk(pipe) -> list:
+        return [(1, "gradient staleness 1 (Sven eq. (13))")] if pipe.async_allreduce else []
 
     # -- the loop's hooks (defaults: nothing to do) -------------------------------------------------
 

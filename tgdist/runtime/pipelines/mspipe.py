@@ -47,7 +47,7 @@ from tgdist.distributed import collectives
 from tgdist.errors import ConfigError
 from tgdist.kernels import graph as kernels
 from tgdist.memory.store import MemoryRead
-from tgdist.runtime.pipelines.base import Pipeline, PipelineContext, StepHooks, count_of
+from tgdist.runtime.pipelines.base import IterationCosts, Pipeline, PipelineContext, Price, StepHooks, count_of
 from tgdist.runtime.pipelines.plain import micro_batches
 from tgdist.runtime.pipelines.registry import register
 from tgdist.runtime.trainer import STAGES  # MSPipe's stages 1..5, in its order
@@ -513,6 +513,28 @@ class MSPipe(Pipeline):
                               f"supported with it")  # (the registered stores whose reads may be staged)
 
     # -- the loop's hooks ---------------------------------------------------------------------------
+
+    SIMULATED = 400  # iterations of the schedule ``price`` simulates at most (its steady state is reached well before)
+
+    @classmethod
+    def price(cls, pipe, c: IterationCosts) -> Price:
+        """The five stages overlap across iterations (MSPipe 3.2, eq. (3)-(4), C1-C3): the iteration is
+        the steady pace of ``staleness_bounds``' stall-free schedule (the store's dispatch with the
+        memory read, the gradients and collectives with the training, the aggregation with the
+        update), reached by the measured share ``c.overlap`` of its saving over the stages in turn;
+        its steady K is the staleness it reads at."""
+        tau = (c.sample, c.features, c.memory_read + c.dispatch, c.compute + c.allreduce + c.collective_cpu,
+               c.memory_write + c.aggregation)
+        sim = min(c.iterations, cls.SIMULATED)
+        bounds = staleness_bounds(tau, sim)
+        half = sim // 2
+        if sim > 2:
+            ideal = float(bounds.end[-1, 4] - bounds.end[half, 4]) / (sim - 1 - half)
+        else:
+            ideal = float(bounds.end[-1, 4]) / sim
+        K = bounds.steady()
+        risk = [(1, f"memory staleness K = {K} (MSPipe 3.2; tgdist measured -0.67 AP point at K = 1 on CollegeMsg)")]
+        return Price(sum(tau) - c.overlap * (sum(tau) - ideal), staleness=K, risk=risk if K > 0 else [])
 
     def begin(self, start: int) -> None:
         """What a checkpoint restored is through its stages already."""

@@ -29,7 +29,7 @@ import numpy as np
 
 from tgdist.distributed import collectives
 from tgdist.errors import ConfigError
-from tgdist.runtime.pipelines.base import Pipeline, PipelineContext, StepHooks, count_of
+from tgdist.runtime.pipelines.base import IterationCosts, Pipeline, PipelineContext, Price, StepHooks, count_of
 from tgdist.runtime.pipelines.registry import register
 from tgdist.runtime.trainer import SIDE_STREAMS, micro_bounds
 
@@ -83,6 +83,23 @@ class Plain(Pipeline):
         if pipe.mitigation != "none":
             raise ConfigError(f"pipeline.mitigation={pipe.mitigation} mitigates MSPipe's staleness: it needs "
                               f"pipeline.mode=mspipe")
+
+    @classmethod
+    def price(cls, pipe, c: IterationCosts) -> Price:
+        """With micro-batches (Sven 3.3.2), n of them: the dispatch overlaps the memory update and the
+        aggregation the GNN layers, T(n) = max(C, D) + min(C, D) / n + (n - 1) o, n as ``auto``
+        chooses it (``micro_count``: eq. (12)'s n* at the batch) or the given count; the other
+        levels as ``Pipeline.price``."""
+        n = micro_batches(pipe)
+        if n == 1:
+            return super().price(pipe, c)
+        if n is None:
+            n = micro_count(c.compute, c.dispatch, c.micro_overhead, pipe.max_micro_batches) if c.dispatch > 0 else 1
+        C, D = c.compute, c.dispatch
+        rest = (c.memory_read + max(C, D) + min(C, D) / n + (n - 1) * c.micro_overhead + c.memory_write
+                + max(0.0, c.aggregation - C) + cls._allreduce_path(pipe, c) + c.collective_cpu)
+        return Price(cls._prefetched(pipe, c, c.sample + c.features, rest), micro_batches=n,
+                     extra_cpu=(n - 1) * (c.micro_overhead - c.micro_latency), risk=cls._gradient_risk(pipe))
 
     def begin(self, start: int) -> None:
         self.start = start
@@ -255,6 +272,19 @@ def fit_eta(sizes: Sequence[float], eta: Sequence[float]) -> tuple[float, float]
     return float(a), float(b)
 
 
+def best_micro_batches(compute_s: float, dispatch_s: float, overhead_s: float) -> float:
+    """The cost model's best n, n* = sqrt(min(C, D) / overhead): T(n) = max(C, D) + min(C, D) / n + n
+    overhead is least there (``fit_granularity``)."""
+    hidden = max(min(compute_s, dispatch_s), 0.0)
+    return math.sqrt(hidden / max(overhead_s, 1e-9))
+
+
+def micro_count(compute_s: float, dispatch_s: float, overhead_s: float, n_max: int) -> int:
+    """The micro-batches ``micro_batches=auto`` chooses at the measured batch: n* whole, in [1, n_max]
+    (eq. (12) reproduces the cost model's n there)."""
+    return int(min(max(math.floor(best_micro_batches(compute_s, dispatch_s, overhead_s) + 1e-9), 1), n_max))
+
+
 def fit_granularity(sizes: Sequence[float], eta: Sequence[float], batch_size: int, compute_s: float,
                     dispatch_s: float, overhead_s: float, n_max: int) -> Granularity:
     """Eq. (12) fitted to measurements of the first iterations (a pure function).
@@ -278,8 +308,7 @@ def fit_granularity(sizes: Sequence[float], eta: Sequence[float], batch_size: in
     where T(n) = T(1): pipelining for nothing (``tests/runtime/test_pipeline.py`` shows it)."""
     A, B = fit_eta(sizes, eta)
     rows = max(A * batch_size + B, 1e-9)
-    hidden = max(min(compute_s, dispatch_s), 0.0)
-    n_model = math.sqrt(hidden / max(overhead_s, 1e-9))
+    n_model = best_micro_batches(compute_s, dispatch_s, overhead_s)
     rows_per_s = rows / max(dispatch_s, 1e-12)
     tau_s = max(dispatch_s, 1e-12) / max(n_model, 1.0)  # n* < 1: one micro-batch already carries all it should
     S = rows_per_s * tau_s
