@@ -26,14 +26,19 @@ GROUP = "tgdist.plugins"
 _loaded: set[str] = set()
 
 
+_entry_points: list[str] | None = None  # read once: the installed distributions do not change in a run
+
+
 def names() -> list[str]:
     """The modules to import: those of ``TGDIST_PLUGINS``, then the entry points', in order."""
+    global _entry_points
+    if _entry_points is None:
+        try:
+            _entry_points = [ep.value.split(":", 1)[0].strip() for ep in metadata.entry_points(group=GROUP)]
+        except Exception:  # a broken distribution's metadata: the environment variable still serves
+            _entry_points = []
     out = [n.strip() for n in os.environ.get(ENV, "").split(",") if n.strip()]
-    try:
-        out += [ep.value.split(":", 1)[0].strip() for ep in metadata.entry_points(group=GROUP)]
-    except Exception:  # a broken distribution's metadata: the environment variable still serves
-        pass
-    return list(dict.fromkeys(out))
+    return list(dict.fromkeys(out + _entry_points))
 
 
 def load() -> list[str]:
