@@ -378,6 +378,18 @@ class Staging:
             self._buffers[key] = buf
         return buf
 
+    def reserve(self, state, key: tuple = ()) -> None:
+        """Allocate and touch the buffers ``host_copy(state, self, key)`` will fill (their page
+        faults paid here, in the writer thread, not by the first save). Reads shapes only."""
+        if isinstance(state, torch.Tensor):
+            self.buffer(key, state).zero_()
+        elif isinstance(state, dict):
+            for k, v in state.items():
+                self.reserve(v, (*key, k))
+        elif isinstance(state, (list, tuple)) and not hasattr(state, "_fields"):
+            for i, v in enumerate(state):
+                self.reserve(v, (*key, i))
+
     def release(self) -> None:
         self._buffers.clear()
 

@@ -164,6 +164,7 @@ class Run:
         self.pipeline = pipelines.create(pipelines.PipelineContext(
             cfg, tr, lay, self.rank, self.alone, self.iterations, self.batches_per_epoch, self.groups, self.counter,
             self._step, self._negatives))  # (after the store: a pipeline's hooks hold it)
+        self._reserve_staging()
         self.ckpt_dir = self.dir / "checkpoints"
         self.ckpt_path = self.ckpt_dir / "last.pt"
         self.best_path = self.ckpt_dir / "best.pt"  # the best validated epoch (one process)
@@ -736,6 +737,17 @@ class Run:
                 held = tr.model if part == "model" else tr.optimizer
                 host[part] = checkpoint.host_copy(held.state_dict(), self._staging, (part,))
         return host
+
+    def _reserve_staging(self) -> None:
+        """The host buffers for the node memory this rank writes, allocated by the writer thread
+        while training starts: the first save then only copies (a large memory's first allocation
+        costs its page faults, seen 10-20x the copy). The first save waits for it (``_writing``)."""
+        memory = self.trainer.memory
+        if not memory.checkpoint_part(self.ii, self.jj, self.kk)[1] or memory.state_dict_copies:
+            return
+        state = memory.state_dict()  # the live buffers: only their shapes are read
+        self._writer.submit(lambda _: self._staging.reserve(state, ("memory",)))
+        self._writing = -1
 
     def _writes_done_before(self, iteration: int) -> None:
         """A save of another iteration first waits for the writes under way (their host copy is
