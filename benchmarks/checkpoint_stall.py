@@ -99,7 +99,8 @@ def main() -> None:
         note(f"{mode}: {json.dumps(out[mode]['per_checkpoint'])}")
     write = out["sync"]["write_s_per_checkpoint_max_over_ranks"]
     stalls = [c["stall_s_max_over_ranks"] for c in out["background"]["per_checkpoint"]]
-    out["headline"] = {"write_s": write, "sync_stall_s": [c["stall_s_max_over_ranks"] for c in out["sync"]["per_checkpoint"]],
+    out["headline"] = {"write_s": write,
+                       "sync_stall_s": [c["stall_s_max_over_ranks"] for c in out["sync"]["per_checkpoint"]],
                        "background_stall_s": stalls,
                        "background_stall_over_write": [s / write for s in stalls]}
     emit(out)

@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from tests.runtime.runs import SMALL, metrics, run
-from tgdist.errors import ConfigError
 from tgdist.runtime import checkpoint
 from tgdist.runtime.build import compose
 from tgdist.runtime.run import Run
