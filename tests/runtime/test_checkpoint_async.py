@@ -35,6 +35,8 @@ def test_a_host_copy_is_a_copy_into_buffers_kept_from_one_save_to_the_next():
     wider = checkpoint.host_copy({"mem": torch.zeros(2, 4)}, staging)  # another shape: a buffer of its own
     assert wider["mem"].shape == (2, 4) and staging.nbytes == 2 * 4 * 4 + 4
     assert checkpoint.host_copy(live).data_ptr() != live.data_ptr()  # without staging: a fresh copy
+    module = torch.nn.LayerNorm(3).state_dict()  # its module versions come along (load_state_dict reads them)
+    assert checkpoint.host_copy(module, staging)._metadata == module._metadata
     ahead = checkpoint.Staging()  # reserved by the writer thread before the first save: that save only copies
     ahead.reserve({"mem": live, "ts": [torch.zeros(3, dtype=torch.float64)]}, ("memory",))
     kept = {k: b.data_ptr() for k, b in ahead._buffers.items()}

@@ -17,6 +17,7 @@ with the keys that differ.
 
 from __future__ import annotations
 
+import copy
 import errno
 import glob
 import json
@@ -27,6 +28,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Callable
 
@@ -386,7 +388,7 @@ class Staging:
         elif isinstance(state, dict):
             for k, v in state.items():
                 self.reserve(v, (*key, k))
-        elif isinstance(state, (list, tuple)) and not hasattr(state, "_fields"):
+        elif isinstance(state, (list, tuple)):
             for i, v in enumerate(state):
                 self.reserve(v, (*key, i))
 
@@ -401,8 +403,9 @@ class Staging:
 def host_copy(obj, staging: Staging | None = None, key: tuple = ()):
     """``obj`` (nested dicts, lists and tuples of tensors and plain values, as ``state_dict`` gives)
     with every tensor copied to host memory, into ``staging``'s buffers when given: the copy the
-    background writer writes while training mutates the originals. Containers are rebuilt, plain
-    values kept (they are immutable); a NumPy array is copied. Tensors on a GPU are copied
+    background writer writes while training mutates the originals. Containers are rebuilt (a
+    module state_dict's ``_metadata`` too), plain values kept (they are immutable); a NumPy array
+    is copied. Tensors on a GPU are copied
     asynchronously on its current stream: ``ready_event`` makes the writer wait for them."""
     if isinstance(obj, torch.Tensor):
         t = obj.detach()
@@ -412,9 +415,14 @@ def host_copy(obj, staging: Staging | None = None, key: tuple = ()):
         buf.copy_(t, non_blocking=t.is_cuda)
         return buf
     if isinstance(obj, dict):
-        return type(obj)((k, host_copy(v, staging, (*key, k))) for k, v in obj.items())
-    if isinstance(obj, (list, tuple)) and not hasattr(obj, "_fields"):
-        return type(obj)(host_copy(v, staging, (*key, i)) for i, v in enumerate(obj))
+        out = (OrderedDict if isinstance(obj, OrderedDict) else dict)(
+            (k, host_copy(v, staging, (*key, k))) for k, v in obj.items())
+        if hasattr(obj, "_metadata"):  # a module's state_dict: the versions load_state_dict reads
+            out._metadata = copy.deepcopy(obj._metadata)
+        return out
+    if isinstance(obj, (list, tuple)):
+        items = [host_copy(v, staging, (*key, i)) for i, v in enumerate(obj)]
+        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
     if hasattr(obj, "copy") and type(obj).__module__ == "numpy":
         return obj.copy()
     return obj
