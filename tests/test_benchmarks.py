@@ -49,6 +49,7 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
     ("scale.py", ["gather", "--batches", "0"], "argument --batches: 0: give at least 1"),
     ("advisor.py", ["--settings", "2"], "--settings 2: give M:LINK"),
     ("advisor.py", ["--settings", "2:warp9"], "parallel.link='warp9': choose none, eth10"),
+    ("checkpoint_stall.py", ["--trainers", "1"], "argument --trainers: 1: give at least 2"),
 ])
 def test_a_bad_argument_is_one_line_before_any_work(script, args, message, monkeypatch, capsys):
     """Run in this process as ``python SCRIPT ARGS`` would run it (``__main__``, its argv, from its

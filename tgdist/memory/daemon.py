@@ -1090,6 +1090,7 @@ class DaemonMemory(MemoryStore):
     flush = end  # "this iteration's writes are complete", as DepCacheMemory.flush
 
     one_copy_per_group = True
+    state_dict_copies = True  # (``state_dict`` clones the shared memory under a hold)
     placement = "host_shared"
     staged_reads = False  # the daemon serves its group's reads and writes strictly in stream order
     evaluates_untrained = False  # its stream is the training schedule's

@@ -69,6 +69,9 @@ class MemoryStore(nn.Module):
     # Whether the memory group's copy is held once for all its trainers (a daemon's): only the
     # group's writer then loads it from a checkpoint, the others wait for it.
     one_copy_per_group = False
+    # Whether ``state_dict`` returns copies (a daemon's, out of its shared memory) rather than the
+    # live buffers: a checkpoint written in the background copies the live ones first, not these.
+    state_dict_copies = False
     # Whether ``read`` and ``read_many`` take ``occurrences``: how often the batch uses each id (its
     # sampled occurrences, ``tgdist.runtime.trainer.occurrences``), which the trainer then passes. A
     # store that sends a row per occurrence (DepComm as the paper counts it, eq. (8)) asks for it.

@@ -2,6 +2,12 @@
 in one format for every layout (``Run.save`` writes it: ``last.pt`` and an iteration directory of
 parts beside it).
 
+Saving does not stall training for the write: at an iteration boundary the state is copied to host
+memory (``host_copy``, into buffers kept from one save to the next), and a ``Writer`` thread writes
+the files while the next iterations train. A file is complete once it exists under its name
+(``atomic_save``); ``last.pt`` is committed last, by rank 0, once every part it names exists, so a
+crash during a background write leaves the previous ``last.pt`` in place, naming complete parts.
+
 Every file is sealed with a SHA-256 of its bytes (``tgdist.checksum``) and checked against it
 before ``torch.load(weights_only=True)`` parses it: a corrupt file is refused in one line. Files
 without a checksum, written by tgdist before checksums, load as before. A checkpoint written under
@@ -11,13 +17,20 @@ with the keys that differ.
 
 from __future__ import annotations
 
+import copy
 import errno
 import glob
+import json
 import logging
 import os
+import queue
 import shutil
 import tempfile
+import threading
+import time
+from collections import OrderedDict
 from pathlib import Path
+from typing import Callable
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -353,3 +366,208 @@ def load(path: str | Path, trainer, cfg: DictConfig) -> tuple[int, list]:
     part = path.parent / state["dir"] / memory[0]
     restore(part, trainer.memory, read_part(part), "node memory")
     return int(state["iteration"]), [dict(h) for h in state["history"]]
+
+
+# ------------------------------------------------------------------------------------------------
+# Writing in the background
+
+
+class Staging:
+    """Host buffers that receive the state at each save (``host_copy``), kept from one save to the
+    next: a fresh allocation of a large memory costs its page faults each time (seen 10-20x the
+    copy itself), a kept buffer only the copy. A save refills them only after the writer is done
+    with the last one (``Writer.wait``). On a GPU they are pinned, and the copies asynchronous."""
+
+    def __init__(self):
+        self._buffers: dict[tuple, torch.Tensor] = {}
+
+    def buffer(self, key: tuple, like: torch.Tensor) -> torch.Tensor:
+        buf = self._buffers.get(key)
+        if buf is None or buf.shape != like.shape or buf.dtype != like.dtype:
+            buf = torch.empty(like.shape, dtype=like.dtype, pin_memory=like.is_cuda)
+            self._buffers[key] = buf
+        return buf
+
+    def reserve(self, state, key: tuple = ()) -> None:
+        """Allocate and touch the buffers ``host_copy(state, self, key)`` will fill (their page
+        faults paid here, in the writer thread, not by the first save). Reads shapes only."""
+        if isinstance(state, torch.Tensor):
+            self.buffer(key, state).zero_()
+        elif isinstance(state, dict):
+            for k, v in state.items():
+                self.reserve(v, (*key, k))
+        elif isinstance(state, (list, tuple)):
+            for i, v in enumerate(state):
+                self.reserve(v, (*key, i))
+
+    def release(self) -> None:
+        self._buffers.clear()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self._buffers.values())
+
+
+def host_copy(obj, staging: Staging | None = None, key: tuple = ()):
+    """``obj`` (nested dicts, lists and tuples of tensors and plain values, as ``state_dict`` gives)
+    with every tensor copied to host memory, into ``staging``'s buffers when given: the copy the
+    background writer writes while training mutates the originals. Containers are rebuilt (a
+    module state_dict's ``_metadata`` too), plain values kept (they are immutable); a NumPy array
+    is copied. Tensors on a GPU are copied
+    asynchronously on its current stream: ``ready_event`` makes the writer wait for them."""
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach()
+        if staging is None:
+            return t.to("cpu", copy=True)
+        buf = staging.buffer(key, t)
+        buf.copy_(t, non_blocking=t.is_cuda)
+        return buf
+    if isinstance(obj, dict):
+        out = (OrderedDict if isinstance(obj, OrderedDict) else dict)(
+            (k, host_copy(v, staging, (*key, k))) for k, v in obj.items())
+        if hasattr(obj, "_metadata"):  # a module's state_dict: the versions load_state_dict reads
+            out._metadata = copy.deepcopy(obj._metadata)
+        return out
+    if isinstance(obj, (list, tuple)):
+        items = [host_copy(v, staging, (*key, i)) for i, v in enumerate(obj)]
+        return type(obj)(*items) if hasattr(obj, "_fields") else type(obj)(items)
+    if hasattr(obj, "copy") and type(obj).__module__ == "numpy":
+        return obj.copy()
+    return obj
+
+
+def ready_event():
+    """A CUDA event after the copies ``host_copy`` queued on the current stream (None on the CPU):
+    the writer synchronises on it before it reads the host buffers."""
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    event = torch.cuda.Event()
+    event.record()
+    return event
+
+
+# Tests only: ``TGDIST_TEST_CHECKPOINT_PAUSE=ITERATION:SECONDS[:RANK]`` makes the writer of that
+# checkpoint (on that rank, or on every rank) sleep before each file it writes, so that a test can
+# kill the process mid-write.
+_PAUSE = "TGDIST_TEST_CHECKPOINT_PAUSE"
+
+
+def pause_for_tests(iteration: int, rank: int) -> float:
+    spec = os.environ.get(_PAUSE)
+    if not spec:
+        return 0.0
+    it, seconds, *who = spec.split(":")
+    return float(seconds) if int(it) == iteration and (not who or int(who[0]) == rank) else 0.0
+
+
+class Writer:
+    """One thread that runs the checkpoint writes submitted to it, in order, while the caller
+    trains on. ``wait`` returns once every submitted job is done and raises the first error one of
+    them met (later jobs of a failed batch are skipped: a ``last.pt`` must not name a part whose
+    write failed); ``close`` waits too, or with ``abandon`` tells the jobs that wait for other
+    ranks (``commit``) to give up. Jobs take one argument, the ``threading.Event`` that says so."""
+
+    def __init__(self):
+        self._jobs: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.abandoned = threading.Event()
+        self.busy_seconds = 0.0  # the time spent writing (benchmarks: the write the training does not wait for)
+
+    def submit(self, job: Callable[[threading.Event], None], ready=None) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="tgdist-checkpoint-writer", daemon=True)
+            self._thread.start()
+        self._jobs.put((job, ready))
+
+    def _serve(self) -> None:
+        while True:
+            job, ready = self._jobs.get()
+            try:
+                if job is None:
+                    return
+                if self._error is None:
+                    start = time.perf_counter()
+                    if ready is not None:
+                        ready.synchronize()
+                    job(self.abandoned)
+                    self.busy_seconds += time.perf_counter() - start
+            except BaseException as e:  # raised to the training thread by wait()
+                self._error = e
+            finally:
+                self._jobs.task_done()
+
+    def pending(self) -> bool:
+        return self._jobs.unfinished_tasks > 0
+
+    def wait(self) -> None:
+        """Block until every job submitted is done; raise the first error among them."""
+        if self._thread is not None:
+            self._jobs.join()
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def close(self, abandon: bool = False) -> None:
+        """Wait for the jobs (``abandon``: a commit waiting for other ranks gives up) and stop the
+        thread. An error is raised as by ``wait``, unless abandoned (the run fails already)."""
+        if abandon:
+            self.abandoned.set()
+        try:
+            if abandon:
+                try:
+                    self.wait()
+                except Exception as e:
+                    log.warning("a checkpoint write of this failed run did not finish: %s", e)
+            else:
+                self.wait()
+        finally:
+            if self._thread is not None:
+                self._jobs.put((None, None))
+                self._thread.join()
+                self._thread = None
+
+
+def report_failure(directory: Path, rank: int, error: BaseException) -> None:
+    """Leave word in a checkpoint's directory that this rank's parts failed (best effort), so rank 0
+    stops waiting for them and does not commit the checkpoint."""
+    info = {"type": type(error).__name__, "message": " ".join(str(error).split())[:300],
+            "errno": getattr(error, "errno", None), "strerror": getattr(error, "strerror", None),
+            "filename": str(getattr(error, "filename", "") or "") or None}
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / f".rank-{rank}.failed").write_text(json.dumps(info))
+    except OSError:
+        pass
+
+
+# How long rank 0 waits for the other ranks' parts once its own are written: the bound of the
+# training collectives (a rank that slow has failed the run already).
+PARTS_TIMEOUT = 600.0
+
+
+def await_parts(directory: Path, names: list[str], abandoned: threading.Event,
+                timeout: float = PARTS_TIMEOUT) -> bool:
+    """Wait until every file ``names`` in ``directory`` exists (an ``atomic_save`` file exists only
+    complete and sealed). False when ``abandoned``; a rank's failure report, or the timeout, raises."""
+    deadline = time.monotonic() + timeout
+    pause = 0.005
+    while True:
+        missing = [n for n in names if not (directory / n).exists()]
+        if not missing:
+            return True
+        for report in sorted(directory.glob(".rank-*.failed")):
+            info = json.loads(report.read_text() or "{}")
+            rank = report.name.split("-")[1].split(".")[0]
+            if info.get("errno") is not None:
+                raise OSError(info["errno"], f"rank {rank}: {info.get('strerror') or info.get('message')}",
+                              info.get("filename"))
+            raise RuntimeError(f"rank {rank} could not write its part of checkpoint {directory}: "
+                               f"{info.get('type')}: {info.get('message')}")
+        if abandoned.is_set():
+            return False
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{directory}: {', '.join(missing)} not written after {timeout:.0f} s; the checkpoint "
+                               f"is not committed (last.pt names the previous one)")
+        time.sleep(pause)
+        pause = min(pause * 2, 0.1)

@@ -92,6 +92,15 @@ class Run:
         self.rank = self.world.rank
         self.ii, self.jj, self.kk = self.layout.coords(self.rank)
         self._trained = False
+        self._failing = False  # train() is failing: close() does not wait for other ranks' checkpoint parts
+        # checkpoints written in the background (``save``): the writer, the host buffers it writes
+        # from, the host copy of the iteration being saved, the iteration whose writes are under
+        # way, and the iteration directory last.pt names
+        self._writer, self._staging = checkpoint.Writer(), checkpoint.Staging()
+        self._host: tuple | None = None
+        self._writing: int | None = None
+        self._committed: str | None = None
+        self.save_seconds: list[float] = []  # the time each save held the training loop (benchmarks)
         self.trainer: Trainer | None = None
         self.pipeline: pipelines.Pipeline | None = None
         self._own_groups = groups is None
@@ -156,6 +165,7 @@ class Run:
         self.pipeline = pipelines.create(pipelines.PipelineContext(
             cfg, tr, lay, self.rank, self.alone, self.iterations, self.batches_per_epoch, self.groups, self.counter,
             self._step, self._negatives))  # (after the store: a pipeline's hooks hold it)
+        self._reserve_staging()
         self.ckpt_dir = self.dir / "checkpoints"
         self.ckpt_path = self.ckpt_dir / "last.pt"
         self.best_path = self.ckpt_dir / "best.pt"  # the best validated epoch (one process)
@@ -189,7 +199,14 @@ class Run:
 
     def close(self) -> None:
         """Release the store (a daemon's client detaches and stops the daemon it started) and the
-        process groups. ``train()`` closes; a ``Run`` never trained should be closed by its maker."""
+        process groups, after the checkpoint writes under way are done (those of a failing run
+        stop waiting for other ranks' parts). ``train()`` closes; a ``Run`` never trained should be
+        closed by its maker."""
+        try:
+            self._writer.close(abandon=self._failing)
+        finally:
+            self._host = self._writing = None
+            self._staging.release()
         if self.pipeline is not None:
             self.pipeline.close()
         if self.trainer is not None and not self.store.trainers_own:  # a store made here (a caller's is the caller's)
@@ -214,6 +231,7 @@ class Run:
         try:
             return self._train(on_iteration)
         except BaseException as e:
+            self._failing = True
             # the frames below this one hold the trainer, whose memory holds a process group: clear
             # their variables (the traceback's lines stay), so destroy() can free every group
             traceback.clear_frames(e.__traceback__.tb_next)
@@ -250,6 +268,7 @@ class Run:
                 trained, seconds = self._iterate(on_iteration)
         except _Stop as stop:
             log.info("stopping after %d training iterations (train.stop_after_batches)", stop.done)
+            self._wait_writes()
             return {"stopped": True, "checkpoint": str(self.ckpt_path) if self.ckpt_path.exists() else None}
         except _EarlyStop as stop:
             log.info("stopping after epoch %d: %d validations without a higher val AP (train.patience)",
@@ -311,7 +330,7 @@ class Run:
                 epoch = None
             elif every and (t + 1) % every == 0 and t + 1 < self.iterations:
                 pipe.drain()
-                self.save(t + 1)
+                self.save(t + 1, wait=False)
             if not self.alone and self.rank == 0 and cfg.train.progress and (t % 50 == 0 or t == self.iterations - 1):
                 el = time.perf_counter() - start
                 log.info("iteration %d/%d, %d events on this rank, %.0f events/s", t + 1, self.iterations, trained,
@@ -398,7 +417,7 @@ class Run:
         log.info("training stage times:\n%s", train_stages.table(res["train_events"]))
         if validates and self._best() is self.history[-1]:
             self._save_best(epoch.index, next_iteration, after_val)
-        self.save(next_iteration, memory_state=after_val)
+        self.save(next_iteration, memory_state=after_val, wait=False)
         if after_val is not None:
             tr.memory.load_state_dict(after_val)
         if validates and not last and self._stops_early():
@@ -446,6 +465,7 @@ class Run:
 
     def _finish_alone(self) -> dict:
         cfg, tr = self.cfg, self.trainer
+        self._wait_writes()  # last.pt and best.pt are read below
         if cfg.train.epochs == 0 and not cfg.train.resume:  # the node and edge tasks too: their link baseline
             self.evaluate_untrained()
         if not self.ckpt_path.exists():  # nothing trained here (epochs=0): still the model
@@ -518,6 +538,7 @@ class Run:
         world_group = self.groups.get("world")
         if self.start_iteration < self.iterations:
             self.save(self.iterations)  # the trained model and memory, as a run of one process leaves them
+        self._wait_writes()  # rank 0: last.pt committed, naming every rank's parts
         stats = collectives.all_gather_object({"events": trained, "seconds": seconds, "losses": self._settle_losses(),
                                                "model": model_digest(tr.model),
                                                "cache": tr.cache.take_stats() if tr.cache is not None else None},
@@ -603,54 +624,148 @@ class Run:
     # read slots and losses (``rank-R.pt``) and the memory (``memory-*.pt``, as the store says:
     # a file per memory group, or per shard); rank 0 then commits ``last.pt`` (model, optimizer,
     # iteration, metrics lines, the list of those files) and removes older iteration directories.
+    # The training loop only copies the state to host memory; the writer thread writes the files
+    # (``checkpoint.Writer``), and rank 0's commits ``last.pt`` once every rank's parts exist.
 
-    def save(self, iteration: int, memory_state: dict | None = None) -> None:
+    background_writes = True  # False: each save waits for its writes (benchmarks: the synchronous baseline)
+
+    def save(self, iteration: int, memory_state: dict | None = None, wait: bool = True) -> None:
         """``memory_state``: the node memory to write instead of the store's (one process: the
-        memory after validation, where testing every epoch moved it on)."""
+        memory after validation, where testing every epoch moved it on). ``wait=False`` (the
+        training loop's checkpoints): return once the state is copied to host memory, the files
+        being written in the background (a later save, the run's end or ``close`` waits for them);
+        else return with ``last.pt`` committed."""
+        began = time.perf_counter()
+        self._writes_done_before(iteration)
         self.pipeline.settle()
         tr, d = self.trainer, self.ckpt_dir / f"it{iteration:08d}"
+        if d.name == self._committed:  # a resume on another layout counts its iterations anew: the
+            d = d.with_name(f"{d.name}b")  # checkpoint it came from stays whole until this one is committed
         world_group = self.groups.get("world")
         losses = self._settle_losses()  # the device scalars read, once
-        checkpoint.atomic_save({**checkpoint.trainer_state(tr), "losses": losses, **self.pipeline.state()},
-                               d / f"rank-{self.rank}.pt")
+        mine = checkpoint.host_copy({**checkpoint.trainer_state(tr), "losses": losses, **self.pipeline.state()},
+                                    self._staging, ("rank",))
         pending = self.pipeline.grads.pending()  # asynchronous all-reduce: the averaged gradient not yet applied
         name, writes = tr.memory.checkpoint_part(self.ii, self.jj, self.kk)
-        if writes:
-            checkpoint.atomic_save(tr.memory.state_dict() if memory_state is None else memory_state, d / name)
+        memory = self._host_state(iteration, memory_state, "memory")["memory"] if writes else None
+        if self.rank == 0 and d.exists() and d.name != self._committed:
+            shutil.rmtree(d)  # a crashed attempt's parts: gone before any rank writes (the gather below orders it)
         files = collectives.all_gather_object((f"rank-{self.rank}.pt", name if writes else None), world_group,
                                               name="checkpoint", counter=collectives.ByteCounter())  # not training's
+        head = None
         if self.rank == 0:
-            checkpoint.atomic_save({"format": checkpoint.FORMAT, "config": checkpoint.identity(self.cfg),
-                                    "data": checkpoint.data_identity(tr.g), "layout": str(self.layout),
-                                    "iteration": iteration, "epochs": self.cfg.train.epochs, "dir": d.name,
-                                    "memory_backend": self.backend,
-                                    "placement": checkpoint.settings(self.cfg, ("partition",), set())
-                                    if self.store.partitioned else None,
-                                    "parts": [r for r, _ in files] + [m for _, m in files if m is not None],
-                                    "model": tr.model.state_dict(), "optimizer": tr.optimizer.state_dict(),
-                                    "pending_gradients": pending,
-                                    "history": [dict(h) for h in self.history]}, self.ckpt_path)
+            host = self._host_state(iteration, memory_state, "model", "optimizer")
+            head = {"format": checkpoint.FORMAT, "config": checkpoint.identity(self.cfg),
+                    "data": checkpoint.data_identity(tr.g), "layout": str(self.layout),
+                    "iteration": iteration, "epochs": self.cfg.train.epochs, "dir": d.name,
+                    "memory_backend": self.backend,
+                    "placement": checkpoint.settings(self.cfg, ("partition",), set())
+                    if self.store.partitioned else None,
+                    "parts": [r for r, _ in files] + [m for _, m in files if m is not None],
+                    "model": host["model"], "optimizer": host["optimizer"],
+                    "pending_gradients": checkpoint.host_copy(pending, self._staging, ("pending",)),
+                    "history": [dict(h) for h in self.history]}
+        rank, pause = self.rank, checkpoint.pause_for_tests(iteration, self.rank)
+
+        def write(abandoned) -> None:
+            try:
+                time.sleep(pause)
+                checkpoint.atomic_save(mine, d / f"rank-{rank}.pt")
+                if memory is not None:
+                    time.sleep(pause)
+                    checkpoint.atomic_save(memory, d / name)
+            except BaseException as e:
+                checkpoint.report_failure(d, rank, e)  # rank 0 then commits nothing
+                raise
+            if head is None:
+                return
+            time.sleep(pause)
+            if not checkpoint.await_parts(d, head["parts"], abandoned):
+                return  # the run failed meanwhile: last.pt keeps naming the previous checkpoint
+            checkpoint.atomic_save(head, self.ckpt_path)
+            self._committed = d.name
             for old in self.ckpt_dir.glob("it*"):
                 if old.name != d.name:
                     shutil.rmtree(old, ignore_errors=True)
-        collectives.barrier(world_group, name="checkpoint")
+
+        self._writer.submit(write, checkpoint.ready_event())
+        if wait or not self.background_writes:
+            self._wait_writes()
+        self.save_seconds.append(time.perf_counter() - began)
 
     def _save_best(self, epoch: int, iteration: int, memory_state: dict | None) -> None:
         """``best.pt`` (one process): the model and the node memory after validation of epoch
         ``epoch``, the best so far, with its parts in ``best-itNNNNNNNN/``; ``checkpoint.load``
-        reads it as it reads ``last.pt``. It is not a point to resume from (no RNG or position)."""
+        reads it as it reads ``last.pt``. It is not a point to resume from (no RNG or position).
+        Written in the background, from the host copy the ``save`` at the same iteration uses."""
+        began = time.perf_counter()
+        self._writes_done_before(iteration)
         tr, d = self.trainer, self.ckpt_dir / f"best-it{iteration:08d}"
         name, _ = tr.memory.checkpoint_part(0, 0, 0)
-        checkpoint.atomic_save(tr.memory.state_dict() if memory_state is None else memory_state, d / name)
-        checkpoint.atomic_save({"format": checkpoint.FORMAT, "kind": "best", "epoch": epoch,
-                                "config": checkpoint.identity(self.cfg), "data": checkpoint.data_identity(tr.g),
-                                "layout": str(self.layout), "iteration": iteration, "epochs": self.cfg.train.epochs,
-                                "dir": d.name, "parts": [name], "model": tr.model.state_dict(),
-                                "optimizer": tr.optimizer.state_dict(),
-                                "history": [dict(h) for h in self.history]}, self.best_path)
-        for old in self.ckpt_dir.glob("best-it*"):
-            if old.name != d.name:
-                shutil.rmtree(old, ignore_errors=True)
+        host = self._host_state(iteration, memory_state, "memory", "model", "optimizer")
+        head = {"format": checkpoint.FORMAT, "kind": "best", "epoch": epoch,
+                "config": checkpoint.identity(self.cfg), "data": checkpoint.data_identity(tr.g),
+                "layout": str(self.layout), "iteration": iteration, "epochs": self.cfg.train.epochs,
+                "dir": d.name, "parts": [name], "model": host["model"], "optimizer": host["optimizer"],
+                "history": [dict(h) for h in self.history]}
+
+        def write(abandoned) -> None:
+            checkpoint.atomic_save(host["memory"], d / name)  # its one part before the file that names it
+            checkpoint.atomic_save(head, self.best_path)
+            for old in self.ckpt_dir.glob("best-it*"):
+                if old.name != d.name:
+                    shutil.rmtree(old, ignore_errors=True)
+
+        self._writer.submit(write, checkpoint.ready_event())
+        if not self.background_writes:
+            self._wait_writes()
+        self.save_seconds.append(time.perf_counter() - began)
+
+    def _host_state(self, iteration: int, memory_state: dict | None, *parts: str) -> dict:
+        """``parts`` of the model, optimizer and node memory (the store's, or ``memory_state``)
+        copied to host memory, each once per iteration: ``best.pt`` and ``last.pt`` of one epoch's
+        end share the copy. A store whose ``state_dict`` is a copy already is not copied again."""
+        key = (iteration, id(memory_state))
+        if self._host is None or self._host[0] != key:
+            self._host = (key, {})
+        tr, host = self.trainer, self._host[1]
+        for part in parts:
+            if part in host:
+                continue
+            if part == "memory":
+                state = tr.memory.state_dict() if memory_state is None else memory_state
+                fresh = memory_state is None and tr.memory.state_dict_copies
+                host[part] = state if fresh else checkpoint.host_copy(state, self._staging, (part,))
+            else:
+                held = tr.model if part == "model" else tr.optimizer
+                host[part] = checkpoint.host_copy(held.state_dict(), self._staging, (part,))
+        return host
+
+    def _reserve_staging(self) -> None:
+        """The host buffers for the node memory this rank writes, allocated by the writer thread
+        while training starts: the first save then only copies (a large memory's first allocation
+        costs its page faults, seen 10-20x the copy). The first save waits for it (``_writing``)."""
+        memory = self.trainer.memory
+        if not memory.checkpoint_part(self.ii, self.jj, self.kk)[1] or memory.state_dict_copies:
+            return
+        state = memory.state_dict()  # the live buffers: only their shapes are read
+        self._writer.submit(lambda _: self._staging.reserve(state, ("memory",)))
+        self._writing = -1
+
+    def _writes_done_before(self, iteration: int) -> None:
+        """A save of another iteration first waits for the writes under way (their host copy is
+        refilled next); one of the same iteration (``best.pt``, then ``last.pt``) queues behind them."""
+        if self._writing is not None and self._writing != iteration:
+            self._wait_writes()
+        self._writing = iteration
+
+    def _wait_writes(self) -> None:
+        """Every checkpoint write submitted is done (rank 0: and committed); the first error one met
+        is raised here, as it was raised in the writer."""
+        try:
+            self._writer.wait()
+        finally:
+            self._host = self._writing = None
 
     def load(self, path: Path, state: dict) -> None:
         """Restore every rank's part of the checkpoint ``path`` (``state``: its ``last.pt`` as
@@ -685,6 +800,7 @@ class Run:
         self.pipeline.grads.restore(state.get("pending_gradients"), tr.device)
         self.history = [dict(h) for h in state["history"]]
         self.start_iteration = int(state["iteration"]) if moved is None else moved.start
+        self._committed = state["dir"]  # (when resumed in its own directory: a save never clears it)
         best = path.parent / "best.pt"  # a run of one process resumed into another directory takes its best.pt
         if self.alone and best.exists() and best.parent.resolve() != self.ckpt_dir.resolve():
             parts = best.parent / checkpoint.read(best, map_location="cpu", mmap=True)["dir"]
