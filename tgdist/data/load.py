@@ -24,9 +24,9 @@ log = logging.getLogger(__name__)
 DEFAULT = "collegemsg"  # the reader of a run that names no file (data.path=null)
 
 
-def check_data_source(cfg: DataConfig) -> None:
+def check_data_source(cfg: DataConfig) -> Reader | None:
     """The data a ``DataConfig`` names is there, in a format tgdist reads (``tgdist launch`` and
-    sweeps check it before starting, ``load_data`` before reading)."""
+    sweeps check it before starting, ``load_data`` before reading); its reader (None: ``auto``)."""
     reader = None if cfg.format == "auto" else readers.get(cfg.format)
     if cfg.require_path and cfg.path is None:
         raise ConfigError("data=file needs data.path=FILE (any supported file or TGL directory)")
@@ -40,12 +40,12 @@ def check_data_source(cfg: DataConfig) -> None:
             raise ConfigError(f"data={cfg.name}: {cfg.path} is missing; shared data sets are read from {shared} "
                               f"({where}): set TGDIST_DATASETS to the folder that holds {cfg.name}/")
         existing(cfg.path)
+    return reader
 
 
 def load_data(cfg: DataConfig) -> TemporalGraph:
     """Build the ``TemporalGraph`` a ``DataConfig`` describes."""
-    check_data_source(cfg)
-    reader = None if cfg.format == "auto" else readers.get(cfg.format)
+    reader = check_data_source(cfg)
     graph = reader.load(cfg) if reader is not None else None
     if graph is None:  # the reader's warnings become log lines (stderr and the run's train.log), not Python's
         with warnings.catch_warnings(record=True) as caught:  # file:line report with a code line
@@ -62,7 +62,7 @@ def load_data(cfg: DataConfig) -> TemporalGraph:
 
 def formats() -> list[str]:
     """The formats ``load_graph`` reads: ``auto`` and the readers of files or of an embedded stream."""
-    return ["auto", *(name for name in readers.names() if not readers.get(name).from_config)]
+    return ["auto", *(name for name in readers.names() if not readers.READERS[name].from_config)]
 
 
 def _source_size(origin: Path) -> int:
@@ -84,19 +84,21 @@ def load_graph(path: str | Path | None = None, *, format: str = "auto", columns:
     by a hash of the source bytes and the reader options; the cache file is written atomically,
     so a failed read leaves nothing behind.
     """
-    if format not in formats():
-        raise DataError(f"unknown data format {format!r}; choose one of {', '.join(formats())}")
-    if format != "auto" and not readers.get(format).takes_path and path is not None:
-        files = [f for f in formats() if f == "auto" or readers.get(f).takes_path]
-        raise DataError(f"format {format!r} is {readers.get(format).describes} and takes no path (got {path}); use "
-                        f"format {', '.join(files[:-1])} or {files[-1]} for a file")
+    known = formats()  # one look at the registry (and the extensions'): it reads installed packages' metadata
+    if format not in known:
+        raise DataError(f"unknown data format {format!r}; choose one of {', '.join(known)}")
+    chosen = None if format == "auto" else readers.READERS[format]
+    if chosen is not None and not chosen.takes_path and path is not None:
+        files = [f for f in known if f == "auto" or readers.READERS[f].takes_path]
+        raise DataError(f"format {format!r} is {chosen.describes} and takes no path (got {path}); use format "
+                        f"{', '.join(files[:-1])} or {files[-1]} for a file")
     if path is None:
-        reader = readers.get(DEFAULT)
+        reader = readers.READERS[DEFAULT]
         origin = reader.path()
     else:
-        origin, reader = existing(path), None
+        origin, reader = existing(path), chosen
     try:
-        reader = reader or (readers.detect(origin) if format == "auto" else readers.get(format))
+        reader = reader or readers.detect(origin)
         options = ReadOptions(columns=columns, strict_columns=strict_columns, bipartite=bipartite,
                               strict_order=strict_order)
         return _load(origin, reader, options, cache, cache_dir, name)
