@@ -20,10 +20,12 @@ downloaded data set) sets ``takes_path = False`` and ``from_config = True`` and 
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tgdist import plugins
 from tgdist.errors import ConfigError, DataError
 
 
@@ -107,6 +109,9 @@ class Reader:
 
 READERS: dict[str, Reader] = {}
 
+# The built-in readers' modules in this package, in the order data.format's choices are named.
+BUILTIN = ("edgelist", "jodie", "tgl", "native", "collegemsg", "synthetic", "tgb")
+
 
 def register(cls: type[Reader]) -> type[Reader]:
     """Register a ``Reader`` subclass (an instance of it) under its ``name``; a decorator."""
@@ -117,9 +122,11 @@ def register(cls: type[Reader]) -> type[Reader]:
 
 
 def names() -> list[str]:
-    """The registered formats, built-in first, each kind in the order they were registered."""
+    """The registered formats: the built-in ones in ``BUILTIN``'s order, then the extensions' in
+    the order they were registered."""
     _load_builtin()
-    return sorted(READERS, key=lambda name: not type(READERS[name]).__module__.startswith("tgdist."))
+    order = {f"{__name__}.{module}": n for n, module in enumerate(BUILTIN)}
+    return sorted(READERS, key=lambda name: order.get(type(READERS[name]).__module__, len(BUILTIN)))
 
 
 def check_format(name: str) -> None:
@@ -147,15 +154,8 @@ def detect(path: Path) -> Reader:
 
 
 def _load_builtin() -> None:
-    """Import the built-in readers' modules, which register themselves (in this order: the order
-    ``data.format``'s choices are named in), and the extensions of ``tgdist.plugins``."""
-    from tgdist import plugins
-    from tgdist.data.readers import edgelist  # noqa: F401, I001  (registering is their import)
-    from tgdist.data.readers import jodie  # noqa: F401
-    from tgdist.data.readers import tgl  # noqa: F401
-    from tgdist.data.readers import native  # noqa: F401
-    from tgdist.data.readers import collegemsg  # noqa: F401
-    from tgdist.data.readers import synthetic  # noqa: F401
-    from tgdist.data.readers import tgb  # noqa: F401
-
+    """Import the built-in readers' modules, which register themselves, and the extensions of
+    ``tgdist.plugins``."""
+    for module in BUILTIN:
+        importlib.import_module(f"{__name__}.{module}")
     plugins.load()
