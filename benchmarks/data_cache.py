@@ -26,7 +26,7 @@ import numpy as np
 from common import DATASETS, at_least, emit, machine, run_main  # noqa: E402
 
 import tgdist  # noqa: F401
-from tgdist.data.graph import load_graph
+from tgdist.data.load import load_graph
 
 SOURCES = [
     ("wikipedia", "wikipedia/wikipedia.csv.gz", {}),

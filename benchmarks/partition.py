@@ -62,7 +62,8 @@ def peak_mib() -> float:
 
 
 def load(name: str):
-    from tgdist.data.graph import chronological_split, load_graph
+    from tgdist.data.graph import chronological_split
+    from tgdist.data.load import load_graph
     path = DATASETS / FILES[name]
     if not path.exists():
         return None, None

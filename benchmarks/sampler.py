@@ -56,7 +56,7 @@ def reset_peak_rss() -> bool:
 
 
 def load(name: str, args) -> tuple:
-    from tgdist.data.graph import load_graph
+    from tgdist.data.load import load_graph
     start = time.perf_counter()
     if name == "wikipedia":
         g = load_graph(DATASETS / "wikipedia" / "wikipedia.csv.gz", cache=False)

@@ -132,7 +132,7 @@ def written_once(args, name: str, write) -> Path:
 
 def stream_file(args) -> Path:
     """The synthetic stream, with ``--edge-dim`` features, as a tgdist .npz."""
-    from tgdist.data.graph import save_native
+    from tgdist.data.readers.native import save_native
     from tgdist.data.synthetic import generate
 
     return written_once(args, f"synthetic-{args.events}-{args.nodes}-{args.edge_dim}.npz", lambda path: save_native(
@@ -228,7 +228,7 @@ def section_gather(args) -> dict:
     import numpy as np
     import torch
 
-    from tgdist.config import load_data
+    from tgdist.data.load import load_data
     from tgdist.data.sampler import TCSR, NegativeSampler, TemporalSampler
     from tgdist.runtime.build import compose
     from tgdist.runtime.features import host_tensor
@@ -305,7 +305,7 @@ def section_gather(args) -> dict:
 
 CONVERT = """
 import json, logging, os, sys, time
-from tgdist.data.graph import load_graph
+from tgdist.data.load import load_graph
 logging.basicConfig(level=logging.INFO, format="%(message)s")
 t0 = time.perf_counter()
 g = load_graph(sys.argv[1], cache_dir=sys.argv[2])
@@ -321,7 +321,7 @@ def section_build(args) -> dict:
     """Converting a text edge list (``src,dst,t``, written once from the synthetic stream) to the
     mapped cache entry, in a fresh process: its peak RSS (``VmHWM``) against the entry's size, the
     time, and the progress lines it logged. The baseline is the same process's RSS after imports."""
-    from tgdist.data.graph import save_edgelist
+    from tgdist.data.readers.edgelist import save_edgelist
     from tgdist.data.synthetic import generate
 
     csv = written_once(args, f"edges-{args.events}-{args.nodes}.csv", lambda path: save_edgelist(
@@ -329,7 +329,7 @@ def section_build(args) -> dict:
     cache = Path(args.cache_dir) / "build"
     import shutil
     shutil.rmtree(cache, ignore_errors=True)
-    base = subprocess.run([sys.executable, "-c", "import tgdist.data.graph, tgdist.kernels.graph; print(next(int(l.split()[1]) "
+    base = subprocess.run([sys.executable, "-c", "import tgdist.data.load, tgdist.kernels.graph; print(next(int(l.split()[1]) "
                           "for l in open('/proc/self/status') if l.startswith('VmRSS')) * 1024)"],
                           capture_output=True, text=True, check=True)
     r = subprocess.run([sys.executable, "-c", CONVERT, str(csv), str(cache)], capture_output=True, text=True)

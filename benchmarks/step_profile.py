@@ -19,7 +19,7 @@ from collections import defaultdict
 import torch
 from common import DATA_FILES, DATASETS, at_least, emit, machine, note, run_main
 
-from tgdist.data.graph import load_graph
+from tgdist.data.load import load_graph
 from tgdist.runtime import trainer
 from tgdist.runtime.build import build_trainer, compose
 

@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 from common import DATA_FILES, DATASETS, at_least, emit, machine, note, peak_rss_mib, require, run_main
 
-from tgdist.data.graph import chronological_split, load_graph
+from tgdist.data.graph import chronological_split
+from tgdist.data.load import load_graph
 from tgdist.data.sampler import NegativeSampler
 from tgdist.runtime.build import build_trainer, compose
 from tgdist.runtime.features import host_tensor  # (the graph's arrays are read-only maps)

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from tgdist import cli
-from tgdist.data import graph as tdata
-from tgdist.data.graph import load_graph
+from tgdist.config import file_stem
+from tgdist.data.load import load_graph
 from tgdist.data.synthetic import generate
 
 
@@ -185,7 +185,7 @@ def test_data_synth_output_names(tmp_path, capsys, cache_dir, monkeypatch):
     args = ["data", "synth", "--num-events", "50", "--num-nodes", "10"]
     assert cli.main([*args, "--out", str(tmp_path / "U.CSV.GZ")]) == 0
     assert "(" in capsys.readouterr().err and load_graph(tmp_path / "U.CSV.GZ").num_events == 50
-    assert tdata.file_stem(tmp_path / "U.CSV.GZ") == "U"
+    assert file_stem(tmp_path / "U.CSV.GZ") == "U"
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert cli.main([*args, "--out=~/h.npz", "--quiet"]) == 0
     assert (tmp_path / "home" / "h.npz").exists()

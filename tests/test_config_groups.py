@@ -14,7 +14,6 @@ from tgdist.config.overrides import ConfigSource, checked_compose
 from tgdist.config import (
     Choice,
     CommBackend,
-    DataFormat,
     EvalProtocol,
     LrScaling,
     Mitigation,
@@ -76,7 +75,6 @@ def test_an_unknown_option_names_the_options(group, options):
 # Every key that takes one of a closed set of names (tgdist.config.Choice), with its options in the
 # order the error names them; tgdist partition's schema shares data.* and sampler.*.
 OPTIONS = {
-    "data.format": "auto, edgelist, jodie, tgl, native, collegemsg, synthetic, tgb",
     "data.time_unit": "auto, s, ms, us, ns",
     "sampler.strategy": "recent, uniform",
     "model.name": "tgn, jodie, apan",
@@ -157,7 +155,7 @@ def test_an_interpolated_value_is_checked_as_it_resolves(monkeypatch):
 
 def test_option_names_are_their_values():
     """OmegaConf looks a value up by member name: the two must be the same."""
-    kinds = [CommBackend, ModelName, DataFormat, TimeUnit, SamplingStrategy, Task, LrScaling, PartitionMethod,
+    kinds = [CommBackend, ModelName, TimeUnit, SamplingStrategy, Task, LrScaling, PartitionMethod,
              PartitionWeights, Select, RemoteDispatch, Mitigation, EvalProtocol]
     assert sorted(k.__name__ for k in kinds) == sorted(k.__name__ for k in Choice.__subclasses__())
     for kind in kinds:
@@ -165,7 +163,7 @@ def test_option_names_are_their_values():
 
 
 def test_the_options_are_what_the_layers_below_implement():
-    from tgdist.data.graph import FORMATS, TIME_UNITS
+    from tgdist.data.graph import TIME_UNITS
     from tgdist.data.sampler import TCSR, TemporalSampler
     from tgdist.data.synthetic import generate
     from tgdist.distributed.schedule import LR_SCALING_MODES
@@ -177,7 +175,6 @@ def test_the_options_are_what_the_layers_below_implement():
     def names(kind):
         return [m.value for m in kind]
 
-    assert names(DataFormat) == [*FORMATS, "synthetic", "tgb"]  # (tgb: tgdist.data.tgb's data sets)
     assert names(TimeUnit) == ["auto", *TIME_UNITS]
     assert names(LrScaling) == list(LR_SCALING_MODES)
     assert names(PartitionMethod) == list(METHODS)

@@ -53,22 +53,22 @@ def test_a_log_record_to_the_terminal_erases_the_line_first():
 
 
 def test_reading_a_large_file_shows_its_phases_on_a_terminal(tmp_path, monkeypatch):
-    from tgdist.data import graph as tdata
+    from tgdist.data import load as tload
 
     path = tmp_path / "ev.csv"
     path.write_text("".join(f"{i % 40},{40 + i % 23},{i}\n" for i in range(500)))
-    monkeypatch.setattr(tdata, "STATUS_BYTES", 1)  # a few KiB count as large here
+    monkeypatch.setattr(tload, "STATUS_BYTES", 1)  # a few KiB count as large here
     term = Terminal()
     monkeypatch.setattr("sys.stderr", term)
-    g = tdata.load_graph(path, cache_dir=tmp_path / "cache")
+    g = tload.load_graph(path, cache_dir=tmp_path / "cache")
     for phase in ("hashing the source", "parsing", "building the graph", "writing the cache"):
         assert f"reading ev.csv (0 MiB): {phase}" in term.getvalue(), term.getvalue()
     term.truncate(0)
-    again = tdata.load_graph(path, cache_dir=tmp_path / "cache")
+    again = tload.load_graph(path, cache_dir=tmp_path / "cache")
     assert "mapping the cached graph" in term.getvalue() and np.array_equal(again.t, g.t)
     quiet = io.StringIO()
     monkeypatch.setattr("sys.stderr", quiet)
-    tdata.load_graph(path, cache_dir=tmp_path / "cache2")
+    tload.load_graph(path, cache_dir=tmp_path / "cache2")
     assert quiet.getvalue() == ""
 
 

@@ -26,7 +26,7 @@ from tests.runtime.test_parallel import torchrun_cmd
 from tests.test_train_cli import QUICK, _interrupt_when, tgdist
 from tgdist import checksum
 from tgdist.data import mapped
-from tgdist.data.graph import from_arrays
+from tgdist.data.cache import from_arrays
 from tgdist.errors import DataError
 from tgdist.memory import shm
 from tgdist.partition import artifact

@@ -381,7 +381,8 @@ def profile_bare(tr, epoch_s: float) -> dict:
 
 def graph():
     from tgdist.config import datasets_dir
-    from tgdist.data.graph import load_graph, subset
+    from tgdist.data.graph import subset
+    from tgdist.data.load import load_graph
 
     g = load_graph(Path(datasets_dir()) / "wikipedia" / "wikipedia.csv.gz")
     n = sizes()["speed_events"]

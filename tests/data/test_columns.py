@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tgdist.data import graph as tdata
-from tgdist.data.graph import load_graph, load_native, save_native
+from tgdist.data.load import load_graph
+from tgdist.data.readers import edgelist as edgelist_reader
+from tgdist.data.readers.native import load_native, save_native
 from tgdist.errors import DataError
 
 EPOCH = 1_289_241_911  # 2010-11-08, where SNAP's bitcoin-otc starts
@@ -82,7 +83,7 @@ def test_naming_the_columns_as_they_are_or_relaxing_the_check_reads_column_3(tmp
         f"data.strict_columns=false asks (\"data.columns='src,dst,feat,t'\" (tgdist data: --columns src,dst,feat,t) "
         f"reads the other)")
     # the relaxed read's cache entry repeats the warning, and never serves a strict read
-    monkeypatch.setattr(tdata, "_read_edgelist", None)
+    monkeypatch.setattr(edgelist_reader, "_read_edgelist", None)
     with pytest.warns(UserWarning) as again:
         assert load_graph(path, strict_columns=False).t.min() == -10
     assert [str(w.message) for w in again] == [str(w.message) for w in caught]
@@ -172,7 +173,7 @@ def test_ids_beyond_int64_and_negative_ids_are_remapped_exactly(tmp_path, cache_
     assert g.node_map.dtype == dtype and g.node_map.tolist() == node_map
     assert [str(x) for x in g.node_map[g.src]] == [r[0] for r in rows]
     assert [str(x) for x in g.node_map[g.dst]] == [r[1] for r in rows]
-    monkeypatch.setattr(tdata, "_read_edgelist", None)  # from the cache entry, exactly as read
+    monkeypatch.setattr(edgelist_reader, "_read_edgelist", None)  # from the cache entry, exactly as read
     again = load_graph(path)
     assert again.node_map.dtype == dtype and again.node_map.tolist() == node_map
     assert again.src.tolist() == g.src.tolist() and again.dst.tolist() == g.dst.tolist()

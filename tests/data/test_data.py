@@ -17,14 +17,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tgdist.data import cache as tcache
 from tgdist.data import graph as tdata
+from tgdist.data import load as tload
 from tgdist.data import mapped
 from tgdist.data.graph import (
     NodeLabels,
     TemporalGraph,
     chronological_split,
-    load_graph,
 )
+from tgdist.data.load import load_graph
+from tgdist.data.readers import edgelist as edgelist_reader
+from tgdist.data.readers import native as native_reader
+from tgdist.data.readers import tgl as tgl_reader
 from tgdist.errors import DataError
 from tgdist.runtime.build import build_trainer, compose
 
@@ -225,7 +230,7 @@ def test_unreadable_sources_are_one_line_errors(tmp_path, cache_dir, monkeypatch
         raise PermissionError(13, "Permission denied", str(tmp_path / "tgl" / "edge_features.pt"))
 
     d = write_tgl(tmp_path / "tgl")
-    monkeypatch.setattr(tdata, "_tensor_rows", refuse)
+    monkeypatch.setattr(tgl_reader, "_tensor_rows", refuse)
     with pytest.raises(DataError, match="edge_features.pt: cannot read \\(Permission denied\\)"):
         load_graph(d, cache=False)
     enc = tmp_path / "enc.zip"
@@ -255,7 +260,7 @@ def test_tensor_files_saved_from_parameters_or_sparse(tmp_path, cache_dir):
 
 def test_empty_cache_variable_means_the_default(monkeypatch):
     monkeypatch.setenv("TGDIST_CACHE", "")
-    assert tdata.default_cache_dir() == Path.home() / ".cache" / "tgdist"
+    assert tcache.default_cache_dir() == Path.home() / ".cache" / "tgdist"
 
 
 def entries(cache_dir: Path) -> list[Path]:
@@ -481,13 +486,13 @@ def test_edge_list_writer_keeps_times_and_features_exactly(tmp_path, cache_dir):
     t = np.sort(1.4e9 + rng.random(50) * 1e4)
     feat = rng.standard_normal((50, 2)).astype(np.float32)
     g = graph(rng.integers(0, 5, 50), rng.integers(5, 9, 50), t, edge_feat=feat)
-    h = load_graph(tdata.save_edgelist(g, tmp_path / "e.csv.gz"))
+    h = load_graph(edgelist_reader.save_edgelist(g, tmp_path / "e.csv.gz"))
     assert h.t.tobytes() == g.t.tobytes() and h.edge_feat.tobytes() == feat.tobytes()
     assert h.node_map[h.src].tolist() == g.src.tolist() and h.node_map[h.dst].tolist() == g.dst.tolist()
     big = graph([0, 1], [1, 2], np.array([2**60, 2**60 + 1], dtype=np.int64))
-    assert load_graph(tdata.save_edgelist(big, tmp_path / "b.txt")).t.tolist() == [2**60, 2**60 + 1]
+    assert load_graph(edgelist_reader.save_edgelist(big, tmp_path / "b.txt")).t.tolist() == [2**60, 2**60 + 1]
     with pytest.raises(DataError, match="an edge list cannot hold node features; write a .npz"):
-        tdata.save_edgelist(graph([0], [1], [1], node_feat=np.zeros((2, 3), np.float32)), tmp_path / "n.csv")
+        edgelist_reader.save_edgelist(graph([0], [1], [1], node_feat=np.zeros((2, 3), np.float32)), tmp_path / "n.csv")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b.txt", "e.csv.gz"]
 
 
@@ -533,7 +538,7 @@ def test_native_round_trip_keeps_everything(tmp_path):
               node_feat=np.arange(6, dtype=np.float32).reshape(3, 2), label=np.array([1, 0]),
               ext_roll=np.array([0, 2], np.int8), name="x", source_hash="abc",
               node_labels=NodeLabels(np.array([1]), np.array([0.75]), np.array([4])))
-    path = tdata.save_native(g, tmp_path / "g.npz")
+    path = native_reader.save_native(g, tmp_path / "g.npz")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g.npz"]  # no temporary file left
     h = load_graph(path)
     for k in ("src", "dst", "t", "node_map", "edge_feat", "node_feat", "label", "ext_roll"):
@@ -566,20 +571,20 @@ def test_a_malformed_graph_is_refused_before_the_kernels_see_it(tmp_path, change
     with pytest.raises(DataError, match="graph: " + message):
         bad.check()
     if "t" not in change or np.asarray(change["t"]).dtype != np.int32:  # the .npz keeps what it is given
-        path = tdata.save_native(bad, tmp_path / "bad.npz")
+        path = native_reader.save_native(bad, tmp_path / "bad.npz")
         with pytest.raises(DataError, match=re.escape(str(path)) + ": " + message):
-            tdata.load_native(path)
+            native_reader.load_native(path)
     with pytest.raises(DataError, match=message):
         build_trainer(compose(["model.mem_dim=8", "model.time_dim=4", "train.progress=false"]), graph=bad)
 
 
 def test_native_from_a_newer_version_is_refused(tmp_path, monkeypatch):
     g = graph(src=[0], dst=[1], t=[0])
-    monkeypatch.setattr(tdata, "CACHE_VERSION", tdata.CACHE_VERSION + 1)
-    path = tdata.save_native(g, tmp_path / "new.npz")
+    monkeypatch.setattr(tcache, "CACHE_VERSION", tcache.CACHE_VERSION + 1)
+    path = native_reader.save_native(g, tmp_path / "new.npz")
     monkeypatch.undo()
     with pytest.raises(DataError, match=r"new\.npz: written by a newer tgdist"):
-        tdata.load_native(path)
+        native_reader.load_native(path)
 
 
 def test_save_native_failure_leaves_nothing(tmp_path, monkeypatch):
@@ -587,7 +592,7 @@ def test_save_native_failure_leaves_nothing(tmp_path, monkeypatch):
         raise RuntimeError("disk full")
     monkeypatch.setattr(tdata.np, "savez", boom)
     with pytest.raises(RuntimeError):
-        tdata.save_native(graph(src=[0], dst=[1], t=[0]), tmp_path / "out" / "g.npz")
+        native_reader.save_native(graph(src=[0], dst=[1], t=[0]), tmp_path / "out" / "g.npz")
     assert list((tmp_path / "out").iterdir()) == []
 
 
@@ -611,7 +616,7 @@ def test_string_node_ids(tmp_path, cache_dir, monkeypatch):
     assert g.node_map[g.src].tolist() == ["ann@x.org", "bob@x.org", "ann@x.org"]
     assert g.node_map[g.dst].tolist() == ["bob@x.org", "cy@x.org", "cy@x.org"]
     assert g.t.tolist() == [10, 11, 12] and g.edge_feat[:, 0].tolist() == [1.5, 2.5, 0.5]
-    monkeypatch.setattr(tdata, "_read_edgelist", None)  # from the cache
+    monkeypatch.setattr(edgelist_reader, "_read_edgelist", None)  # from the cache
     h = load_graph(path)
     assert h.node_map.tolist() == g.node_map.tolist() and h.src.tolist() == g.src.tolist()
     monkeypatch.undo()
@@ -638,7 +643,7 @@ def test_cache_second_load_skips_the_reader(tmp_path, cache_dir, monkeypatch):
 
     def no_reading(*a, **k):
         raise AssertionError("the reader ran although the cache holds this graph")
-    monkeypatch.setattr(tdata, "_read_edgelist", no_reading)
+    monkeypatch.setattr(edgelist_reader, "_read_edgelist", no_reading)
     h = load_graph(path)
     assert h.src.tolist() == g.src.tolist() and h.t.tolist() == g.t.tolist() and h.source_hash == g.source_hash
     assert h.mapped == str(entries(cache_dir)[0]) and not h.src.flags.writeable  # a read-only map
@@ -658,29 +663,29 @@ def test_cache_key_covers_content_and_options(tmp_path, cache_dir):
 @pytest.mark.parametrize("cache", [True, False])
 def test_a_large_source_is_announced_before_it_is_parsed(tmp_path, cache_dir, caplog, monkeypatch, cache):
     path = write(tmp_path / "a.txt", "1 2 1\n2 3 2\n")
-    monkeypatch.setattr(tdata, "_source_size", lambda origin: 300 << 20)
-    with caplog.at_level("INFO", logger="tgdist.data.graph"):
+    monkeypatch.setattr(tload, "_source_size", lambda origin: 300 << 20)
+    with caplog.at_level("INFO", logger="tgdist.data"):
         load_graph(path, cache=cache)
     first = caplog.records[0].getMessage()
     assert first == f"reading {path} (300 MiB)" + ("; the parsed graph is cached for later runs" if cache else "")
     caplog.clear()
     monkeypatch.undo()
-    with caplog.at_level("INFO", logger="tgdist.data.graph"):
+    with caplog.at_level("INFO", logger="tgdist.data"):
         load_graph(write(tmp_path / "b.txt", "1 2 1\n2 3 2\n"))
     assert not any(r.getMessage().startswith("reading") for r in caplog.records)  # small: read at once
 
 
 def test_cache_entries_of_an_older_version_are_removed_and_nothing_else(tmp_path, cache_dir, monkeypatch):
-    old = tdata.CACHE_VERSION
-    monkeypatch.setattr(tdata, "CACHE_VERSION", old - 1)
-    stale = tdata.save_native(load_graph(write(tmp_path / "a.txt", "1 2 1\n2 3 2\n")), tmp_path / "x.npz")
+    old = tcache.CACHE_VERSION
+    monkeypatch.setattr(tcache, "CACHE_VERSION", old - 1)
+    stale = native_reader.save_native(load_graph(write(tmp_path / "a.txt", "1 2 1\n2 3 2\n")), tmp_path / "x.npz")
     (entry,) = entries(cache_dir)  # a.txt's entry under the older version
-    mine = tdata.save_native(load_graph(stale, cache=False), cache_dir / "mine.npz")  # a user's own file, older too
+    mine = native_reader.save_native(load_graph(stale, cache=False), cache_dir / "mine.npz")  # a user's own file, older too
     lookalike = cache_dir / f"b-{'0' * 32}.npz"  # named like an entry, but not one (another hash inside)
     lookalike.write_bytes(mine.read_bytes())
     older_npz = cache_dir / f"c-{'1' * 32}.npz"  # an entry of the .npz layout (before version 7)
-    tdata.save_native(dataclasses.replace(load_graph(stale, cache=False), source_hash="1" * 32), older_npz)
-    monkeypatch.setattr(tdata, "CACHE_VERSION", old)
+    native_reader.save_native(dataclasses.replace(load_graph(stale, cache=False), source_hash="1" * 32), older_npz)
+    monkeypatch.setattr(tcache, "CACHE_VERSION", old)
     load_graph(write(tmp_path / "c.txt", "1 2 1\n2 3 5\n"))
     names = [p.name for p in entries(cache_dir)]
     assert entry.name not in names and older_npz.name not in names
@@ -873,7 +878,7 @@ def test_unsorted_times_name_a_later_field_in_time_order(tmp_path, cache_dir, mo
     with pytest.warns(UserWarning, match=hint):
         g = load_graph(path)
     assert g.t.tolist() == [-2, 1, 4]
-    monkeypatch.setattr(tdata, "_read_edgelist", None)  # the second load must come from the cache
+    monkeypatch.setattr(edgelist_reader, "_read_edgelist", None)  # the second load must come from the cache
     with pytest.warns(UserWarning, match=hint):
         assert load_graph(path).t.tolist() == [-2, 1, 4]
     monkeypatch.undo()

@@ -23,7 +23,7 @@ import pytest
 
 from tests.runtime.test_parallel import free_port
 from tgdist.data import mapped
-from tgdist.data.graph import load_graph
+from tgdist.data.load import load_graph
 from tgdist.errors import DataError
 from tgdist.runtime.build import build_trainer, compose
 from tgdist.runtime.run import Run
@@ -47,7 +47,7 @@ def events(path: Path, n: int = 3000, nodes: int = 80, seed: int = 0) -> Path:
 LOADER = textwrap.dedent("""
     import json, os, sys, time
     from tgdist.data import mapped
-    from tgdist.data.graph import load_graph
+    from tgdist.data.load import load_graph
     writes = []
     real = mapped.write
     def counting(folder, arrays, meta):
@@ -209,7 +209,7 @@ def test_two_machines_with_node_local_cache_folders_build_one_copy_each(tmp_path
 
 
 # ---------------------------------------------------------------------------------------------
-# Large edge lists are read block by block (graph._stream_edgelist), to the whole-file reader's graph
+# Large edge lists are read block by block (readers.edgelist._stream_edgelist), to the whole-file reader's graph
 
 STREAM_CASES = {
     "features": "".join(f"{i * 7 % 13},{i * 5 % 11 + 20},{i},{i * 0.5},{-i}\n" for i in range(300)),
@@ -229,7 +229,7 @@ def test_an_edge_list_read_in_blocks_is_the_graph_read_whole(tmp_path, monkeypat
     import gzip
     import warnings
 
-    from tgdist.data import graph as tdata
+    from tgdist.data.readers import edgelist as edgelist_reader
 
     text = STREAM_CASES[case].encode()
     path = tmp_path / f"e{suffix}"
@@ -237,11 +237,11 @@ def test_an_edge_list_read_in_blocks_is_the_graph_read_whole(tmp_path, monkeypat
     with warnings.catch_warnings(record=True) as whole_said:
         warnings.simplefilter("always")
         whole = load_graph(path, cache=False)
-    monkeypatch.setattr(tdata, "STREAM_BYTES", 0)
-    monkeypatch.setattr(tdata, "STREAM_BLOCK", 97)  # a few lines a block: every case crosses many blocks
+    monkeypatch.setattr(edgelist_reader, "STREAM_BYTES", 0)
+    monkeypatch.setattr(edgelist_reader, "STREAM_BLOCK", 97)  # a few lines a block: every case crosses many blocks
     streamed_blocks = []
-    real = tdata._stream_edgelist
-    monkeypatch.setattr(tdata, "_stream_edgelist", lambda *a: streamed_blocks.append(r := real(*a)) or r)
+    real = edgelist_reader._stream_edgelist
+    monkeypatch.setattr(edgelist_reader, "_stream_edgelist", lambda *a: streamed_blocks.append(r := real(*a)) or r)
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         got = load_graph(path, cache_dir=tmp_path / "cache")
@@ -261,13 +261,13 @@ def test_an_edge_list_read_in_blocks_is_the_graph_read_whole(tmp_path, monkeypat
 
 
 def test_a_bipartite_edge_list_read_in_blocks(tmp_path, monkeypatch):
-    from tgdist.data import graph as tdata
+    from tgdist.data.readers import edgelist as edgelist_reader
 
     path = tmp_path / "e.csv"
     path.write_text("".join(f"{i % 7},{i % 7},{i}\n" for i in range(200)))  # the same ids on both sides
     whole = load_graph(path, cache=False, bipartite=True)
-    monkeypatch.setattr(tdata, "STREAM_BYTES", 0)
-    monkeypatch.setattr(tdata, "STREAM_BLOCK", 50)
+    monkeypatch.setattr(edgelist_reader, "STREAM_BYTES", 0)
+    monkeypatch.setattr(edgelist_reader, "STREAM_BLOCK", 50)
     got = load_graph(path, cache_dir=tmp_path / "cache", bipartite=True)
     assert got.num_src_nodes == whole.num_src_nodes == 7 and got.num_nodes == 14
     assert np.array_equal(got.src, whole.src) and np.array_equal(got.dst, whole.dst)
@@ -275,13 +275,13 @@ def test_a_bipartite_edge_list_read_in_blocks(tmp_path, monkeypatch):
 
 
 def test_a_bad_line_late_in_a_large_file_is_named_by_its_line(tmp_path, monkeypatch):
-    from tgdist.data import graph as tdata
+    from tgdist.data.readers import edgelist as edgelist_reader
     from tgdist.errors import DataError
 
     path = tmp_path / "e.csv"
     path.write_text("".join(f"{i % 7},{i % 5},{i}\n" for i in range(200)) + "3,4,later\n")
-    monkeypatch.setattr(tdata, "STREAM_BYTES", 0)
-    monkeypatch.setattr(tdata, "STREAM_BLOCK", 64)
+    monkeypatch.setattr(edgelist_reader, "STREAM_BYTES", 0)
+    monkeypatch.setattr(edgelist_reader, "STREAM_BLOCK", 64)
     with pytest.raises(DataError, match=r"e\.csv:201: "):
         load_graph(path, cache_dir=tmp_path / "cache")
     assert list((tmp_path / "cache").iterdir()) == []  # nothing left behind: no entry, lock or spooled features
@@ -306,7 +306,7 @@ def test_an_unwritable_cache_folder_reads_the_graph_into_memory_with_a_warning(t
     source = events(tmp_path / "e.csv")
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    with caplog.at_level("WARNING", logger="tgdist.data.graph"):
+    with caplog.at_level("WARNING", logger="tgdist.data"):
         g = load_graph(source, cache_dir=blocker / "cache")
     assert f"could not write cache {blocker / 'cache'}/e-" in caplog.text
     assert g.mapped is None and g.src.tolist() == load_graph(source, cache=False).src.tolist()
@@ -434,7 +434,7 @@ def test_a_full_disk_while_writing_an_entry_leaves_nothing_and_reads_the_graph_i
     a warning; no part of the entry, no lock file is left."""
     source, cache = events(tmp_path / "e.csv"), tmp_path / "cache"
     monkeypatch.setattr(mapped.np, "save", ShortWrite(error))
-    with caplog.at_level("WARNING", logger="tgdist.data.graph"):
+    with caplog.at_level("WARNING", logger="tgdist.data"):
         g = load_graph(source, cache_dir=cache)
     monkeypatch.undo()
     said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]  # (an earlier test may leave INFO on)
@@ -452,11 +452,11 @@ def test_a_full_disk_while_writing_an_entry_leaves_nothing_and_reads_the_graph_i
 def test_a_full_disk_while_a_large_edge_list_is_spooled_leaves_nothing(tmp_path, caplog, monkeypatch):
     """A large edge list's columns go to files beside the entry as they are read: a disk that fills
     then is the same warning, and those files are removed."""
-    from tgdist.data import graph as tdata
+    from tgdist.data.readers import edgelist as edgelist_reader
 
     source, cache = events(tmp_path / "e.csv"), tmp_path / "cache"
-    monkeypatch.setattr(tdata, "STREAM_BYTES", 0)
-    monkeypatch.setattr(tdata, "STREAM_BLOCK", 4096)
+    monkeypatch.setattr(edgelist_reader, "STREAM_BYTES", 0)
+    monkeypatch.setattr(edgelist_reader, "STREAM_BLOCK", 4096)
     real_append, blocks = mapped.NpyAppender.append, []
 
     def full(self, block):
@@ -467,7 +467,7 @@ def test_a_full_disk_while_a_large_edge_list_is_spooled_leaves_nothing(tmp_path,
         real_append(self, block)
 
     monkeypatch.setattr(mapped.NpyAppender, "append", full)
-    with caplog.at_level("WARNING", logger="tgdist.data.graph"):
+    with caplog.at_level("WARNING", logger="tgdist.data"):
         g = load_graph(source, cache_dir=cache)
     assert len(blocks) > 12 and any(p.parent == cache for p in blocks)
     assert re.search(rf"no space left on device writing the cache entry at {re.escape(str(cache))}/e-\w+ "

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from tgdist.data import synthetic
-from tgdist.data.graph import load_graph, save_native
+from tgdist.data.load import load_graph
+from tgdist.data.readers.native import save_native
 from tgdist.data.synthetic import generate
 from tgdist.errors import ConfigError
 from tgdist.kernels import reference
@@ -128,7 +129,8 @@ def test_native_round_trip(tmp_path):
 
 
 def test_config_path():
-    from tgdist.config import DataConfig, SyntheticConfig, load_data
+    from tgdist.config import DataConfig, SyntheticConfig
+    from tgdist.data.load import load_data
     cfg = DataConfig(format="synthetic", synthetic=SyntheticConfig(num_events=500, num_nodes=50, seed=2))
     g = load_data(cfg)
     np.testing.assert_array_equal(g.dst, generate(500, 50, seed=2).dst)

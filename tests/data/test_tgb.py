@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.data.tgb_files import tgb_split, write_wiki
-from tgdist.config import check_data_source, load_data
+from tgdist.data.load import check_data_source, load_data
 from tgdist.data import tgb
 from tgdist.data.graph import chronological_split
 from tgdist.errors import ConfigError, DataError

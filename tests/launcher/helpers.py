@@ -26,8 +26,8 @@ def free_port() -> int:
 
 def train_events(*overrides: str) -> int:
     """Training events of the data set ``tgdist train OVERRIDES`` would use (what one traversal is)."""
-    from tgdist.config import load_data
     from tgdist.data.graph import chronological_split
+    from tgdist.data.load import load_data
     from tgdist.runtime.build import compose
 
     return chronological_split(load_data(compose(list(overrides)).data)).train_end

@@ -412,7 +412,7 @@ def test_ranks_stop_when_the_torchrun_agent_is_killed(tmp_path):
     """The ranks run in sessions of their own: with the agent SIGKILLed they trained on alone and
     ended in a broken-pipe crash. They now stop with it, and the launcher says what happened."""
     data = tmp_path / "d.npz"
-    from tgdist.data.graph import save_native
+    from tgdist.data.readers.native import save_native
     from tgdist.data.synthetic import generate
 
     save_native(generate(3000, 200), data)

@@ -13,8 +13,9 @@ import torch
 
 from tests.launcher.helpers import free_port
 from tgdist import memory
-from tgdist.config import PlacementConfig, load_data
+from tgdist.config import PlacementConfig
 from tgdist.data.graph import chronological_split
+from tgdist.data.load import load_data
 from tgdist.errors import ConfigError, DataError
 from tgdist.memory import placement, volumes
 from tgdist.memory.store import LocalMemory

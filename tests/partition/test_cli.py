@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from tgdist.data.graph import load_graph
+from tgdist.data.load import load_graph
 from tgdist.errors import ConfigError
 from tgdist.partition import artifact
 

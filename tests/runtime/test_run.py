@@ -95,7 +95,7 @@ def test_uniform_sampling_in_evaluation_does_not_change_training(tmp_path):
 def test_resume_checks_the_data_by_content(tmp_path):
     """The same path holding other data is refused in one line (it crashed on a size mismatch,
     or resumed silently with as many nodes); the same data elsewhere resumes."""
-    from tgdist.data.graph import save_native
+    from tgdist.data.readers.native import save_native
     from tgdist.data.synthetic import generate
 
     data = tmp_path / "d.npz"
@@ -152,7 +152,7 @@ def test_an_empty_evaluation_part_is_refused_before_training(tmp_path):
     import subprocess
     import sys
 
-    from tgdist.data.graph import save_native
+    from tgdist.data.readers.native import save_native
 
     g = _labelled_graph("node", 1000)  # a data set's own split (TGL's ext_roll) cut by data.max_events
     g.ext_roll = np.repeat(np.array([0, 1, 2], np.int8), [700, 150, 150])
@@ -584,7 +584,8 @@ def test_millisecond_times_give_the_model_the_same_seconds(tmp_path):
     """CollegeMsg written in Unix milliseconds: ``data.time_unit=auto`` hands the model the times
     and gaps of the seconds file (to float32 rounding), so the time encoding sees the same inputs;
     ``data.time_unit=s`` reads the milliseconds as they are."""
-    from tgdist.data.graph import TemporalGraph, load_graph, subset
+    from tgdist.data.graph import TemporalGraph, subset
+    from tgdist.data.load import load_graph
 
     g = subset(load_graph(None), 1500)
     ms = TemporalGraph(**{**{f.name: getattr(g, f.name) for f in dataclasses.fields(g)}, "t": g.t * 1000})

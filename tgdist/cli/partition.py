@@ -24,7 +24,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 import tgdist
 from tgdist.config.overrides import precheck_command
-from tgdist.config import PartitionConfig, PartitionJob, config_dir, load_data, register_schemas
+from tgdist.config import PartitionConfig, PartitionJob, config_dir, register_schemas
+from tgdist.data.load import load_data
 from tgdist.errors import ConfigError, TgdistError, log_warnings_as_lines
 from tgdist.partition import artifact, measures, methods
 from tgdist.partition.access import WEIGHTS, build_access_graph

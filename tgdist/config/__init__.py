@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import warnings
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -39,13 +38,18 @@ def datasets_dir() -> str:
     return str(beside_clone) if beside_clone.is_dir() else "../shared/datasets"
 
 
+def file_stem(path: str | Path) -> str:
+    """A data file's name without its data suffixes: ``events.csv.gz`` -> ``events`` (the name of
+    a run's data and of its cache entry, ``tgdist.data.load``)."""
+    name = Path(path).name
+    return re.sub(r"(\.(txt|csv|tsv|gz|bz2|xz|zip|npz))+$", "", name, flags=re.IGNORECASE) or name
+
+
 def data_name(path, default: str) -> str:
     """The run's data name: the file's name without its data suffixes when a path is given
     (``events.csv.gz`` -> ``events``), else ``default`` (used as ``${data_name:${.path},NAME}``)."""
     if path is None:
         return default
-    from tgdist.data.graph import file_stem
-
     return file_stem(str(path)) or default
 
 
@@ -177,8 +181,6 @@ def _choice(name: str, options: str) -> type[Choice]:
     return Choice(name, options, module=__name__, qualname=name)  # importable: configs pickle
 
 
-# data.format: the readers of tgdist.data.graph (FORMATS), the generator, and TGB's data sets (tgdist.data.tgb)
-DataFormat = _choice("DataFormat", "auto edgelist jodie tgl native collegemsg synthetic tgb")
 TimeUnit = _choice("TimeUnit", "auto s ms us ns")  # data.time_unit: auto, or tgdist.data.graph.TIME_UNITS
 SamplingStrategy = _choice("SamplingStrategy", "recent uniform")  # sampler.strategy: TemporalSampler's
 # model.name: the models of tgdist.models' registry: the built-in ones (tgdist/models/zoo.py), and
@@ -220,7 +222,9 @@ class DataConfig:
     name: str = "collegemsg"  # in run names and summaries (default: the file's name)
     path: Optional[str] = None  # a CSV/TSV/NPZ file or a TGL directory; null: the embedded CollegeMsg
     require_path: bool = False  # data=file: a null path is an error instead of the embedded stream
-    format: DataFormat = DataFormat.auto  # auto | edgelist | jodie | tgl | native | collegemsg | synthetic
+    # auto (told from the path by the readers' sniffing rules), or a reader registered in
+    # tgdist.data.readers: edgelist, jodie, tgl, native, collegemsg, synthetic, tgb, or an extension's
+    format: str = "auto"
     columns: Optional[str] = None  # edge lists: e.g. "src,dst,feat,t" or "src,dst,t,_,_"
     bipartite: Optional[bool] = None  # null: from the format (JODIE files are bipartite)
     strict_order: bool = False  # unsorted times: error instead of a stable sort with a warning
@@ -249,76 +253,6 @@ class SamplerConfig:
     num_threads: int = 0  # numba threads (sampler and CPU kernels); 0 = auto, as train.num_threads
     both_directions: bool = True  # a node's neighbours include events where it is the destination
     seed: int = 0  # uniform sampling's random stream
-
-
-def check_data_source(cfg: DataConfig) -> None:
-    """The data a ``DataConfig`` names is there, in a format tgdist reads (``tgdist launch`` and
-    sweeps check it before starting, ``load_data`` before reading)."""
-    from tgdist.data.graph import existing
-    from tgdist.errors import ConfigError
-
-    if cfg.format == "synthetic" and cfg.columns is not None:
-        raise ConfigError(f"data.columns={cfg.columns!r} names the fields of an edge list; data.format=synthetic reads "
-                          f"no file: leave data.columns unset")
-    if cfg.require_path and cfg.path is None:
-        raise ConfigError("data=file needs data.path=FILE (any supported file or TGL directory)")
-    if cfg.format == "tgb":  # a TGB data set: data.name's files under data.root
-        from tgdist.data import tgb
-        tgb.check_name(cfg.name)
-        if not cfg.download:
-            tgb.check_files(cfg.name, tgb.root_of(cfg))
-        return
-    if cfg.path is not None and cfg.format != "synthetic":
-        shared = datasets_dir()
-        if str(cfg.path).startswith(shared + os.sep) and not os.path.exists(cfg.path):  # data=wikipedia and co.
-            where = ("$TGDIST_DATASETS" if os.environ.get("TGDIST_DATASETS") else
-                     "shared/datasets beside the clone" if os.path.isabs(shared) else "relative to the working directory")
-            raise ConfigError(f"data={cfg.name}: {cfg.path} is missing; shared data sets are read from {shared} "
-                              f"({where}): set TGDIST_DATASETS to the folder that holds {cfg.name}/")
-        existing(cfg.path)
-
-
-def _synthetic(cfg: DataConfig):
-    """The generated stream; with ``data.cache`` (the default) generated once per machine into a mapped
-    cache entry keyed by the generator's parameters, which every rank then maps."""
-    import hashlib
-    import json
-
-    from tgdist.data import graph as tdata
-    from tgdist.data.synthetic import generate
-
-    params = vars(cfg.synthetic) if not hasattr(cfg.synthetic, "_metadata") else dict(cfg.synthetic)
-    if not cfg.cache:
-        return generate(**params)
-    key = hashlib.blake2b(json.dumps({"v": tdata.CACHE_VERSION, "synthetic": params}, sort_keys=True).encode(),
-                          digest_size=16).hexdigest()
-    folder = Path(cfg.cache_dir or tdata.default_cache_dir()) / f"synthetic-{key}"
-    return tdata.cached_graph(folder, lambda: (generate(**params), []))
-
-
-def load_data(cfg: DataConfig):
-    """Build the ``TemporalGraph`` a ``DataConfig`` describes."""
-    from tgdist.data import graph as tdata
-
-    check_data_source(cfg)
-    if cfg.format == "synthetic":
-        graph = _synthetic(cfg)
-    elif cfg.format == "tgb":
-        from tgdist.data import tgb
-        if cfg.download and tgb.missing(tgb.files(cfg.name, tgb.root_of(cfg))) is not None:
-            tgb.fetch(cfg.name, tgb.root_of(cfg))
-        graph = tgb.read(cfg.name, tgb.root_of(cfg), cache=cfg.cache, cache_dir=cfg.cache_dir)
-    else:  # the reader's warnings become log lines (stderr and the run's train.log), not Python's
-        with warnings.catch_warnings(record=True) as caught:  # file:line report with a code line
-            warnings.simplefilter("always", UserWarning)
-            graph = tdata.load_graph(cfg.path, format=cfg.format, columns=cfg.columns, bipartite=cfg.bipartite,
-                                     strict_order=cfg.strict_order, cache=cfg.cache, cache_dir=cfg.cache_dir,
-                                     strict_columns=cfg.strict_columns)
-        for w in caught:
-            log.warning("%s", w.message)
-    if cfg.max_events is not None and cfg.max_events < graph.num_events:
-        graph = tdata.subset(graph, cfg.max_events)
-    return graph
 
 
 def register(name: str, node: Any, group: Optional[str] = None) -> None:

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tgdist.data.cache import CACHE_VERSION, cached_graph, default_cache_dir
 from tgdist.data.graph import TemporalGraph
 from tgdist.data.mapped import digest_file
 from tgdist.errors import ConfigError, DataError
@@ -263,18 +264,17 @@ def _airports(path: Path, ids: dict) -> np.ndarray:
 
 def read(name: str, root=None, cache: bool = False, cache_dir: str | Path | None = None) -> TemporalGraph:
     """TGB data set ``name`` as a ``TemporalGraph`` with TGB's node ids and split (``ext_roll``).
-    ``cache``: through the processed-graph cache (``graph.cached_graph``, in ``cache_dir`` or the
+    ``cache``: through the processed-graph cache (``tgdist.data.cache.cached_graph``, in ``cache_dir`` or the
     default folder), keyed by the digest of the files' bytes: parsed once per machine, then mapped
     by every process (the larger TGB edge lists take minutes to parse; hashing them, seconds)."""
     f = check_files(name, root, parts=("edges",))
     digest = source_digest(f)
     if not cache:
         return _parse(name, f, digest)
-    from tgdist.data import graph as tdata
-    key = hashlib.blake2b(repr((READER_VERSION, tdata.CACHE_VERSION, name, digest)).encode(),
+    key = hashlib.blake2b(repr((READER_VERSION, CACHE_VERSION, name, digest)).encode(),
                           digest_size=16).hexdigest()
-    folder = Path(cache_dir or tdata.default_cache_dir()) / f"{name}-{key}"
-    return tdata.cached_graph(folder, lambda: (_parse(name, f, digest), []))
+    folder = Path(cache_dir or default_cache_dir()) / f"{name}-{key}"
+    return cached_graph(folder, lambda: (_parse(name, f, digest), []))
 
 
 def source_digest(f: Files) -> str:

@@ -238,8 +238,8 @@ def _check_world(args: argparse.Namespace, cfg, nproc: int) -> None:
     if layout.k > 1:  # the stream must cut into k segments of whole global batches: that needs its size
         import logging
 
-        from tgdist.config import load_data
         from tgdist.data.graph import chronological_split
+        from tgdist.data.load import load_data
 
         quiet = logging.getLogger("tgdist")
         level, quiet.level = quiet.level, logging.ERROR  # the ranks report the reader's warnings themselves

@@ -13,7 +13,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from tgdist import memory, plugins, version_line, wait_policy
-from tgdist.config import check_data_source, load_data, model_tag
+from tgdist.config import model_tag
 from tgdist.config.overrides import checked_compose
 from tgdist.data.graph import (
     feature_scale_notes,
@@ -24,7 +24,8 @@ from tgdist.data.graph import (
     label_classes,
     label_ranges,
 )
-from tgdist.data import tgb
+from tgdist.data import readers, tgb
+from tgdist.data.load import check_data_source, load_data
 from tgdist.data.sampler import TCSR, NegativeSampler, TemporalSampler
 from tgdist.distributed.link import parse_link
 from tgdist.distributed.schedule import Layout, passes_per_group
@@ -205,6 +206,7 @@ def _validate(cfg: DictConfig) -> None:
         raise ConfigError(f"train.device={t.device!r}: choose auto, cpu, cuda or cuda:N")
     resolve_device(t.device)  # cuda where there is none: refused here, before the data is read
     d = cfg.data
+    readers.check_format(d.format)  # a registered reader, or auto
     if not (0 <= d.val_frac < 1 and 0 <= d.test_frac < 1 and d.val_frac + d.test_frac < 1):
         raise ConfigError(f"data.val_frac={d.val_frac}, data.test_frac={d.test_frac}: each must be in [0, 1) "
                           f"and their sum below 1 (the rest is the training part)")
