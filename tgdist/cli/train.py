@@ -127,8 +127,6 @@ def _hydra_main(cfg: DictConfig) -> None:
     try:
         summary = run(cfg, None if _launch.elsewhere else run_dir)  # None: rank 0's, told when the ranks meet
     except Preempted as e:  # checkpointed after the same iteration on every rank: requeue and resume
-        if rank == 0:
-            rundir.mark_requeue(run_dir, e.iteration)
         where = (_launch.run_dir or run_dir) if _launch.elsewhere else run_dir
         print(f"{who}: {e.words()} after iteration {e.iteration}; {where / 'checkpoints' / 'last.pt'} holds the "
               f"checkpoint; exiting {PREEMPTED_EXIT} for the job to be requeued (its next start in {where} resumes "
@@ -322,6 +320,12 @@ def _main() -> None:
 
     if os.environ.get("TORCHELASTIC_RUN_ID") and sys.platform.startswith("linux"):
         _stop_with_the_agent()
+    if os.environ.get("TGDIST_PREEMPTED"):  # torchrun restarted the group after the preemption notice
+        from tgdist.kernels.interrupts import PREEMPTED_EXIT
+
+        print(f"tgdist train: not started: the job was preempted (SIGUSR1); exiting {PREEMPTED_EXIT} for it to be "
+              f"requeued", file=sys.stderr)
+        sys.exit(PREEMPTED_EXIT)
     if sys.argv[1:] in (["--version"], ["-V"]):  # tgdist's, not Hydra's (as ``tgdist train --version``)
         from tgdist import version_line
 

@@ -324,6 +324,10 @@ class Run:
                 pipe.drain()
                 if saved != t + 1:
                     self.save(t + 1)
+                if self.rank == 0:  # its next start here resumes, even one by hand (rundir.restarted)
+                    rundir.mark_requeue(self.dir, t + 1)
+                if not self.alone:  # no rank exits (and has its launcher stop the others) before the marker
+                    collectives.barrier(self.groups.get("world"), name="preemption")
                 raise Preempted(signum, t + 1)
             if not self.alone and self.rank == 0 and cfg.train.progress and (t % 50 == 0 or t == self.iterations - 1):
                 el = time.perf_counter() - start
