@@ -92,3 +92,125 @@ def test_torchrun_layout_mismatch_fails_before_training():
     (res,) = run_all([torchrun_cmd(2, port, "--layout", "2,1,2")])
     assert res.returncode != 0
     assert "parallel.i x parallel.j x parallel.k = 2 x 1 x 2 = 4 but the world has 2 processes" in res.stderr
+
+
+# ---------------------------------------------------------------- restarts (issue 55, point 3)
+
+SMALL = ["data.max_events=1500", "model.mem_dim=16", "model.time_dim=8", "train.num_threads=1", "sampler.num_threads=1",
+         "train.progress=false", "train.batch_size=100", "train.num_neg_eval=4", "train.lr=1e-3"]
+
+
+def test_launch_passes_max_restarts_to_torchrun():
+    from tgdist.errors import ConfigError
+    from tgdist.launcher.launch import build_command
+
+    cmd = build_command(2, ["parallel.i=2"], master_port=29999, max_restarts=3)
+    assert cmd[cmd.index("--max-restarts") + 1] == "3"
+    assert build_command(2, [], master_port=29999)[cmd.index("--max-restarts") + 1] == "0"
+    with pytest.raises(ConfigError, match="--max-restarts -1: give 0 or more"):
+        build_command(2, [], master_port=29999, max_restarts=-1)
+
+
+def _write_run(path, iteration=None):
+    """A run folder as an interrupted start leaves it: its marker, and ``last.pt`` at ``iteration``."""
+    import torch
+
+    from tgdist.runtime import checkpoint, rundir
+
+    rundir.claim(path)
+    (path / "metrics.jsonl").write_text("")
+    if iteration is not None:
+        checkpoint.atomic_save({"iteration": iteration, "model": {}, "format": checkpoint.FORMAT, "parts": []}, path / "checkpoints" / "last.pt")
+    return path
+
+
+def test_a_restart_resumes_from_the_folder_checkpoint_or_starts_afresh(tmp_path):
+    from tgdist.runtime import rundir
+
+    run = _write_run(tmp_path / "r", iteration=8)
+    assert rundir.restarted(run, env={}) is None  # a first start
+    r = rundir.restarted(run, env={"TORCHELASTIC_RESTART_COUNT": "1", "TORCHELASTIC_RUN_ID": "x"})
+    assert (r.number, r.iteration, r.checkpoint) == (1, 8, run / "checkpoints" / "last.pt")
+    assert r.line() == f"restart 1 (torchrun restart) resumed from {run / 'checkpoints' / 'last.pt'} at iteration 8"
+    r = rundir.restarted(run, env={"SLURM_RESTART_COUNT": "2", "SLURM_JOB_ID": "7"})
+    assert r.by == "SLURM requeue" and r.iteration == 8
+    fresh = _write_run(tmp_path / "f")  # the earlier start left no checkpoint
+    r = rundir.restarted(fresh, env={"TORCHELASTIC_RESTART_COUNT": "1"})
+    assert r.checkpoint is None and "holds no checkpoint yet, so the run starts afresh there" in r.line()
+    assert rundir.restarted(tmp_path / "never", env={"TORCHELASTIC_RESTART_COUNT": "1"}) is None
+    rundir.mark_requeue(run, 8)  # stopped by the preemption signal: a start by hand resumes too
+    assert rundir.restarted(run, env={}).iteration == 8
+
+
+def test_restarts_without_progress_stop_after_the_bound(tmp_path):
+    from tgdist.errors import ConfigError
+    from tgdist.runtime import rundir
+
+    run = _write_run(tmp_path / "r", iteration=8)
+    env = {"TORCHELASTIC_RUN_ID": "x"}
+    for n in range(1, rundir.MAX_IDLE_RESTARTS + 1):  # each resumes from iteration 8 and fails before the next
+        r = rundir.restarted(run, env={**env, "TORCHELASTIC_RESTART_COUNT": str(n)})
+        rundir.check_restart_loop(r)
+        rundir.record_restart(r)
+        assert rundir.check_restart_loop(r) is None  # its own record is not held against it (the other ranks')
+    r = rundir.restarted(run, env={**env, "TORCHELASTIC_RESTART_COUNT": "4"})
+    with pytest.raises(ConfigError, match=r"restart 4 of the run in .* refused: the 3 restarts before it all resumed "
+                                          r"from iteration 8 and ended before the next checkpoint"):
+        rundir.check_restart_loop(r)
+    from tgdist.runtime import checkpoint
+
+    checkpoint.atomic_save({"iteration": 12, "model": {}, "format": checkpoint.FORMAT, "parts": []}, run / "checkpoints" / "last.pt")  # progress: allowed again
+    rundir.check_restart_loop(rundir.restarted(run, env={**env, "TORCHELASTIC_RESTART_COUNT": "4"}))
+
+
+def test_a_restart_loop_is_one_line_and_exit_2(tmp_path):
+    """``tgdist train`` started as torchrun's fourth restart of a run whose three restarts all
+    resumed from one checkpoint: one line, exit 2, nothing started."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tgdist.runtime import rundir
+
+    run = _write_run(tmp_path / "r", iteration=8)
+    with open(run / rundir.RESTARTS, "a") as f:
+        for n in (1, 2, 3):
+            f.write(json.dumps({"key": f"x:TORCHELASTIC_RESTART_COUNT={n}", "iteration": 8}) + "\n")
+    env = {**os.environ, "TORCHELASTIC_RESTART_COUNT": "4", "TORCHELASTIC_RUN_ID": "x"}
+    res = subprocess.run([sys.executable, "-m", "tgdist.train", *SMALL, f"run_dir={run}"], capture_output=True,
+                         text=True, env=env, timeout=120, cwd=tmp_path)
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [
+        f"tgdist train: error: restart 4 of the run in {run} refused: the 3 restarts before it all resumed from "
+        f"iteration 8 and ended before the next checkpoint (a run that fails at once after each restart); train.log "
+        f"says why, then continue by hand with train.resume={run}"]
+    assert len((run / rundir.RESTARTS).read_text().splitlines()) == 3  # the refused one is not recorded
+
+
+@pytest.mark.slow
+def test_a_killed_rank_restarts_the_group_which_resumes_to_the_uninterrupted_results(tmp_path):
+    """``tgdist launch --max-restarts 1``: rank 1 SIGKILLed at iteration 9; torchrun restarts both
+    ranks, which resume from the checkpoint of iteration 8 on their own and end with the results
+    of an uninterrupted run; the log says which restart resumed from where."""
+    import json
+    import os
+    import sys
+
+    from .helpers import run_all
+
+    common = [*SMALL, "parallel.k=2", "train.epochs=2", "train.checkpoint_every=4"]
+    env = {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+    launch = [sys.executable, "-m", "tgdist", "launch", "--nproc", "2"]
+    [full] = run_all([[*launch, "--", *common, f"run_dir={tmp_path / 'full'}"]], timeout=300, env=env, cwd=tmp_path)
+    full.check()
+    [cut] = run_all([[*launch, "--max-restarts", "1", "--", *common, f"run_dir={tmp_path / 'cut'}"]], timeout=300,
+                    env={**env, "TGDIST_FAULT_KILL": "1:9"}, cwd=tmp_path)
+    cut.check()
+    ckpt = tmp_path / "cut" / "checkpoints" / "last.pt"
+    assert f"restart 1 (torchrun restart) resumed from {ckpt} at iteration 8" in cut.stderr, cut.stderr[-3000:]
+    expected, got = json.loads(full.stdout.strip().splitlines()[-1]), json.loads(cut.stdout.strip().splitlines()[-1])
+    for key in ("loss", "traversed_events", "val_ap", "test_ap", "test_mrr"):
+        assert got[key] == expected[key], key
+    assert [json.loads(x)["iteration"] for x in (tmp_path / "cut" / ".tgdist-restarts").read_text().splitlines()] == [8]
+    assert "TGDIST_FAULT_KILL" not in os.environ
