@@ -214,3 +214,56 @@ def test_a_killed_rank_restarts_the_group_which_resumes_to_the_uninterrupted_res
         assert got[key] == expected[key], key
     assert [json.loads(x)["iteration"] for x in (tmp_path / "cut" / ".tgdist-restarts").read_text().splitlines()] == [8]
     assert "TGDIST_FAULT_KILL" not in os.environ
+
+
+@pytest.mark.slow
+def test_the_signal_to_one_rank_stops_every_rank_after_the_same_iteration(tmp_path):
+    """SIGUSR1 to rank 1 alone, mid-run: the ranks agree on it at the next iteration boundary, both
+    stop after the same iteration, the checkpoint is there, ``tgdist launch`` exits 75; the same
+    command run again resumes there on its own (the requeue marker) and finishes."""
+    import json
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from .helpers import kill_group
+
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "tgdist", "launch", "--nproc", "2", "--", *SMALL, "parallel.k=2", "train.epochs=4",
+           "parallel.link=1gbps:50ms", f"run_dir={run}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (run / "metrics.jsonl").is_file():
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.2)
+        [rank1] = [int(p) for p in os.listdir("/proc") if p.isdigit() and _is_rank(int(p), 1, str(run))]
+        os.kill(rank1, signal.SIGUSR1)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        kill_group(proc)
+    assert proc.returncode == 75, err[-3000:]
+    stops = re.findall(r"tgdist train \[rank (\d)\]: stopped by SIGUSR1 \(preemption\) after iteration (\d+);", err)
+    assert sorted(r for r, _ in stops) == ["0", "1"] and len({n for _, n in stops}) == 1, err[-3000:]
+    from tgdist.runtime import checkpoint
+
+    stopped_at = int(stops[0][1])
+    assert checkpoint.read(run / "checkpoints" / "last.pt")["iteration"] == stopped_at
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resumed from {run / 'checkpoints' / 'last.pt'} at iteration {stopped_at}" in again.stderr
+    assert json.loads(again.stdout.strip().splitlines()[-1])["traversed_events"] > 0
+
+
+def _is_rank(pid: int, rank: int, run_dir: str) -> bool:
+    try:
+        env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        args = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+    except OSError:
+        return False
+    return f"RANK={rank}".encode() in env and b"tgdist.train" in args and f"run_dir={run_dir}".encode() in args

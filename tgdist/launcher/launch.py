@@ -330,10 +330,12 @@ def main(argv: list[str] | None = None) -> int:
             if cfg is not None:
                 precheck(cfg)
                 if cfg.run_dir:  # a folder of other files, or of another run: refused once, here, not by every rank
-                    from tgdist.runtime.rundir import check_foreign, check_replace
+                    from tgdist.runtime.rundir import check_foreign, check_replace, restarted
 
                     check_foreign(Path(cfg.run_dir).absolute(), cfg.train.overwrite)
-                    check_replace(Path(cfg.run_dir).absolute(), cfg.train.overwrite, cfg.train.resume)
+                    if restarted(Path(cfg.run_dir).absolute()) is None:  # (a run stopped by the preemption
+                        # signal: its ranks resume it, tgdist.cli.train._continue_a_restart)
+                        check_replace(Path(cfg.run_dir).absolute(), cfg.train.overwrite, cfg.train.resume)
                 nproc = _nproc(args, _layout(args, cfg, args.overrides))
                 _check_world(args, cfg, nproc)
                 if cfg.train.resume:  # a checkpoint of another config or epochs, before any process starts
