@@ -33,7 +33,8 @@ def test_srun_two_tasks(slurm_cluster, tmp_path):
 
 def test_sbatch_srun_direct_template(slurm_cluster, tmp_path):
     """slurm/srun_direct.sbatch with a 2-task job: ranks from SLURM_* variables, then real gloo
-    groups through the rendezvous on the first node of the step."""
+    groups through the rendezvous on the first node of the step. (A time limit above the
+    template's 120 s of notice: at 2 minutes SLURM's preemption signal came at once.)"""
     out = tmp_path / "ranks"
     out.mkdir()
     env_entry = f"TGDIST_ENTRY={PROBE}"
@@ -42,7 +43,7 @@ def test_sbatch_srun_direct_template(slurm_cluster, tmp_path):
     except OSError:
         env_entry += ",MASTER_ADDR=127.0.0.1"
     res = slurm_cluster.cmd(
-        ["sbatch", "--wait", "--parsable", "-n", "2", "--time=2", f"--output={tmp_path}/job.out",
+        ["sbatch", "--wait", "--parsable", "-n", "2", "--time=5", f"--output={tmp_path}/job.out",
          f"--export=ALL,PYTHON={sys.executable},{env_entry}", str(REPO / "slurm" / "srun_direct.sbatch"),
          "--out", str(out), "--layout", "1,1,2", "--groups"])
     log = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
@@ -67,7 +68,7 @@ def test_sbatch_multinode_torchrun_template(slurm_cluster, tmp_path):
     out = tmp_path / "ranks"
     out.mkdir()
     res = slurm_cluster.cmd(
-        ["sbatch", "--wait", "--parsable", "--nodes=1", "--cpus-per-task=2", "--time=2", f"--output={tmp_path}/job.out",
+        ["sbatch", "--wait", "--parsable", "--nodes=1", "--cpus-per-task=2", "--time=5", f"--output={tmp_path}/job.out",
          f"--export=ALL,PYTHON={sys.executable},TGDIST_ENTRY={PROBE},NPROC_PER_NODE=2",
          str(REPO / "slurm" / "multinode_gpu.sbatch"), "--out", str(out), "--layout", "2,1,1", "--groups"])
     log = (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
