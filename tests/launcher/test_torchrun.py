@@ -267,3 +267,28 @@ def _is_rank(pid: int, rank: int, run_dir: str) -> bool:
     except OSError:
         return False
     return f"RANK={rank}".encode() in env and b"tgdist.train" in args and f"run_dir={run_dir}".encode() in args
+
+
+def test_launch_returns_75_when_the_ranks_checkpointed_on_the_forwarded_signal(tmp_path):
+    """``tgdist launch`` sent SIGUSR1 passes it on; a torchrun whose ranks checkpointed on it exits
+    75, which the launcher returns as it is (other signals give 128 + N)."""
+    import os
+    import signal
+    import sys
+    import threading
+    import time
+
+    from tgdist.launcher.launch import run_forwarding_signals
+
+    ready = tmp_path / "ready"
+    child = [sys.executable, "-c", "import pathlib, signal, sys, time\n"
+             "signal.signal(signal.SIGUSR1, lambda *a: sys.exit(75))\n"
+             f"pathlib.Path({str(ready)!r}).touch()\ntime.sleep(60)\nsys.exit(1)\n"]
+
+    def send() -> None:
+        while not ready.exists():
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    threading.Thread(target=send, daemon=True).start()
+    assert run_forwarding_signals(child) == 75

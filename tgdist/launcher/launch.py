@@ -19,7 +19,8 @@ the group restart, up to N times, and the new ranks resume from the run folder's
 the launcher are forwarded to torchrun (which stops its workers; SIGTERM and SIGHUP as SIGINT, on
 which a rank stops as on Ctrl-C). The launcher returns torchrun's
 exit code, or 128 + the signal number when it died of a signal or failed after one was forwarded
-(torchrun itself exits 1 then), with a last line naming the signal.
+(torchrun itself exits 1 then), with a last line naming the signal; SIGUSR1, the preemption
+notice, has the ranks checkpoint and exit 75, which is returned as it is.
 """
 
 from __future__ import annotations
@@ -233,6 +234,10 @@ def run_forwarding_signals(cmd: list[str]) -> int:
             print(f"tgdist launch: torchrun was killed by {signal.Signals(-rc).name}; its ranks stop with it",
                   file=sys.stderr, flush=True)
         return 128 - rc
+    from tgdist.kernels.interrupts import PREEMPTED_EXIT  # (numba's import: not for every launch's start)
+
+    if rc == PREEMPTED_EXIT and received and received[0] == signal.SIGUSR1:  # the ranks checkpointed on it
+        return rc
     if rc and received:  # torchrun stops its workers on a forwarded signal and exits 1
         how = " as SIGINT" if received[0] in _AS_CTRL_C else ""
         print(f"tgdist launch: stopped by {signal.Signals(received[0]).name}, forwarded to torchrun{how}",
