@@ -292,3 +292,22 @@ def test_launch_returns_75_when_the_ranks_checkpointed_on_the_forwarded_signal(t
 
     threading.Thread(target=send, daemon=True).start()
     assert run_forwarding_signals(child) == 75
+
+
+def test_a_restart_before_the_first_checkpoint_starts_afresh_in_the_folder(tmp_path):
+    """The first start left its start-up files and metrics.jsonl but no checkpoint: started by hand
+    the folder is refused (an interrupted run), started as a restart the run begins afresh there."""
+    import os
+    import subprocess
+    import sys
+
+    run = _write_run(tmp_path / "r")
+    cmd = [sys.executable, "-m", "tgdist.train", *SMALL, "train.epochs=1", f"run_dir={run}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    by_hand = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
+    assert by_hand.returncode == 2 and "holds an interrupted tgdist run" in by_hand.stderr
+    res = subprocess.run(cmd, capture_output=True, text=True, env={**env, "SLURM_RESTART_COUNT": "1"}, timeout=300,
+                         cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert f"restart 1 (SLURM requeue): {run} holds no checkpoint yet, so the run starts afresh there" in res.stderr
+    assert (run / "summary.json").is_file()
