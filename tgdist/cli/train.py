@@ -7,6 +7,7 @@ The final JSON summary is the last line of stdout; progress and logs go to stder
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -57,6 +58,8 @@ class _Launch:
     elsewhere: bool = False
     # the open run directory whose lock this process holds until it ends (``_hold_run_dir``)
     held: list[int] = field(default_factory=list)
+    # this start as a restart of the run in its folder (``_continue_a_restart``), said in the log
+    restart: rundir.Restart | None = None
 
     def reset(self) -> None:
         self.__dict__.update(_Launch().__dict__)
@@ -94,9 +97,10 @@ def _remove_if_empty_run(run_dir: Path) -> None:
 @hydra.main(version_base=None, config_path=config_dir(), config_name="train")
 def _hydra_main(cfg: DictConfig) -> None:
     from tgdist.distributed.world import detect
-    from tgdist.kernels.interrupts import caused_by_interrupt, hold_interrupts_during_compiles, stopped
+    from tgdist.kernels.interrupts import PREEMPTED_EXIT, caused_by_interrupt, hold_interrupts_during_compiles, stopped
     from tgdist.kernels.jit import announce_compiles
     from tgdist.runtime.driver import run
+    from tgdist.runtime.run import Preempted
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)  # the temp folder on ranks but 0 (_launch.elsewhere)
     world = detect()
@@ -118,8 +122,16 @@ def _hydra_main(cfg: DictConfig) -> None:
             remove_empty_dirs(_launch.new_parents)
         rundir.claim(run_dir, cfg.train.overwrite, made=False,
                      before=frozenset(p.name for p in run_dir.iterdir()) - {".hydra", "train.log"})
+    if _launch.restart is not None and rank == 0:
+        logging.getLogger("tgdist.cli.train").info("%s", _launch.restart.line())
     try:
         summary = run(cfg, None if _launch.elsewhere else run_dir)  # None: rank 0's, told when the ranks meet
+    except Preempted as e:  # checkpointed after the same iteration on every rank: requeue and resume
+        where = (_launch.run_dir or run_dir) if _launch.elsewhere else run_dir
+        print(f"{who}: {e.words()} after iteration {e.iteration}; {where / 'checkpoints' / 'last.pt'} holds the "
+              f"checkpoint; exiting {PREEMPTED_EXIT} for the job to be requeued (its next start in {where} resumes "
+              f"there)", file=sys.stderr)
+        _exit(PREEMPTED_EXIT, world)
     except TgdistError as e:
         _remove_if_empty_run(run_dir)
         code = getattr(e, "exit_code", 2)  # 2: bad input; 1: a process of the run failed
@@ -155,6 +167,7 @@ def _hydra_main(cfg: DictConfig) -> None:
         print(f"{who}: {words}{kept}{_sweep_job_note()}", file=sys.stderr)
         _exit(code, world)
     if rank == 0:
+        (run_dir / rundir.REQUEUE_MARKER).unlink(missing_ok=True)  # the run went on past its preemption
         _print_summary(summary, who)
     elif "run_dir" not in summary or Path(summary["run_dir"]).resolve() != run_dir.resolve():  # (a stopped run: none)
         _remove_if_empty_run(run_dir)  # rank 0's run directory holds the results
@@ -262,12 +275,13 @@ def main() -> None:
     try:
         from tgdist import plugins
         from tgdist.distributed.world import detect
-        from tgdist.kernels.interrupts import terminate_as_interrupt
+        from tgdist.kernels.interrupts import stop_on_preemption, terminate_as_interrupt
 
         plugins.load()  # extensions' stores, pipelines, models, readers: choices before composition
 
         if detect().world_size == 1:  # ranks keep SIGTERM's default (terminate_as_interrupt)
             terminate_as_interrupt()
+        stop_on_preemption()  # SIGUSR1: checkpoint after the iteration under way, exit for a requeue
         try:
             _main()
         finally:
@@ -306,12 +320,19 @@ def _main() -> None:
 
     if os.environ.get("TORCHELASTIC_RUN_ID") and sys.platform.startswith("linux"):
         _stop_with_the_agent()
+    if os.environ.get("TGDIST_PREEMPTED"):  # torchrun restarted the group after the preemption notice
+        from tgdist.kernels.interrupts import PREEMPTED_EXIT
+
+        print(f"tgdist train: not started: the job was preempted (SIGUSR1); exiting {PREEMPTED_EXIT} for it to be "
+              f"requeued", file=sys.stderr)
+        sys.exit(PREEMPTED_EXIT)
     if sys.argv[1:] in (["--version"], ["-V"]):  # tgdist's, not Hydra's (as ``tgdist train --version``)
         from tgdist import version_line
 
         print(version_line())
         return
     sys.argv[1:] = _hydra_run_dir_as_run_dir(sys.argv[1:])
+    sys.argv[1:] = _continue_a_restart(sys.argv[1:])
     if {"-m", "--multirun"} & set(sys.argv[1:]) and detect().world_size > 1:  # each rank would sweep alone
         print("tgdist train: error: --multirun inside a parallel job runs the sweep in every rank; sweep with "
               "tgdist launch -- --multirun ... (one launch per job)", file=sys.stderr)
@@ -372,6 +393,30 @@ def _main() -> None:
             rundir.claim(_launch.run_dir, cfg.train.overwrite, made=True if _launch.claimed else None)
             _hold_run_dir(_launch.run_dir)
     _hydra_main()
+
+
+def _continue_a_restart(argv: list[str]) -> list[str]:
+    """``argv`` for a restarted start of a run (torchrun's ``--max-restarts``, a requeued SLURM
+    job, a start after the preemption signal; ``rundir.restarted``): with ``train.resume`` set to
+    its folder when that holds a checkpoint, else with ``train.overwrite=true`` (the earlier start
+    left its start-up files and no result: the run starts afresh there). Every rank decides alike,
+    from the folder as the earlier start left it; rank 0 records the restart. A restart from the
+    same checkpoint as the ``MAX_IDLE_RESTARTS`` before it is refused (``check_restart_loop``)."""
+    from tgdist.config.overrides import override_value, quoted
+    from tgdist.distributed.world import detect
+
+    given = override_value(argv, "run_dir")
+    if {"-m", "--multirun"} & set(argv) or given is None or "${" in given:  # a new folder each start
+        return argv
+    r = rundir.restarted(Path(given.strip("'\"")).expanduser())
+    if r is None:
+        return argv
+    rundir.check_restart_loop(r)
+    if detect().rank == 0:
+        rundir.record_restart(r)
+    _launch.restart = r
+    key, value = ("train.resume", quoted(str(r.path))) if r.checkpoint is not None else ("train.overwrite", "true")
+    return [a for a in argv if a.partition("=")[0].lstrip("+~") != key] + [f"{key}={value}"]
 
 
 def _set_override(key: str, value: str) -> None:

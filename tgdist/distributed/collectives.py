@@ -225,6 +225,22 @@ def comm_device(group=None) -> torch.device:
     return torch.device("cpu")
 
 
+_host_groups: dict = {}
+
+
+def host_group(group=None):
+    """``group`` when its collectives run on the CPU (gloo, MPI), else a gloo group of the same
+    ranks, made once (every rank of ``group`` must make the first call together): what the ranks
+    agree on between iterations (a stop request, say) then passes through the host, and reading
+    the result back makes the host wait for no device."""
+    if comm_device(group).type == "cpu" or not _active(group):
+        return group
+    key = tuple(dist.get_process_group_ranks(group))
+    if key not in _host_groups:
+        _host_groups[key] = dist.new_group(ranks=list(key), backend="gloo")
+    return _host_groups[key]
+
+
 def all_reduce_mean(tensors: Sequence[torch.Tensor], group=None, name: str = "all_reduce",
                     counter: ByteCounter | None = None, active: bool | None = None) -> Sequence[torch.Tensor]:
     """Average ``tensors`` in place over ``group`` (one flat buffer per dtype: one collective call

@@ -490,6 +490,21 @@ def disagreement(values: list[dict], what: str) -> str | None:
     return f"the ranks of this run were started with other {what}: {shown}{others}; start every rank with the same ones"
 
 
+def _restart_store(world: WorldInfo, timeout: timedelta):
+    """Under a torchrun restart (``--max-restarts``), the agent's store with a prefix of this
+    attempt, else None (``env://``). The agent keeps its store across restarts, and the keys the
+    dead attempt's ranks left (their gloo addresses) would have the new ranks wait to connect to
+    them for the whole timeout."""
+    import torch.distributed as dist
+
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if world.launcher != "torchrun" or attempt in ("", "0") or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    agent = dist.TCPStore(world.master_addr, int(world.master_port), world.world_size, is_master=False,
+                          timeout=timeout)
+    return dist.PrefixStore(f"tgdist/attempt_{attempt}/", agent)
+
+
 class ProcessGroups:
     """The process groups of one run, built once by ``ProcessGroups.init`` and looked up by name
     (``get``) from every other module; ``destroy`` tears them down (idempotent)."""
@@ -575,8 +590,12 @@ class ProcessGroups:
         where = f"{world.master_addr}:{world.master_port}" if world.launcher != "torchrun" else "torchrun's store"
         with _waiting_notice(world.rank, world.world_size, where, timeout):
             try:
-                dist.init_process_group(backend=backend, init_method=init_method, rank=world.rank,
-                                        world_size=world.world_size, timeout=timeout)
+                if (store := _restart_store(world, timeout)) is not None:
+                    dist.init_process_group(backend=backend, store=store, rank=world.rank,
+                                            world_size=world.world_size, timeout=timeout)
+                else:
+                    dist.init_process_group(backend=backend, init_method=init_method, rank=world.rank,
+                                            world_size=world.world_size, timeout=timeout)
             except (dist.DistError, RuntimeError) as e:  # a rank that never came, a port another program holds
                 raise RunFailure(f"rank {world.rank}: the {world.world_size} ranks did not meet at {where} within "
                                  f"{timeout.total_seconds():.0f} s ({first_line(e)[:200]}); check that every rank was "

@@ -20,6 +20,13 @@ SIGHUP (a closed terminal) stop a single-process command the way Ctrl-C does: th
 ``Terminated``, a KeyboardInterrupt, so the same clean-up runs (temporary files removed, an empty
 run directory removed, one line naming the checkpoint) and the exit code is 128 + the signal's
 number, as for a process the signal killed. They are held during compiles like SIGINT.
+
+``stop_on_preemption`` makes SIGUSR1 (SLURM's ``--signal=B:USR1@120``, which the sbatch templates
+forward to every task) a request, not an interrupt: the handler only records it, and the training
+loop reads ``preemption_requested`` at an iteration boundary, where the ranks agree on it, so every
+rank finishes the same iteration before the run checkpoints and exits with ``PREEMPTED_EXIT`` (the
+templates requeue the job on that code). A handler that raised would stop a rank in the middle of
+a collective that its peers go on waiting in.
 """
 
 from __future__ import annotations
@@ -128,6 +135,44 @@ def terminate_as_interrupt() -> None:
     for s in TERMINATION_SIGNALS:
         if signal.getsignal(s) == signal.SIG_DFL:
             signal.signal(s, _raise_terminated)
+
+
+# The preemption notice (``stop_on_preemption``) and the exit code of a run stopped by it: 75 is
+# EX_TEMPFAIL ("try again later"), which neither a settings error (2), a failure (1) nor a signal's
+# death (128 + N) gives; the sbatch templates requeue the job on it.
+PREEMPT_SIGNAL = signal.SIGUSR1
+PREEMPTED_EXIT = 75
+_preempted: list[int] = []  # the signals received since ``stop_on_preemption``
+
+
+def _record_preemption(signum, frame) -> None:
+    _preempted.append(signum)
+
+
+def stop_on_preemption() -> bool:
+    """From now on ``PREEMPT_SIGNAL`` is recorded for ``preemption_requested`` instead of ending
+    the process (its default), unless this process already handles or ignores it. True when the
+    handler is installed (in the main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return False
+    current = signal.getsignal(PREEMPT_SIGNAL)
+    if current is _record_preemption:
+        return True
+    if current != signal.SIG_DFL:
+        return False
+    _preempted.clear()
+    signal.signal(PREEMPT_SIGNAL, _record_preemption)
+    return True
+
+
+def preemption_armed() -> bool:
+    """Whether ``stop_on_preemption`` is in force: the training loop then looks for the notice."""
+    return signal.getsignal(PREEMPT_SIGNAL) is _record_preemption
+
+
+def preemption_requested() -> int | None:
+    """The preemption signal received since ``stop_on_preemption``, or None."""
+    return _preempted[0] if _preempted else None
 
 
 def hold_interrupts_during_compiles(who: str = "tgdist") -> None:

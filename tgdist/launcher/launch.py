@@ -4,17 +4,23 @@
     tgdist launch --nproc 8 --nnodes 2 --node-rank 0 --master-addr node01 -- ...   (on each node)
     tgdist launch --max-parallel 2 -- -m parallel.i=1,2 parallel.k=1,2             (a sweep, ``_sweep``)
     tgdist launch -- -m parallel.i=1,2 hydra/launcher=submitit_slurm              (one SLURM job per point)
+    tgdist launch --nproc 2 --max-restarts 3 -- run_dir=runs/a ...      (a dead rank restarts the group; it resumes)
+    tgdist launch --slurm --nnodes 2 --nproc 4 -- run_dir=runs/a ...    (sbatch slurm/multinode_gpu.sbatch, requeued
+                                                                         on preemption; ``slurm_command``)
 
 builds and runs
 
     python -m torch.distributed.run --nproc-per-node N --nnodes M --node-rank R \
         --rdzv-backend c10d --rdzv-endpoint HOST:PORT --rdzv-id ID --max-restarts 0 -m tgdist.train ...
 
-``--dry-run`` prints that command instead. SIGINT, SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 received by
+``--dry-run`` prints that command instead. ``--max-restarts N`` is torchrun's: a rank that dies makes
+the group restart, up to N times, and the new ranks resume from the run folder's last checkpoint
+(``tgdist.runtime.rundir.restarted``). SIGINT, SIGTERM, SIGHUP, SIGUSR1 and SIGUSR2 received by
 the launcher are forwarded to torchrun (which stops its workers; SIGTERM and SIGHUP as SIGINT, on
 which a rank stops as on Ctrl-C). The launcher returns torchrun's
 exit code, or 128 + the signal number when it died of a signal or failed after one was forwarded
-(torchrun itself exits 1 then), with a last line naming the signal.
+(torchrun itself exits 1 then), with a last line naming the signal; SIGUSR1, the preemption
+notice, has the ranks checkpoint and exit 75, which is returned as it is.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from pathlib import Path
 
 from tgdist.errors import ConfigError
 
-__all__ = ["build_command", "parallel_overrides", "main"]
+__all__ = ["build_command", "slurm_command", "parallel_overrides", "main"]
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 # Forwarded as SIGINT: a rank stops on it as on Ctrl-C (its line naming the checkpoint, an empty run
@@ -106,10 +112,13 @@ def _check_port_free(addr: str, port: int) -> None:
 
 def build_command(nproc: int, overrides: list[str], *, nnodes: int = 1, node_rank: int = 0,
                   master_addr: str = "127.0.0.1", master_port: int = DEFAULT_MULTINODE_PORT,
-                  module: str = "tgdist.train", python: str | None = None, rdzv_id: str = "tgdist") -> list[str]:
+                  module: str = "tgdist.train", python: str | None = None, rdzv_id: str = "tgdist",
+                  max_restarts: int = 0) -> list[str]:
     """The torchrun command line (a pure function of its arguments)."""
     if nproc < 1 or nnodes < 1 or not 0 <= node_rank < nnodes:
         raise ConfigError(f"--nproc {nproc}, --nnodes {nnodes}, --node-rank {node_rank}: need nproc >= 1 and 0 <= node-rank < nnodes")
+    if max_restarts < 0:
+        raise ConfigError(f"--max-restarts {max_restarts}: give 0 or more")
     if not 0 < master_port < 65536:
         raise ConfigError(f"--master-port {master_port} is not a TCP port")
     return [
@@ -119,10 +128,37 @@ def build_command(nproc: int, overrides: list[str], *, nnodes: int = 1, node_ran
         "--rdzv-backend", "c10d",
         "--rdzv-endpoint", f"{master_addr}:{master_port}",
         "--rdzv-id", rdzv_id,
-        "--max-restarts", "0",
+        "--max-restarts", str(max_restarts),
         "-m", module,
         *overrides,
     ]
+
+
+def slurm_template() -> Path:
+    """``slurm/multinode_gpu.sbatch`` of a clone, or the copy a wheel carries as ``tgdist/slurm``."""
+    here = Path(__file__).resolve().parents[1]  # tgdist/
+    for candidate in (here / "slurm", here.parent / "slurm"):
+        if (candidate / "multinode_gpu.sbatch").is_file():
+            return candidate / "multinode_gpu.sbatch"
+    raise ConfigError(f"the sbatch templates are not found next to {here} (slurm/multinode_gpu.sbatch); submit it "
+                      f"yourself with sbatch")
+
+
+def slurm_command(nproc: int, overrides: list[str], *, nnodes: int = 1, signal_seconds: int = 120,
+                  max_restarts: int = 0, sbatch_args: list[str] = (), template: Path | None = None,
+                  python: str | None = None) -> list[str]:
+    """The ``sbatch`` command of ``tgdist launch --slurm`` (a pure function of its arguments): the
+    torchrun template on ``nnodes`` nodes with ``nproc`` trainers each, requeued when preempted
+    (``--requeue``; the batch shell gets SIGUSR1 ``signal_seconds`` before the end, forwards it, and
+    the run checkpoints and is requeued: docs/parallel-training.md, "Preemptible clusters")."""
+    if signal_seconds < 1:
+        raise ConfigError(f"--signal-seconds {signal_seconds}: give at least 1 (seconds before the job's end, time "
+                          f"enough to finish an iteration and write a checkpoint)")
+    if max_restarts < 0:
+        raise ConfigError(f"--max-restarts {max_restarts}: give 0 or more")
+    exports = f"ALL,NPROC_PER_NODE={nproc},MAX_RESTARTS={max_restarts},PYTHON={python or sys.executable}"
+    return ["sbatch", "--nodes", str(nnodes), "--requeue", f"--signal=B:USR1@{signal_seconds}",
+            f"--export={exports}", *sbatch_args, str(template or slurm_template()), *overrides]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -144,6 +180,16 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-parallel", type=int, default=1, metavar="N",
                     help="a sweep (-m): run up to N jobs side by side on this machine, each on CPUs of its own "
                          "(default 1: one after another)")
+    ap.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                    help="torchrun's: restart the ranks up to N times when one fails; they resume from the run "
+                         "folder's last checkpoint (give run_dir=; default 0)")
+    ap.add_argument("--slurm", action="store_true",
+                    help="submit the run as a SLURM job (sbatch slurm/multinode_gpu.sbatch on --nnodes nodes, --nproc "
+                         "trainers each), requeued and resumed when preempted")
+    ap.add_argument("--signal-seconds", type=int, default=120, metavar="S",
+                    help="with --slurm: SLURM signals the job S seconds before its end to checkpoint (default 120)")
+    ap.add_argument("--sbatch", action="append", default=[], metavar="ARG",
+                    help="with --slurm: one more sbatch argument (--sbatch=--time=4:00:00; repeat for several)")
     ap.add_argument("--module", default="tgdist.train", help=argparse.SUPPRESS)
     ap.add_argument("--dry-run", action="store_true", help="print the torchrun command and exit")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides (after '--')")
@@ -188,6 +234,10 @@ def run_forwarding_signals(cmd: list[str]) -> int:
             print(f"tgdist launch: torchrun was killed by {signal.Signals(-rc).name}; its ranks stop with it",
                   file=sys.stderr, flush=True)
         return 128 - rc
+    from tgdist.kernels.interrupts import PREEMPTED_EXIT  # (numba's import: not for every launch's start)
+
+    if rc == PREEMPTED_EXIT and received and received[0] == signal.SIGUSR1:  # the ranks checkpointed on it
+        return rc
     if rc and received:  # torchrun stops its workers on a forwarded signal and exits 1
         how = " as SIGINT" if received[0] in _AS_CTRL_C else ""
         print(f"tgdist launch: stopped by {signal.Signals(received[0]).name}, forwarded to torchrun{how}",
@@ -212,6 +262,16 @@ def _check_args(args: argparse.Namespace) -> None:
                           f"they run one after another")
     if args.master_port is not None and not 0 < args.master_port < 65536:
         raise ConfigError(f"--master-port {args.master_port} is not a TCP port")
+    if args.max_restarts < 0:
+        raise ConfigError(f"--max-restarts {args.max_restarts}: give 0 or more")
+    if not args.slurm and (args.sbatch or args.signal_seconds != 120):
+        raise ConfigError(f"{'--sbatch' if args.sbatch else '--signal-seconds'} is for --slurm (a SLURM job)")
+    if args.slurm and (args.node_rank or args.master_port is not None or args.master_addr != _LOOPBACK
+                       or args.max_parallel != 1):
+        raise ConfigError("--slurm: the job's nodes meet at the first node of its allocation; leave --node-rank, "
+                          "--master-addr, --master-port and --max-parallel out")
+    if args.slurm:
+        return
     if args.nnodes > 1 and args.master_addr == _LOOPBACK:
         print(f"tgdist launch: warning: --nnodes {args.nnodes} without --master-addr: the rendezvous is on "
               f"{_LOOPBACK}, which only processes on this machine can reach; give node 0's host name",
@@ -275,19 +335,50 @@ def main(argv: list[str] | None = None) -> int:
             if cfg is not None:
                 precheck(cfg)
                 if cfg.run_dir:  # a folder of other files, or of another run: refused once, here, not by every rank
-                    from tgdist.runtime.rundir import check_foreign, check_replace
+                    from tgdist.runtime.rundir import check_foreign, check_replace, restarted
 
                     check_foreign(Path(cfg.run_dir).absolute(), cfg.train.overwrite)
-                    check_replace(Path(cfg.run_dir).absolute(), cfg.train.overwrite, cfg.train.resume)
+                    if restarted(Path(cfg.run_dir).absolute()) is None:  # (a run stopped by the preemption
+                        # signal: its ranks resume it, tgdist.cli.train._continue_a_restart)
+                        check_replace(Path(cfg.run_dir).absolute(), cfg.train.overwrite, cfg.train.resume)
                 nproc = _nproc(args, _layout(args, cfg, args.overrides))
                 _check_world(args, cfg, nproc)
                 if cfg.train.resume:  # a checkpoint of another config or epochs, before any process starts
                     from tgdist.runtime import checkpoint
 
                     checkpoint.check_resume(cfg)
+                if args.slurm:
+                    return _submit(args, cfg, nproc)
                 return _launch_in_own_directory(args, cfg, nproc)
+        if args.slurm:
+            return _submit(args, None, nproc)
         return _launch(args, args.overrides, nproc)
+    if args.slurm:
+        raise ConfigError("--slurm submits one run; a sweep with one SLURM job per point is "
+                          "tgdist launch -- -m ... hydra/launcher=submitit_slurm")
     return _sweep(args, [a for a in args.overrides if a not in ("-m", "--multirun")])
+
+
+def _submit(args: argparse.Namespace, cfg, nproc: int | None) -> int:
+    """``--slurm``: ``sbatch`` the torchrun template (``slurm_command``); sbatch's own output (the
+    job id) is passed on. A run without ``run_dir=`` gets the default name resolved now, so that
+    every start of the job (a requeue) writes into one folder and resumes there."""
+    from tgdist.config.overrides import override_value, quoted
+
+    nproc = nproc or _nproc(args, parallel_overrides(args.overrides))
+    overrides = list(args.overrides)
+    if cfg is not None and override_value(overrides, "run_dir") is None and cfg.run_dir:
+        overrides.append(f"run_dir={quoted(str(Path(cfg.run_dir).absolute()))}")
+    cmd = slurm_command(nproc, overrides, nnodes=args.nnodes, signal_seconds=args.signal_seconds,
+                        max_restarts=args.max_restarts, sbatch_args=args.sbatch)
+    if args.dry_run:
+        print(shlex.join(cmd))
+        return 0
+    print(f"tgdist launch: {shlex.join(cmd)}", file=sys.stderr, flush=True)
+    try:
+        return subprocess.run(cmd).returncode
+    except FileNotFoundError:
+        raise ConfigError("--slurm: sbatch is not on PATH (run on a SLURM login node)") from None
 
 
 def _launch_in_own_directory(args: argparse.Namespace, cfg, nproc: int) -> int:
@@ -561,7 +652,8 @@ def _start_prefixed(args: argparse.Namespace, job: list[str], nproc: int | None,
 
     nproc = nproc or _nproc(args, parallel_overrides(job))
     port = _free_port()
-    cmd = build_command(nproc, job, master_addr=args.master_addr, master_port=port, module=args.module)
+    cmd = build_command(nproc, job, master_addr=args.master_addr, master_port=port, module=args.module,
+                        max_restarts=args.max_restarts)
     print(f"tgdist launch: [#{num}] {shlex.join(cmd)}", file=sys.stderr, flush=True)
     child = subprocess.Popen([cmd[0], "-m", "tgdist.launcher.torchrun", *cmd[3:]], stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True, bufsize=1, start_new_session=True,
@@ -623,7 +715,8 @@ def _launch(args: argparse.Namespace, overrides: list[str], nproc: int | None = 
     if args.nnodes > 1 and args.node_rank == 0 and not args.dry_run:  # the machine that hosts the store
         _check_port_free(args.master_addr, port)
     cmd = build_command(nproc, overrides, nnodes=args.nnodes, node_rank=args.node_rank,
-                        master_addr=args.master_addr, master_port=port, module=args.module)
+                        master_addr=args.master_addr, master_port=port, module=args.module,
+                        max_restarts=args.max_restarts)
     if args.dry_run:
         print(shlex.join(cmd))
         return 0

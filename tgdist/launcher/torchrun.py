@@ -10,12 +10,19 @@ agent's log lines about stopping the other workers are dropped too. A signal tha
 (``tgdist launch`` forwards Ctrl-C and SIGTERM to it) ends it with 128 + the signal's number after
 the agent has stopped the workers, without its traceback: the launcher says what happened in one
 line. Everything else (rendezvous errors, a worker's own output) is left as torchrun reports it.
+
+SIGUSR1, the preemption notice (SLURM's ``--signal=B:USR1@120``, forwarded by the sbatch
+templates and by ``tgdist launch``), would end the agent (its default) and with it the workers,
+unsaved: here it goes to the workers instead, which checkpoint after the iteration under way and
+exit 75. ``TGDIST_PREEMPTED`` is set for any worker the agent starts after it (``--max-restarts``):
+that one exits 75 at once, so the job ends and is requeued rather than restarted in place.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 
 __all__ = ["main"]
@@ -44,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
     _quiet_agent()
+    signal.signal(signal.SIGUSR1, _forward_preemption)
     if "OMP_NUM_THREADS" not in os.environ:
         # torchrun would set 1 with a banner; tgdist sets each rank's threads itself (its share of the
         # machine's CPUs, train.num_threads=0), so the banner would only mislead
@@ -58,6 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     except ChildFailedError as e:
         rank, failure = e.get_first_failure()
         code = failure.exitcode
+        from tgdist.kernels.interrupts import PREEMPTED_EXIT
+
+        if code == PREEMPTED_EXIT:  # (every rank checkpointed before any exits: the others may be stopped by the agent)
+            print(f"tgdist launch: the ranks stopped on the preemption signal and checkpointed; exiting "
+                  f"{PREEMPTED_EXIT} for the job to be requeued", file=sys.stderr, flush=True)
+            return PREEMPTED_EXIT
         how = f"was killed by signal {-code}" if code < 0 else f"exited with {code}"
         failed = sorted(r for r, f in e.failures.items() if r != rank and f.exitcode > 0)
         stopped = sorted(r for r, f in e.failures.items() if r != rank and f.exitcode <= 0)
@@ -82,6 +96,31 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         _sweep_stale_segments()
     return 0
+
+
+def _children() -> list[int]:
+    """The processes whose parent is this one (the agent's workers), from /proc (Linux)."""
+    me, out = os.getpid(), []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if int(stat.rpartition(")")[2].split()[1]) == me:  # the field after the state: the parent's pid
+            out.append(int(entry.name))
+    return out
+
+
+def _forward_preemption(signum, _frame) -> None:
+    os.environ["TGDIST_PREEMPTED"] = "1"  # (workers started from now on: the environment is read at start)
+    for pid in _children():
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
 
 
 def _sweep_stale_segments() -> None:

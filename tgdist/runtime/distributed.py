@@ -44,9 +44,11 @@ def memory_backend(cfg: DictConfig, layout: Layout) -> str:
 
 
 def fault_injection(rank: int) -> int | None:
-    """``TGDIST_FAULT_KILL=RANK:ITERATION`` (tests only): that rank SIGKILLs itself there."""
+    """``TGDIST_FAULT_KILL=RANK:ITERATION`` (tests only): that rank SIGKILLs itself there, on the
+    run's first start only (a restart by torchrun or SLURM, which resumes, goes past it)."""
     spec = os.environ.get("TGDIST_FAULT_KILL")
-    if not spec:
+    if not spec or any(os.environ.get(v, "0") not in ("", "0") for v in ("TORCHELASTIC_RESTART_COUNT",
+                                                                          "SLURM_RESTART_COUNT")):
         return None
     r, it = (int(x) for x in spec.split(":"))
     return it if r == rank else None

@@ -51,6 +51,7 @@ from tgdist.distributed.world import ProcessGroups, detect, disagreement
 from tgdist.distributed.world import validate as validate_layout
 from tgdist.errors import ConfigError
 from tgdist.kernels import jit
+from tgdist.kernels.interrupts import PREEMPT_SIGNAL, preemption_armed, preemption_requested
 from tgdist.runtime import checkpoint, pipelines, reshard, rundir
 from tgdist.runtime.build import build_trainer, validate
 from tgdist.runtime.cache import cache_totals
@@ -270,6 +271,10 @@ class Run:
             log.info("stopping after %d training iterations (train.stop_after_batches)", stop.done)
             self._wait_writes()
             return {"stopped": True, "checkpoint": str(self.ckpt_path) if self.ckpt_path.exists() else None}
+        except Preempted as stop:
+            log.info("%s after iteration %d of %d: checkpointed in %s", stop.words(), stop.iteration,
+                     self.iterations, self.ckpt_path)
+            raise
         except _EarlyStop as stop:
             log.info("stopping after epoch %d: %d validations without a higher val AP (train.patience)",
                      stop.epoch, cfg.train.patience)
@@ -287,8 +292,10 @@ class Run:
         tr.model.train()
         every, stop_after = cfg.train.checkpoint_every, cfg.train.stop_after_batches
         fault = fault_injection(self.rank)
+        preemptible = preemption_armed()
         start = time.perf_counter()
         trained = done = 0
+        saved = self.start_iteration  # the iteration of the latest checkpoint
         epoch = None  # a run of one process: the epoch under way and its clock
         pipe.begin(self.start_iteration)
         for t in range(self.start_iteration, self.iterations):
@@ -328,9 +335,22 @@ class Run:
                 pipe.end_epoch()
                 self._end_epoch(epoch, t + 1)  # evaluates and saves
                 epoch = None
+                saved = t + 1
             elif every and (t + 1) % every == 0 and t + 1 < self.iterations:
                 pipe.drain()
                 self.save(t + 1, wait=False)
+                saved = t + 1
+            if preemptible and t + 1 < self.iterations and (signum := self._preemption_agreed()):
+                pipe.drain()
+                if saved != t + 1:
+                    self.save(t + 1)
+                else:
+                    self._wait_writes()  # this iteration's checkpoint, written in the background: committed first
+                if self.rank == 0:  # its next start here resumes, even one by hand (rundir.restarted)
+                    rundir.mark_requeue(self.dir, t + 1)
+                if not self.alone:  # no rank exits (and has its launcher stop the others) before the marker
+                    collectives.barrier(self.groups.get("world"), name="preemption")
+                raise Preempted(signum, t + 1)
             if not self.alone and self.rank == 0 and cfg.train.progress and (t % 50 == 0 or t == self.iterations - 1):
                 el = time.perf_counter() - start
                 log.info("iteration %d/%d, %d events on this rank, %.0f events/s", t + 1, self.iterations, trained,
@@ -340,6 +360,19 @@ class Run:
                 raise _Stop(done)
         pipe.drain()
         return trained, time.perf_counter() - start
+
+    def _preemption_agreed(self) -> int:
+        """The preemption signal when any rank has received it (0 when none has): every rank asks
+        at the same iteration boundary, so they all stop after the same iteration. One all-reduce of
+        one number per iteration in a parallel run, through the host (``collectives.host_group``:
+        under NCCL a gloo twin of the world), so no device is waited for; none alone."""
+        signum = preemption_requested() or 0
+        if self.alone:
+            return signum
+        group = collectives.host_group(self.groups.get("world"))
+        flag = torch.tensor([float(signum)], device=collectives.comm_device(group))
+        collectives.all_reduce_mean([flag], group, name="preemption", counter=collectives.ByteCounter())
+        return int(PREEMPT_SIGNAL) if float(flag) > 0 else 0
 
     def _step(self, t: int):
         return step(self.layout, self.rank, t, self.n_train, self.trainer.batch_size, self.cfg.train.epochs)
@@ -823,6 +856,19 @@ class _EarlyStop(Exception):
     def __init__(self, epoch: int):
         super().__init__(epoch)
         self.epoch = epoch
+
+
+class Preempted(Exception):
+    """The preemption signal (``tgdist.kernels.interrupts.stop_on_preemption``): every rank
+    finished iteration ``iteration - 1`` and the run checkpointed there (``checkpoints/last.pt``).
+    ``tgdist train`` exits with ``PREEMPTED_EXIT``, on which the sbatch templates requeue the job."""
+
+    def __init__(self, signum: int, iteration: int):
+        super().__init__(signum, iteration)
+        self.signum, self.iteration = signum, iteration
+
+    def words(self) -> str:
+        return f"stopped by {signal.Signals(self.signum).name} (preemption)"
 
 
 class _Stop(Exception):

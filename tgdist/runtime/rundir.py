@@ -28,7 +28,8 @@ from tgdist.errors import ConfigError
 MARKER = ".tgdist-run"
 # What a run writes into its directory. Only these are removed by clean-up, and only when this run
 # created them: whatever else is there (a user's notes beside an old run) stays.
-RUN_FILES = frozenset({MARKER, ".hydra", "train.log", "config.yaml", "metrics.jsonl", "summary.json", "checkpoints"})
+RUN_FILES = frozenset({MARKER, ".hydra", "train.log", "config.yaml", "metrics.jsonl", "summary.json", "checkpoints",
+                       ".tgdist-restarts", ".tgdist-requeue"})
 
 # This process's run, named in the markers it writes.
 RUN_ID = uuid.uuid4().hex[:12]
@@ -338,3 +339,130 @@ def remove_empty_dirs(folders: list[Path]) -> None:
             folder.rmdir()
         except OSError:
             break
+
+
+# Restarts. A run started again in its folder by torchrun (``--max-restarts``: TORCHELASTIC_RESTART_COUNT)
+# or SLURM (``--requeue``: SLURM_RESTART_COUNT), or after it was stopped by the preemption signal
+# (``REQUEUE_MARKER``, which it wrote then), continues from the folder's checkpoint on its own.
+# ``RESTARTS`` lists every restart and the iteration it resumed from, so that a run which fails at
+# once after each restart is stopped (``check_restart_loop``) instead of restarting for ever.
+RESTARTS = ".tgdist-restarts"
+REQUEUE_MARKER = ".tgdist-requeue"
+MAX_IDLE_RESTARTS = 3  # restarts in a row from one iteration (no checkpoint between): the next is refused
+_RESTART_COUNTS = (("SLURM_RESTART_COUNT", "SLURM requeue"), ("TORCHELASTIC_RESTART_COUNT", "torchrun restart"))
+
+
+@dataclass(frozen=True)
+class Restart:
+    """A start of the run in ``path`` after an earlier one: which (``key``, the same on every rank
+    of this start; ``by``, who restarted it), its ``number`` among the run's restarts, and the
+    checkpoint it resumes from with that checkpoint's iteration (None: none written yet, so the
+    run starts afresh in the folder)."""
+
+    path: Path
+    key: str
+    by: str
+    number: int
+    checkpoint: Path | None
+    iteration: int | None
+
+    def line(self) -> str:
+        if self.checkpoint is None:
+            return (f"restart {self.number} ({self.by}): {self.path} holds no checkpoint yet, so the run "
+                    f"starts afresh there")
+        return f"restart {self.number} ({self.by}) resumed from {self.checkpoint} at iteration {self.iteration}"
+
+
+def _restart_key(env) -> tuple[str, str] | None:
+    """(key, by) of this start when torchrun or SLURM counts it as a restart, else None."""
+    counts = []
+    for var, by in _RESTART_COUNTS:
+        try:
+            n = int(env.get(var) or 0)
+        except ValueError:
+            n = 0
+        if n > 0:
+            counts.append((var, by, n))
+    if not counts:
+        return None
+    job = env.get("SLURM_JOB_ID") or env.get("TORCHELASTIC_RUN_ID") or ""
+    return f"{job}:" + ",".join(f"{var}={n}" for var, _, n in counts), counts[-1][1]
+
+
+def _records(path: Path) -> list[dict]:
+    try:
+        lines = (path / RESTARTS).read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for ln in lines:
+        try:
+            out.append(json.loads(ln))
+        except ValueError:  # a line cut short by a kill: the others still count
+            continue
+    return out
+
+
+def restarted(path: Path, env=None) -> Restart | None:
+    """This start as a restart of the run in ``path``, or None: not restarted (no restart count,
+    no requeue marker), or ``path`` holds no run (the earlier start ended before it claimed it)."""
+    from tgdist.runtime import checkpoint
+
+    env = os.environ if env is None else env
+    path = Path(path).absolute()
+    found = _restart_key(env)
+    marker = path / REQUEUE_MARKER
+    if found is None and not marker.is_file():
+        return None
+    if not is_run_dir(path):
+        return None
+    if found is None:  # started by hand (or by a scheduler that counts nothing) after a preemption
+        try:
+            key = "requeue:" + marker.read_text().strip()
+        except OSError:
+            return None
+        by = "after the preemption signal"
+    else:
+        key, by = found
+    number = len([r for r in _records(path) if r.get("key") != key]) + 1
+    last = path / "checkpoints" / "last.pt"
+    if not last.is_file():
+        return Restart(path, key, by, number, None, None)
+    try:
+        iteration = int(checkpoint.read(last, map_location="cpu", mmap=True)["iteration"])
+    except Exception:  # (the resume's own check names what is wrong with it)
+        iteration = None
+    return Restart(path, key, by, number, last, iteration)
+
+
+def check_restart_loop(r: Restart) -> None:
+    """A ``ConfigError`` when the ``MAX_IDLE_RESTARTS`` restarts before this one all resumed from
+    the checkpoint this one would (none wrote another): the run fails at once after each."""
+    earlier = [rec for rec in _records(r.path) if rec.get("key") != r.key]
+    idle = 0
+    for rec in reversed(earlier):
+        if rec.get("iteration") != r.iteration:
+            break
+        idle += 1
+    if idle >= MAX_IDLE_RESTARTS:
+        where = f"iteration {r.iteration}" if r.iteration is not None else "the start (no checkpoint)"
+        raise ConfigError(f"restart {r.number} of the run in {r.path} refused: the {idle} restarts before it all "
+                          f"resumed from {where} and ended before the next checkpoint (a run that fails at once "
+                          f"after each restart); train.log says why, then continue by hand with "
+                          f"{resume_override(r.path)}")
+
+
+def record_restart(r: Restart) -> None:
+    """Add ``r`` to the run's ``RESTARTS`` (rank 0, before the ranks meet; a line per restart)."""
+    line = json.dumps({"key": r.key, "number": r.number, "by": r.by, "iteration": r.iteration,
+                       "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+    with open(r.path / RESTARTS, "a") as f:
+        f.write(line + "\n")
+
+
+def mark_requeue(path: Path, iteration: int) -> None:
+    """``REQUEUE_MARKER``: the run in ``path`` stopped on the preemption signal after checkpointing
+    at ``iteration``; its next start in the folder resumes it (``restarted``)."""
+    tmp = path / f"{REQUEUE_MARKER}.{RUN_ID}.tmp"
+    tmp.write_text(f"{RUN_ID}@{iteration}\n")
+    os.replace(tmp, path / REQUEUE_MARKER)
