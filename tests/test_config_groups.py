@@ -17,12 +17,10 @@ from tgdist.config import (
     DataFormat,
     EvalProtocol,
     LrScaling,
-    Mitigation,
     ModelName,
     PartitionJob,
     PartitionMethod,
     PartitionWeights,
-    RemoteDispatch,
     SamplingStrategy,
     Select,
     Task,
@@ -30,10 +28,13 @@ from tgdist.config import (
     TrainApp,
     config_dir,
     register_schemas,
+    section_schema,
 )
 from tgdist.errors import ConfigError
+from tgdist.memory.depcomm import RemoteDispatch
 from tgdist.runtime import checkpoint
 from tgdist.runtime.build import compose, validate
+from tgdist.runtime.pipelines.mspipe import Mitigation
 
 
 def test_a_memory_option_is_its_backend_key():
@@ -54,8 +55,9 @@ def test_an_experiment_changes_only_what_it_names_and_wins_over_the_defaults():
 
 
 def test_no_pipeline_by_default():
-    p = checked_compose([]).pipeline
-    assert (p.prefetch, str(p.micro_batches), p.async_allreduce, p.mode, p.mitigation) == (0, "1", False, "plain", "none")
+    p = compose([]).pipeline
+    assert (p.prefetch, str(p.micro_batches), p.async_allreduce, p.mode) == (0, "1", False, "plain")
+    assert "mitigation" not in p  # MSPipe's key: the plain loop's config class has none
 
 
 def test_no_embedding_cache_by_default_and_the_freshgnn_option_turns_it_on():
@@ -92,13 +94,16 @@ OPTIONS = {
 }
 CHOICES = [("train", k, o) for k, o in OPTIONS.items() if not k.startswith("partition.")] + \
     [("partition_job", k, o) for k, o in OPTIONS.items() if k.startswith(("data.", "sampler.", "partition."))]
+# a key of one strategy's config class is set with that strategy chosen (another refuses it)
+STRATEGY = {"memory.remote_dispatch": ["memory.backend=depcomm"], "pipeline.mitigation": ["pipeline.mode=mspipe"]}
 register_schemas()  # tgdist partition's, which its command registers
 
 
 def choice_keys(schema: type, prefix: str = "") -> list[str]:
     keys = []
     for name, kind in typing.get_type_hints(schema).items():
-        if dataclasses.is_dataclass(kind):
+        if dataclasses.is_dataclass(kind):  # a strategy section: the keys of every registered strategy
+            kind = section_schema(name) if prefix == "" and name in ("memory", "pipeline") else kind
             keys += choice_keys(kind, f"{prefix}{name}.")
         elif isinstance(kind, type) and issubclass(kind, Choice):
             keys.append(prefix + name)
@@ -124,7 +129,7 @@ def test_an_unknown_value_fails_at_composition_naming_the_options(config_name, k
 def test_every_option_composes_and_reads_as_its_name(config_name, key, options):
     group, leaf = key.split(".")
     for option in options.split(", "):
-        cfg = compose([f"{key}={option}"], config_name)
+        cfg = compose([*STRATEGY.get(key, []), f"{key}={option}"], config_name)
         value = cfg[group][leaf]
         assert value == option and str(value) == option and f"{value}" == option and json.dumps(value) == f'"{option}"'
         assert f"\n  {leaf}: {option}\n" in "\n" + OmegaConf.to_yaml(cfg, resolve=True)  # as config.yaml has it

@@ -23,6 +23,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from tgdist import checksum
+from tgdist.config import SECTIONS
 from tgdist.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -111,6 +112,9 @@ def check_config(path, saved: dict, cfg: DictConfig, content_checked: bool = Fal
     ``content_checked``: the data's identity is compared by content, not by its path."""
     mine = identity(cfg)
     saved = {**_ADDED, **saved}
+    # a strategy section holds the keys its strategy reads (tgdist.config.SECTIONS): another
+    # strategy's keys in a checkpoint (one written before, or the mode itself differs) are not compared
+    saved = {k: v for k, v in saved.items() if k in mine or k.partition(".")[0] not in SECTIONS}
     for key, renamed in _RENAMED.items():
         for d in (mine, saved):
             if key in d:
@@ -273,18 +277,21 @@ def check_layout(path, state: dict, cfg: DictConfig) -> None:
                           f"resumes only with it (train.epochs={cfg.train.epochs} changes every rank's schedule)")
 
 
-def check_store(path, state: dict, cfg: DictConfig) -> None:
+def check_store(path, state: dict, cfg: DictConfig, backend: str | None = None) -> None:
     """The node memory resumes into a store that reads the files it was written as: stores that
     keep a whole copy per memory group (``memory-K.pt``) read each other's, and a partitioned
     store (a shard per trainer) reads its own only. A checkpoint of an older tgdist names no store
-    (``memory_backend``): its files are checked when they are read."""
+    (``memory_backend``): its files are checked when they are read. ``backend``: the run's store as
+    its validation resolved it (``build.Resolved.backend``); None: ``memory.backend``, resolved for
+    a caller that has not validated the config."""
     from tgdist import memory
     from tgdist.distributed.schedule import Layout
 
     written = state.get("memory_backend")
     if written is None:
         return
-    now = memory.resolve(str(cfg.memory.backend), Layout(cfg.parallel.i, cfg.parallel.j, cfg.parallel.k).group_size)
+    now = backend or memory.resolve(str(cfg.memory.backend),
+                                    Layout(cfg.parallel.i, cfg.parallel.j, cfg.parallel.k).group_size)
     if now == written:
         placed = state.get("placement")  # a partitioned store's shards hold the nodes these settings placed
         if placed:
@@ -308,18 +315,19 @@ def _plain(text: str | None) -> str:
     return "null" if text in (None, "None") else text.strip("'")
 
 
-def check_resume(cfg: DictConfig) -> tuple[Path, dict]:
+def check_resume(cfg: DictConfig, backend: str | None = None) -> tuple[Path, dict]:
     """What resuming from ``train.resume`` checks, without building anything (the data is
     checked by ``check_data`` once it is read): ``tgdist launch`` runs it before starting any
     process, so a mismatch is one line, not one per rank. Every file is checked against its
-    checksum, the parts beside ``last.pt`` too. Returns the path and the state."""
+    checksum, the parts beside ``last.pt`` too. Returns the path and the state. ``backend``: the
+    memory store the run's validation resolved (``check_store``)."""
     path = find(cfg.train.resume)
     state = read(path, map_location="cpu", mmap=True)
     if state.get("kind") == "best":
         raise ConfigError(f"{path}: the best validated epoch's model and memory, to use (checkpoint.load), not to "
                           f"resume from; resume with the run directory or its checkpoints/last.pt")
     check_layout(path, state, cfg)
-    check_store(path, state, cfg)
+    check_store(path, state, cfg, backend)
     check_config(path, state.get("config", {}), cfg, content_checked="data" in state)
     for part in parts(path, state):
         verify_part(part)

@@ -337,9 +337,9 @@ def _pipeline_config(pipeline: str):
     as a composed config is, then a plain dataclass again (built once; read fast)."""
     from omegaconf import OmegaConf
 
-    from tgdist.config import PipelineConfig
+    from tgdist.config import section_schema
 
-    pipe = PipelineConfig()
+    pipe = section_schema("pipeline")()  # every registered strategy's keys
     for ov in PIPELINES[pipeline]:
         key, value = ov.split("=", 1)
         if key == "pipeline":
@@ -366,13 +366,14 @@ def _placement_config(method: str):
 @functools.cache
 def _settings_refusal(i: int, j: int, k: int, backend: str, pipeline: str, placement: str | None) -> str | None:
     """``validate_pipeline`` and ``check_settings`` for one combination (cached: they read no batch size)."""
+    from tgdist import memory
     from tgdist.config import ParallelConfig
     from tgdist.memory.placement import check_settings
     from tgdist.runtime.build import validate_pipeline
 
     try:
         validate_pipeline(_pipeline_config(pipeline), ParallelConfig(i=i, j=j, k=k),
-                          "auto" if backend == "local" else backend)
+                          memory.resolve("auto" if backend == "local" else backend, i * j))
         store = _store_class(backend)
         if store.partitioned:
             check_settings(store, j, _placement_config(placement or "reflexbicut"))
