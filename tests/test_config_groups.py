@@ -239,3 +239,66 @@ def test_a_resume_composes_the_runs_config_yaml_with_the_given_keys_on_top(tmp_p
     (run / "config.yaml").write_text("[not, a, config]\n")
     with pytest.raises(ConfigError, match="is not a tgdist config"):
         compose([f"train.resume={run}"])
+
+
+def _own_keys() -> list[tuple[str, str, str, str]]:
+    """(group, key, a strategy that reads it, one that does not) for every key that a registered
+    store or pipeline has on its own config class (not the section's)."""
+    from tgdist import config
+    from tgdist.runtime.build import load_strategies
+
+    load_strategies()
+    found = []
+    for group, (_, base) in config.SECTIONS.items():
+        shared = {f.name for f in dataclasses.fields(base)}
+        names = config.option_names(group)
+        for key in dict.fromkeys(f.name for n in names for f in dataclasses.fields(config.option_schema(group, n))):
+            if key not in shared:
+                readers = config.readers(group, key)
+                found.append((group, key, readers[0], next(n for n in names if n not in readers)))
+    return found
+
+
+def _another_value(group: str, name: str, key: str):
+    """A valid value of ``key`` under strategy ``name`` that is not its default."""
+    from tgdist import config
+
+    f = next(f for f in dataclasses.fields(config.option_schema(group, name)) if f.name == key)
+    if isinstance(f.default, Choice):
+        return next(m.value for m in type(f.default) if m != f.default)
+    if "count_or_auto" in f.metadata:
+        return "3"
+    if isinstance(f.default, bool):
+        return str(not f.default).lower()
+    return 5 if f.default is None else f.default + 1 if isinstance(f.default, int) else f.default / 2
+
+
+OWN_KEYS = _own_keys()
+
+
+def test_the_strategies_own_keys_are_known():
+    """What the next test covers: the built-in stores' and pipelines' own keys are among them."""
+    keys = {(g, k): (r, o) for g, k, r, o in OWN_KEYS}
+    assert keys[("pipeline", "staleness")][0] == "mspipe" and keys[("pipeline", "micro_batches")][0] == "plain"
+    assert keys[("memory", "timeout")][0] == "daemon" and keys[("memory", "remote_dispatch")][0] == "depcomm"
+    assert ("memory", "backend") not in keys and ("pipeline", "prefetch") not in keys  # every strategy's
+
+
+@pytest.mark.parametrize("group, key, reader, other", OWN_KEYS, ids=[f"{g}.{k}" for g, k, _, _ in OWN_KEYS])
+def test_a_key_the_chosen_strategy_does_not_read_is_refused_at_composition(group, key, reader, other):
+    """Each store and pipeline reads its own keys (its config class): composed with the strategy
+    that reads one, the key is there with its value; with another strategy, a value other than the
+    default is refused in one line naming who reads it, and the default goes unsaid."""
+    from tgdist import config
+
+    choose = config.SECTIONS[group][0]
+    value = _another_value(group, reader, key)
+    cfg = compose([f"{group}.{choose}={reader}", f"{group}.{key}={value}"])
+    assert OmegaConf.get_type(cfg[group]) is config.option_schema(group, reader)
+    assert str(OmegaConf.to_container(cfg[group], enum_to_str=True)[key]).lower() == str(value).lower()
+    with pytest.raises(ConfigError) as e:
+        compose([f"{group}.{choose}={other}", f"{group}.{key}={value}"])
+    assert str(e.value) == (f"{group}.{key}={cfg[group][key]} is read by {group}.{choose}={reader} only; "
+                            f"{group}.{choose}={other} does not read it")
+    left = compose([f"{group}.{choose}={other}"])
+    assert key not in left[group] and OmegaConf.get_type(left[group]) is config.option_schema(group, other)

@@ -537,8 +537,10 @@ INVALID = [
     (["model.static_pretrain_epochs=-1"], "model.static_pretrain_epochs=-1"),
     (["model.static_pretrain_epochs=2"], ("model.static_pretrain_epochs=2 pre-trains the static node memory, which "
                                           "model.static_memory=false leaves out")),
-    (["memory.timeout=0"], "memory.timeout=0.0: give a positive, finite number of seconds$"),
-    (["memory.max_ids=0"], "memory.max_ids=0: give a positive row count, or null$"),
+    (["memory.backend=daemon", "memory.timeout=0"], "memory.timeout=0.0: give a positive, finite number of seconds$"),
+    (["memory.backend=daemon", "memory.max_ids=0"], "memory.max_ids=0: give a positive row count, or null$"),
+    (["memory.timeout=30"], "^memory.timeout=30.0 is read by memory.backend=daemon only; memory.backend=auto does not "
+                            "read it$"),
     (["memory.backend=nvme"], "^memory.backend=nvme: choose one of auto, daemon, depcache, depcomm, local, sven$"),
     (["train.lr_scaling=log"], "^train.lr_scaling=log: choose one of linear, sqrt, none$"),
     (["train.device=tpu"], "train.device='tpu': choose auto, cpu, cuda or cuda:N"),
