@@ -35,8 +35,8 @@ def test_validate_returns_the_resolved_choices():
     two = validate(compose(SMALL + ["parallel.i=2", "train.lr=0.001", "pipeline=none", "pipeline.micro_batches=auto"]))
     assert (two.backend, two.store, two.pipeline, two.lr_scaling) == ("depcache", DepCacheMemory, "plain", "linear")
     assert two.lr == pytest.approx(0.002) and two.counts == {"pipeline.micro_batches": None} and two.micro_batches is None
-    sqrt = validate(compose(SMALL + ["parallel.j=4", "train.epochs=4", "train.lr_scaling=sqrt", "memory.backend=daemon"]))
-    assert (sqrt.backend, sqrt.layout.j, sqrt.lr) == ("daemon", 4, pytest.approx(2e-4))
+    sqrt = validate(compose(SMALL + ["parallel.i=4", "train.lr_scaling=sqrt", "memory.backend=daemon"]))
+    assert (sqrt.backend, sqrt.layout.i, sqrt.lr) == ("daemon", 4, pytest.approx(2e-4))  # sqrt(i) x
     ms = validate(compose(SMALL + ["pipeline=mspipe"]))
     assert (ms.pipeline, ms.strategy, ms.counts, ms.micro_batches) == ("mspipe", MSPipe, {"pipeline.staleness": None}, 1)
     assert validate(compose(SMALL + ["pipeline.mode=mspipe", "pipeline.staleness=3"])).counts == {"pipeline.staleness": 3}
