@@ -46,7 +46,7 @@ from tgdist import memory
 from tgdist.config import model_tag
 from tgdist.config.overrides import resume_note
 from tgdist.distributed import collectives
-from tgdist.distributed.schedule import Layout, num_global_batches, num_iterations, scaled_lr, step
+from tgdist.distributed.schedule import num_global_batches, num_iterations, step
 from tgdist.distributed.world import ProcessGroups, detect, disagreement
 from tgdist.distributed.world import validate as validate_layout
 from tgdist.errors import ConfigError
@@ -72,8 +72,11 @@ class Run:
     """One rank's part of a training run in ``run_dir`` (rank 0's; ranks but 0 may pass None):
     ``train()`` once. Started in one process it trains alone; under torchrun / SLURM / MPI each
     rank makes its own ``Run`` and they meet in ``__init__``. ``trainer``: one built by the caller
-    (its own graph or device, say); with local memory its store is used as it is. ``groups``:
-    process groups the caller initialised for this layout (and destroys; tests), else the run's own."""
+    (its own graph or device, say); with local memory its store is used as it is, else the store
+    the config names replaces it (a trainer built here is constructed with that store). ``groups``:
+    process groups the caller initialised for this layout (and destroys; tests), else the run's own.
+    ``choices``: what ``build.validate(cfg)`` returned, when the caller validated ``cfg``; else the
+    run validates it, once, and builds its trainer from what that resolved."""
 
     def __init__(self, cfg: DictConfig, run_dir: str | Path | None, trainer: Trainer | None = None,
                  groups: ProcessGroups | None = None, choices: Resolved | None = None):
