@@ -375,7 +375,7 @@ def test_a_run_checks_its_settings_once(tmp_path, monkeypatch, capsys):
 
     checked = []
     inner = build._validate
-    monkeypatch.setattr(build, "_validate", lambda cfg: (checked.append(1), inner(cfg)))
+    monkeypatch.setattr(build, "_validate", lambda cfg: checked.append(1) or inner(cfg))  # (its choices returned)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "argv", ["tgdist train", *QUICK, "train.seed=12345", f"run_dir={tmp_path / 'r'}"])
     train.main()
