@@ -16,12 +16,10 @@ from tgdist.config import (
     CommBackend,
     EvalProtocol,
     LrScaling,
-    Mitigation,
     ModelName,
     PartitionJob,
     PartitionMethod,
     PartitionWeights,
-    RemoteDispatch,
     SamplingStrategy,
     Select,
     Task,
@@ -29,10 +27,13 @@ from tgdist.config import (
     TrainApp,
     config_dir,
     register_schemas,
+    section_schema,
 )
 from tgdist.errors import ConfigError
+from tgdist.memory.depcomm import RemoteDispatch
 from tgdist.runtime import checkpoint
 from tgdist.runtime.build import compose, validate
+from tgdist.runtime.pipelines.mspipe import Mitigation
 
 
 def test_a_memory_option_is_its_backend_key():
@@ -53,8 +54,9 @@ def test_an_experiment_changes_only_what_it_names_and_wins_over_the_defaults():
 
 
 def test_no_pipeline_by_default():
-    p = checked_compose([]).pipeline
-    assert (p.prefetch, str(p.micro_batches), p.async_allreduce, p.mode, p.mitigation) == (0, "1", False, "plain", "none")
+    p = compose([]).pipeline
+    assert (p.prefetch, str(p.micro_batches), p.async_allreduce, p.mode) == (0, "1", False, "plain")
+    assert "mitigation" not in p  # MSPipe's key: the plain loop's config class has none
 
 
 def test_no_embedding_cache_by_default_and_the_freshgnn_option_turns_it_on():
@@ -90,13 +92,16 @@ OPTIONS = {
 }
 CHOICES = [("train", k, o) for k, o in OPTIONS.items() if not k.startswith("partition.")] + \
     [("partition_job", k, o) for k, o in OPTIONS.items() if k.startswith(("data.", "sampler.", "partition."))]
+# a key of one strategy's config class is set with that strategy chosen (another refuses it)
+STRATEGY = {"memory.remote_dispatch": ["memory.backend=depcomm"], "pipeline.mitigation": ["pipeline.mode=mspipe"]}
 register_schemas()  # tgdist partition's, which its command registers
 
 
 def choice_keys(schema: type, prefix: str = "") -> list[str]:
     keys = []
     for name, kind in typing.get_type_hints(schema).items():
-        if dataclasses.is_dataclass(kind):
+        if dataclasses.is_dataclass(kind):  # a strategy section: the keys of every registered strategy
+            kind = section_schema(name) if prefix == "" and name in ("memory", "pipeline") else kind
             keys += choice_keys(kind, f"{prefix}{name}.")
         elif isinstance(kind, type) and issubclass(kind, Choice):
             keys.append(prefix + name)
@@ -122,7 +127,7 @@ def test_an_unknown_value_fails_at_composition_naming_the_options(config_name, k
 def test_every_option_composes_and_reads_as_its_name(config_name, key, options):
     group, leaf = key.split(".")
     for option in options.split(", "):
-        cfg = compose([f"{key}={option}"], config_name)
+        cfg = compose([*STRATEGY.get(key, []), f"{key}={option}"], config_name)
         value = cfg[group][leaf]
         assert value == option and str(value) == option and f"{value}" == option and json.dumps(value) == f'"{option}"'
         assert f"\n  {leaf}: {option}\n" in "\n" + OmegaConf.to_yaml(cfg, resolve=True)  # as config.yaml has it
@@ -231,3 +236,66 @@ def test_a_resume_composes_the_runs_config_yaml_with_the_given_keys_on_top(tmp_p
     (run / "config.yaml").write_text("[not, a, config]\n")
     with pytest.raises(ConfigError, match="is not a tgdist config"):
         compose([f"train.resume={run}"])
+
+
+def _own_keys() -> list[tuple[str, str, str, str]]:
+    """(group, key, a strategy that reads it, one that does not) for every key that a registered
+    store or pipeline has on its own config class (not the section's)."""
+    from tgdist import config
+    from tgdist.runtime.build import load_strategies
+
+    load_strategies()
+    found = []
+    for group, (_, base) in config.SECTIONS.items():
+        shared = {f.name for f in dataclasses.fields(base)}
+        names = config.option_names(group)
+        for key in dict.fromkeys(f.name for n in names for f in dataclasses.fields(config.option_schema(group, n))):
+            if key not in shared:
+                readers = config.readers(group, key)
+                found.append((group, key, readers[0], next(n for n in names if n not in readers)))
+    return found
+
+
+def _another_value(group: str, name: str, key: str):
+    """A valid value of ``key`` under strategy ``name`` that is not its default."""
+    from tgdist import config
+
+    f = next(f for f in dataclasses.fields(config.option_schema(group, name)) if f.name == key)
+    if isinstance(f.default, Choice):
+        return next(m.value for m in type(f.default) if m != f.default)
+    if "count_or_auto" in f.metadata:
+        return "3"
+    if isinstance(f.default, bool):
+        return str(not f.default).lower()
+    return 5 if f.default is None else f.default + 1 if isinstance(f.default, int) else f.default / 2
+
+
+OWN_KEYS = _own_keys()
+
+
+def test_the_strategies_own_keys_are_known():
+    """What the next test covers: the built-in stores' and pipelines' own keys are among them."""
+    keys = {(g, k): (r, o) for g, k, r, o in OWN_KEYS}
+    assert keys[("pipeline", "staleness")][0] == "mspipe" and keys[("pipeline", "micro_batches")][0] == "plain"
+    assert keys[("memory", "timeout")][0] == "daemon" and keys[("memory", "remote_dispatch")][0] == "depcomm"
+    assert ("memory", "backend") not in keys and ("pipeline", "prefetch") not in keys  # every strategy's
+
+
+@pytest.mark.parametrize("group, key, reader, other", OWN_KEYS, ids=[f"{g}.{k}" for g, k, _, _ in OWN_KEYS])
+def test_a_key_the_chosen_strategy_does_not_read_is_refused_at_composition(group, key, reader, other):
+    """Each store and pipeline reads its own keys (its config class): composed with the strategy
+    that reads one, the key is there with its value; with another strategy, a value other than the
+    default is refused in one line naming who reads it, and the default goes unsaid."""
+    from tgdist import config
+
+    choose = config.SECTIONS[group][0]
+    value = _another_value(group, reader, key)
+    cfg = compose([f"{group}.{choose}={reader}", f"{group}.{key}={value}"])
+    assert OmegaConf.get_type(cfg[group]) is config.option_schema(group, reader)
+    assert str(OmegaConf.to_container(cfg[group], enum_to_str=True)[key]).lower() == str(value).lower()
+    with pytest.raises(ConfigError) as e:
+        compose([f"{group}.{choose}={other}", f"{group}.{key}={value}"])
+    assert str(e.value) == (f"{group}.{key}={cfg[group][key]} is read by {group}.{choose}={reader} only; "
+                            f"{group}.{choose}={other} does not read it")
+    left = compose([f"{group}.{choose}={other}"])
+    assert key not in left[group] and OmegaConf.get_type(left[group]) is config.option_schema(group, other)

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.distributed
 OVERRIDES = ["data=synthetic", "data.synthetic.num_events=500", "data.synthetic.num_nodes=40", "model.mem_dim=8",
              "model.time_dim=4", "model.dropout=0.0", "model.cpu_kernels=false", "train.batch_size=40",
              "train.epochs=2", "train.num_threads=1", "sampler.num_threads=1", "train.progress=false",
-             "train.lr_scaling=none", "train.num_neg_eval=9", "memory.timeout=60"]
+             "train.lr_scaling=none", "train.num_neg_eval=9"]
 
 
 def _check_devices(name: str, fn):
@@ -110,7 +110,8 @@ def _worker(rank: int, port: int, layout_ijk: tuple, backend: str, out) -> None:
         for name in ("all_reduce", "all_gather", "broadcast", "all_to_all_single"):
             setattr(dist, name, _check_devices(name, getattr(dist, name)))
         layout = Layout(*layout_ijk)
-        cfg = compose(OVERRIDES + [f"parallel.i={layout.i}", f"parallel.j={layout.j}", f"memory.backend={backend}"])
+        cfg = compose(OVERRIDES + [f"parallel.i={layout.i}", f"parallel.j={layout.j}", f"memory.backend={backend}"]
+                      + (["memory.timeout=60"] if backend == "daemon" else []))  # (the daemon's own key)
         world = WorldInfo(rank=rank, world_size=2, local_rank=rank, local_world_size=2, master_port=port,
                           launcher="mpi")  # tcp:// rendezvous at master_port
         groups = ProcessGroups.init(world, layout, backend="gloo", timeout=timedelta(seconds=60))

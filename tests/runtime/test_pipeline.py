@@ -340,8 +340,9 @@ def test_a_count_or_auto_key_is_checked_when_the_config_is_composed(bad, message
 
     with pytest.raises(ConfigError, match=message):
         checked_compose([bad])
-    for good in ("pipeline.micro_batches=auto", "pipeline.micro_batches=3", "pipeline.staleness=0", "pipeline=mspipe"):
-        checked_compose([good])
+    for good in (["pipeline.micro_batches=auto"], ["pipeline.micro_batches=3"], ["pipeline=mspipe", "pipeline.staleness=0"],
+                 ["pipeline=mspipe"]):
+        checked_compose(good)
 
 
 def test_ctrl_c_during_a_prefetching_run_leaves_no_thread(tmp_path):

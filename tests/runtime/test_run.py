@@ -542,8 +542,10 @@ INVALID = [
     (["model.static_pretrain_epochs=-1"], "model.static_pretrain_epochs=-1"),
     (["model.static_pretrain_epochs=2"], ("model.static_pretrain_epochs=2 pre-trains the static node memory, which "
                                           "model.static_memory=false leaves out")),
-    (["memory.timeout=0"], "memory.timeout=0.0: give a positive, finite number of seconds$"),
-    (["memory.max_ids=0"], "memory.max_ids=0: give a positive row count, or null$"),
+    (["memory.backend=daemon", "memory.timeout=0"], "memory.timeout=0.0: give a positive, finite number of seconds$"),
+    (["memory.backend=daemon", "memory.max_ids=0"], "memory.max_ids=0: give a positive row count, or null$"),
+    (["memory.timeout=30"], "^memory.timeout=30.0 is read by memory.backend=daemon only; memory.backend=auto does not "
+                            "read it$"),
     (["memory.backend=nvme"], "^memory.backend=nvme: choose one of auto, daemon, depcache, depcomm, local, sven$"),
     (["train.lr_scaling=log"], "^train.lr_scaling=log: choose one of linear, sqrt, none$"),
     (["train.device=tpu"], "train.device='tpu': choose auto, cpu, cuda or cuda:N"),
@@ -807,11 +809,14 @@ def test_every_memory_store_on_one_process_gives_the_metrics_of_local_memory(tmp
 def test_a_store_of_another_backend_is_built_without_a_whole_local_memory_first(tmp_path, monkeypatch):
     """The trainer was built with the whole memory and mails, which the backend's store then
     replaced: a partitioned store's peak carried the full memory it exists to spread (1.1 GiB per
-    rank at 1M nodes)."""
+    rank at 1M nodes). Now the trainer is built with its store: a local memory only for local."""
     import tgdist.runtime.build as build
+    import tgdist.runtime.run as run_module
 
     sizes = []
-    monkeypatch.setattr(build, "memory_for", lambda model, n: sizes.append(n) or memory_for(model, n))
+    counted = lambda model, n: sizes.append(n) or memory_for(model, n)  # noqa: E731
+    monkeypatch.setattr(build, "memory_for", counted)
+    monkeypatch.setattr(run_module, "memory_for", counted)
     for backend in ("local", "daemon"):
         r = Run(compose(SMALL + [f"memory.backend={backend}"]), tmp_path / backend)
         try:
@@ -819,7 +824,7 @@ def test_a_store_of_another_backend_is_built_without_a_whole_local_memory_first(
         finally:
             r.close()
     n = r.trainer.g.num_nodes
-    assert sizes == [n, 0]
+    assert sizes == [n]
 
 
 def test_a_run_trains_once(tmp_path):

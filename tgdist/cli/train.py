@@ -60,6 +60,13 @@ class _Launch:
     held: list[int] = field(default_factory=list)
     # this start as a restart of the run in its folder (``_continue_a_restart``), said in the log
     restart: rundir.Restart | None = None
+    # the config of a run checked before Hydra starts, composed once: the run trains with it (Hydra's
+    # own composition only names its directory), and what its validation resolved, when it was
+    # validated here (a resume: None otherwise, validated once by the run)
+    cfg: DictConfig | None = None
+    choices: object = None
+    # a checked sweep's jobs, in order: each one's composed config and what its validation resolved
+    jobs: list = field(default_factory=list)
 
     def reset(self) -> None:
         self.__dict__.update(_Launch().__dict__)
@@ -94,6 +101,21 @@ def _remove_if_empty_run(run_dir: Path) -> None:
     remove_empty_dirs(_launch.new_parents)
 
 
+def _composed(hydra_cfg: DictConfig):
+    """The config this Hydra job trains with and what its validation resolved (None: not yet
+    validated): the one composed before Hydra started (a run's, or this job's of a checked sweep),
+    so that a config is composed and validated once; else Hydra's, its strategy sections given the
+    classes of the strategies they name (``narrow``), as every composition does."""
+    from tgdist.config.overrides import narrow
+
+    if _launch.sweep_dir is not None and _launch.jobs:
+        return _launch.jobs[int(HydraConfig.get().job.num)]
+    if _launch.cfg is not None:
+        return _launch.cfg, _launch.choices
+    narrow(hydra_cfg)
+    return hydra_cfg, None
+
+
 @hydra.main(version_base=None, config_path=config_dir(), config_name="train")
 def _hydra_main(cfg: DictConfig) -> None:
     from tgdist.distributed.world import detect
@@ -102,6 +124,7 @@ def _hydra_main(cfg: DictConfig) -> None:
     from tgdist.runtime.driver import run
     from tgdist.runtime.run import Preempted
 
+    cfg, choices = _composed(cfg)
     run_dir = Path(HydraConfig.get().runtime.output_dir)  # the temp folder on ranks but 0 (_launch.elsewhere)
     world = detect()
     if _launch.sweep_dir is not None and run_dir.parent == _launch.sweep_dir:  # a job of a checked sweep: Hydra made it
@@ -125,7 +148,7 @@ def _hydra_main(cfg: DictConfig) -> None:
     if _launch.restart is not None and rank == 0:
         logging.getLogger("tgdist.cli.train").info("%s", _launch.restart.line())
     try:
-        summary = run(cfg, None if _launch.elsewhere else run_dir)  # None: rank 0's, told when the ranks meet
+        summary = run(cfg, None if _launch.elsewhere else run_dir, choices)  # None: rank 0's, told when the ranks meet
     except Preempted as e:  # checkpointed after the same iteration on every rank: requeue and resume
         where = (_launch.run_dir or run_dir) if _launch.elsewhere else run_dir
         print(f"{who}: {e.words()} after iteration {e.iteration}; {where / 'checkpoints' / 'last.pt'} holds the "
@@ -313,10 +336,12 @@ def _main() -> None:
     from tgdist.distributed.world import detect
     from tgdist.runtime.rundir import claim_directory
 
-    def precheck(cfg):  # torch and the models load only for settings that get this far (not --help, a typo)
+    from tgdist.runtime.build import load_strategies
+
+    def precheck(cfg):  # a job of a sweep: composed and validated once, here (``_composed``)
         from tgdist.runtime.build import precheck as check_settings
 
-        check_settings(cfg)
+        _launch.jobs.append((cfg, check_settings(cfg)))
 
     if os.environ.get("TORCHELASTIC_RUN_ID") and sys.platform.startswith("linux"):
         _stop_with_the_agent()
@@ -337,16 +362,10 @@ def _main() -> None:
         print("tgdist train: error: --multirun inside a parallel job runs the sweep in every rank; sweep with "
               "tgdist launch -- --multirun ... (one launch per job)", file=sys.stderr)
         sys.exit(2)
-    if not {"-m", "--multirun"} & set(sys.argv[1:]):  # a resume runs with its run's config.yaml, given keys on top
-        from tgdist.config.overrides import with_run_config
-
-        try:
-            sys.argv[1:] = with_run_config(sys.argv[1:])
-        except TgdistError as e:
-            print(f"tgdist train: error: {e}", file=sys.stderr)
-            sys.exit(2)
-    # composed and checked here, before Hydra writes anything into the run directory; @hydra.main
-    # then composes its own copy (Hydra forces the second composition; validate remembers the first)
+    load_strategies()  # every store and pipeline with its config class, before the first composition
+    # composed (a resume with its run's config.yaml, given keys on top) and checked here, before
+    # Hydra writes anything into the run directory; the run trains with this config (``_composed``):
+    # Hydra's own composition serves its run directory and records
     args, cfg, sweep = precheck_command("tgdist train", "train", sys.argv[1:], precheck, __file__)
     if sweep is not None:  # every job's settings are valid; Hydra gets the directory checked here
         _launch.sweep_dir = Path(sweep.dir).absolute()
@@ -368,7 +387,8 @@ def _main() -> None:
         run_dir = Path(cfg.run_dir).absolute()
         _launch.new_parents[:] = [p for p in run_dir.parents if not p.exists()]
         _check_run_parent(run_dir)
-        _check_resume(cfg)
+        _launch.choices = _check_resume(cfg)
+        _launch.cfg = cfg
         try:  # every rank: each says it in one line
             rundir.check_foreign(run_dir, cfg.train.overwrite)
             rundir.check_replace(run_dir, cfg.train.overwrite, cfg.train.resume)
@@ -493,26 +513,31 @@ def _stop_with_the_agent() -> None:
     """A rank started by torchrun runs in a session of its own: were the agent killed (SIGKILL),
     it would train on alone and end minutes later in a broken-pipe crash of its process group.
     SIGTERM when the agent dies stops it at once (its daemon follows it, as for any dead trainer)."""
-    from tgdist.launcher.launch import _set_parent_death_signal
+    from tgdist.launcher.launch import set_parent_death_signal
 
     agent = os.getppid()
-    _set_parent_death_signal()
+    set_parent_death_signal()
     if os.getppid() != agent:  # it died before the signal was asked for
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-def _check_resume(cfg) -> None:
+def _check_resume(cfg):
     """Exit 2 with one line when ``train.resume`` names a checkpoint of another config, before
-    Hydra writes its ``.hydra/`` into the run directory (often the checkpoint's own)."""
+    Hydra writes its ``.hydra/`` into the run directory (often the checkpoint's own). The settings
+    are validated for it, once: returns what that resolved (None without a resume: the run
+    validates them)."""
     if not cfg.train.resume:
-        return
+        return None
     from tgdist.runtime import checkpoint
+    from tgdist.runtime.build import validate
 
     try:
-        checkpoint.check_resume(cfg)
+        choices = validate(cfg)
+        checkpoint.check_resume(cfg, choices.backend)
     except TgdistError as e:
         print(f"tgdist train: error: {e}", file=sys.stderr)
         sys.exit(2)
+    return choices
 
 
 if __name__ == "__main__":

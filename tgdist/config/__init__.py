@@ -74,6 +74,12 @@ def key_notes(schema: type, prefix: str = "") -> dict[str, str]:
     import io
     import tokenize
 
+    group = _section_of(schema)
+    if group is not None and schema is _UNIONS.get(group):  # a strategy section: each
+        notes = key_notes(SECTIONS[group][1], prefix)  # registered class documents its own keys
+        for cls in _OPTIONS[group].values():
+            notes.update({k: v for k, v in key_notes(cls, prefix).items() if k not in notes})
+        return notes
     lines, _ = inspect.getsourcelines(schema)
     comments: dict[int, str] = {}  # line number in ``lines`` -> comment text
     for tok in tokenize.generate_tokens(io.StringIO("".join(lines)).readline):
@@ -97,7 +103,9 @@ def key_notes(schema: type, prefix: str = "") -> dict[str, str]:
             notes[key] = note
         sub = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
         if dataclasses.is_dataclass(sub):
-            notes.update(key_notes(type(sub), key + "."))
+            sub_type = type(sub)
+            sub_type = section_schema(_section_of(sub_type)) if _section_of(sub_type) else sub_type
+            notes.update(key_notes(sub_type, key + "."))
     return notes
 
 
@@ -177,8 +185,14 @@ def parse_count_or_auto(value, key: str, least: int, what: str) -> int | None:
     return n
 
 
+def choice_type(name: str, options: str, module: str) -> type[Choice]:
+    """A ``Choice`` named ``name`` defined in ``module`` (the module that assigns it to ``name``, so
+    configs holding its values pickle): a strategy's config class types its own keys with it."""
+    return Choice(name, options, module=module, qualname=name)
+
+
 def _choice(name: str, options: str) -> type[Choice]:
-    return Choice(name, options, module=__name__, qualname=name)  # importable: configs pickle
+    return choice_type(name, options, __name__)
 
 
 TimeUnit = _choice("TimeUnit", "auto s ms us ns")  # data.time_unit: auto, or tgdist.data.graph.TIME_UNITS
@@ -190,9 +204,6 @@ Task = _choice("Task", "link node edge")  # train.task
 LrScaling = _choice("LrScaling", "linear sqrt none")  # train.lr_scaling: tgdist.distributed.schedule.LR_SCALING_MODES
 Select = _choice("Select", "best_val last")  # train.select: which epoch a run reports and hands on
 EvalProtocol = _choice("EvalProtocol", "tgdist tgb")  # train.eval: tgdist's negatives, or TGB's (runtime.tgb_eval)
-Mitigation = _choice("Mitigation", "none similarity")  # pipeline.mitigation: MSPipe-S or none
-# memory.remote_dispatch: what depcomm's owners send each requester (tgdist.memory.depcomm)
-RemoteDispatch = _choice("RemoteDispatch", "occurrences distinct")
 CommBackend = _choice("CommBackend", "auto gloo nccl mpi")  # parallel.comm_backend: torch.distributed's backend
 PartitionMethod = _choice("PartitionMethod", "range interval reflexbicut greedy")  # tgdist.partition.methods.METHODS
 PartitionWeights = _choice("PartitionWeights", "dedup raw")  # partition.weights: tgdist.partition.access.WEIGHTS
@@ -331,18 +342,15 @@ class ParallelConfig:
 
 @dataclass
 class MemoryConfig:
-    """Where node memory lives. ``auto``: in the process for one trainer per memory copy
-    (i * j = 1), ``depcache`` otherwise."""
+    """Where node memory lives: the keys every store reads. A store that reads more declares them on
+    its own config class, a subclass of this one (``Config`` on its store class, registered with it:
+    ``tgdist.memory.register``); composition gives ``memory`` the class of the store
+    ``memory.backend`` names (``option_schema``), so a key that store does not read is refused.
+    ``auto``: in the process for one trainer per memory copy (i * j = 1), ``depcache`` otherwise."""
 
     # auto, or a store registered in tgdist.memory (local, depcache, daemon, depcomm, sven, or one of
     # yours: tgdist.memory.register), checked before training as pipeline.mode is
     backend: str = "auto"
-    max_ids: Optional[int] = None  # daemon: rows per read slot (null: bounded from batch and fanouts)
-    timeout: float = 120.0  # daemon: seconds a trainer waits for it before failing
-    num_threads: int = 1  # daemon: torch threads of the daemon process
-    # depcomm: the rows of its remote dispatch: occurrences (one per sampled occurrence of a node, the
-    # paper's DepComm and eq. (8)) | distinct (one per distinct node a trainer needs; same training)
-    remote_dispatch: RemoteDispatch = RemoteDispatch.occurrences
 
 
 @dataclass
@@ -362,32 +370,21 @@ class PlacementConfig:
 
 @dataclass
 class PipelineConfig:
-    """How the stages of consecutive iterations overlap (Sven 3.3, MSPipe; ``tgdist.runtime.pipelines``).
-    All off by default: every stage runs after the previous one (DESIGN.md "One training iteration")."""
+    """How the stages of consecutive iterations overlap (Sven 3.3, MSPipe; ``tgdist.runtime.pipelines``):
+    the keys every strategy reads. A strategy's own keys live on its own config class, a subclass of
+    this one (``Config`` on its ``Pipeline`` class, registered with it); composition gives
+    ``pipeline`` the class of the strategy ``pipeline.mode`` names (``option_schema``), so a key that
+    strategy does not read is refused. All off by default: every stage runs after the previous one
+    (DESIGN.md "One training iteration")."""
 
-    prefetch: int = 0  # batches sampled ahead by a background thread (0: none); bit-identical results
-    # micro-batches per batch (Sven 3.3.2): 1 (none), N, or auto (eq. (12) fitted over the first iterations)
-    micro_batches: str = count_or_auto(1, "a number of micro-batches per batch (1: none)", "1")
-    async_allreduce: bool = False  # gradient all-reduce overlapping the next iteration (staleness 1, eq. (13))
-    profile_iterations: int = 6  # micro_batches=auto: iterations measured before n is chosen
-    max_micro_batches: int = 8  # micro_batches=auto: the largest n it may choose
-    # the pipeline strategy (tgdist.runtime.pipelines): plain (the loop with the levels above; "none"
-    # is its older name), or mspipe (MSPipe 3.2): iteration i reads memory that misses the writes of
-    # the last K iterations (K = pipeline.staleness), its reads made K iterations ahead
+    # the pipeline strategy (tgdist.runtime.pipelines): plain (the loop with Sven's levels; "none" is
+    # its older name), or mspipe (MSPipe 3.2): iteration i reads memory that misses the writes of the
+    # last K iterations (K = pipeline.staleness), its reads made K iterations ahead
     mode: str = "plain"
-    # mspipe's K: a count (0: the plain loop), or auto (the minimal stall-free bound from stage times
-    # measured over profile_iterations iterations, constraints C1-C3)
-    staleness: str = count_or_auto(0, "the iterations of writes a read may miss (0: none)", "auto")
-    max_stale_fraction: float = 0.5  # staleness=auto, C3: at most this share of the nodes read may be stale
-    # mspipe: none, or similarity (MSPipe-S, 3.3): a read node whose memory is older than gamma (the
-    # mitigation_quantile of the time between a node's events) gets lambda s_v + (1 - lambda) * the
-    # mean memory of the most similar active nodes of its batch (common neighbours)
-    mitigation: Mitigation = Mitigation.none
-    mitigation_lambda: float = 0.95  # similarity: lambda, the weight of the node's own stale memory
-    mitigation_quantile: float = 0.99  # similarity: gamma is this quantile of the time between a node's events
-    # mspipe: how much lower (nice, 0-19) the priority of its stage and update threads is than the
-    # training thread's; 19: they take the cycles training leaves idle instead of slowing it down
-    stage_nice: int = 19
+    prefetch: int = 0  # batches sampled ahead by a background thread (0: none); bit-identical results
+    async_allreduce: bool = False  # gradient all-reduce overlapping the next iteration (staleness 1, eq. (13))
+    # iterations measured before an auto setting is chosen (micro_batches=auto, mspipe's staleness=auto)
+    profile_iterations: int = 6
 
 
 @dataclass
@@ -428,6 +425,81 @@ register("parallel_schema", ParallelConfig, group="parallel")
 register("memory_schema", MemoryConfig, group="memory")
 register("pipeline_schema", PipelineConfig, group="pipeline")
 register("cache_schema", CacheConfig, group="cache")
+
+
+# The strategy sections: a group whose key names a registered strategy (``memory.backend``,
+# ``pipeline.mode``), each strategy with its own config class (a subclass of the section's class,
+# holding the keys it reads beyond the section's). Hydra composes the section against the union of
+# the registered classes (``union_schema``, registered as ``<group>_schema``, which the YAML of the
+# group names), then ``tgdist.config.overrides.narrow`` gives it the class of the strategy chosen.
+SECTIONS: dict[str, tuple[str, type]] = {"memory": ("backend", MemoryConfig), "pipeline": ("mode", PipelineConfig)}
+_OPTIONS: dict[str, dict[str, type]] = {group: {} for group in SECTIONS}  # group -> strategy name -> its class
+_UNIONS: dict[str, type] = {}  # group -> the union class registered as <group>_schema
+
+
+def register_option(group: str, name: str, schema: type | None = None) -> None:
+    """Register the config class of strategy ``name`` of the section ``group`` (``memory`` or
+    ``pipeline``): ``schema`` subclasses the section's class (``MemoryConfig``,
+    ``PipelineConfig``) with the keys only it reads; None: it reads the section's keys alone. The
+    stores' and pipelines' registries call this; the class is also in Hydra's ConfigStore as
+    ``<group>/<name>_schema``."""
+    import dataclasses
+
+    key, base = SECTIONS[group]
+    schema = schema or base
+    if not (dataclasses.is_dataclass(schema) and issubclass(schema, base)):
+        raise TypeError(f"the config class of {group} strategy {name!r} must be a dataclass subclassing {base.__name__}")
+    _OPTIONS[group][name] = schema
+    register(f"{name}_schema", schema, group=group)
+    register(f"{group}_schema", union_schema(group), group=group)
+
+
+def option_schema(group: str, name: str) -> type | None:
+    """The config class of strategy ``name`` of ``group``, or None when no strategy of that name
+    is registered (``auto`` and unknown names: the run's validation names the options)."""
+    return _OPTIONS[group].get(str(name))
+
+
+def option_names(group: str) -> list[str]:
+    """The strategies of ``group`` registered so far, in order."""
+    return list(_OPTIONS[group])
+
+
+def section_schema(group: str) -> type:
+    """The class Hydra composes the section ``group`` against (``union_schema``, as last built)."""
+    return _UNIONS.get(group) or SECTIONS[group][1]
+
+
+def _section_of(cls: type) -> str | None:
+    """The section whose class (base or union) ``cls`` is, else None."""
+    return next((g for g, (_, base) in SECTIONS.items() if cls is base or cls is _UNIONS.get(g)), None)
+
+
+def union_schema(group: str) -> type:
+    """One dataclass with every key of every registered strategy of ``group`` (the section's
+    class when none is registered): what Hydra composes the section against, before the chosen
+    strategy's class replaces it. Rebuilt when a strategy registers; named ``Any<Section>`` in
+    this module (a config holding it pickles)."""
+    import dataclasses
+
+    key, base = SECTIONS[group]
+    classes = list(dict.fromkeys(c for c in _OPTIONS[group].values() if c is not base))
+    if not classes:
+        return base
+    name = f"Any{base.__name__}"
+    union = dataclasses.make_dataclass(name, [], bases=tuple(reversed(classes)))
+    union.__module__, union.__qualname__ = __name__, name
+    union.__doc__ = f"Every key of the registered {group} strategies ({', '.join(_OPTIONS[group])})."
+    globals()[name] = union
+    _UNIONS[group] = union
+    return union
+
+
+def readers(group: str, key: str) -> list[str]:
+    """The registered strategies of ``group`` whose config class has ``key``."""
+    import dataclasses
+
+    return [n for n, c in _OPTIONS[group].items() if key in {f.name for f in dataclasses.fields(c)}]
 
 
 # ``tgdist partition``'s schema (Sven 3.1.2), registered by ``register_schemas``.

@@ -308,23 +308,80 @@ def checked_compose(overrides: list[str], config_name: str = "train", return_hyd
     unresolved = _unresolvable(cfg, config_name)
     if unresolved:
         raise ConfigError(unresolved)
-    for key, (least, what) in counts_or_auto(_schema_for(config_name)):  # the keys OmegaConf cannot type
+    for key, (least, what) in counts_or_auto(_schema_for(config_name), cfg=cfg):  # the keys OmegaConf cannot type
         schema.parse_count_or_auto(OmegaConf.select(cfg, key), key, least, what)
+    narrow(cfg)  # (after the values' checks: a bad value is named as such, whichever strategy reads it)
     return cfg
 
 
-def counts_or_auto(root: type, prefix: str = "") -> list[tuple[str, tuple[int, str]]]:
-    """The count-or-auto keys of a schema dataclass (``config.count_or_auto``) with their rules."""
+def narrow(cfg) -> None:
+    """Give each strategy section of ``cfg`` (``memory``, ``pipeline``: ``tgdist.config.SECTIONS``)
+    the config class of the strategy it names (``memory.backend``, ``pipeline.mode``), composed
+    against the union of them all. A key of another strategy left at its default goes; one set
+    to another value is a ``ConfigError`` naming the strategies that read it. A name with no
+    registered class (``auto``, an unknown name, which the run's validation refuses) keeps the
+    union. In place; ``cfg`` stays struct."""
+    import dataclasses
+
+    from tgdist.errors import ConfigError
+
+    for group, (key, base) in schema.SECTIONS.items():
+        if group not in cfg or not isinstance(cfg[group], DictConfig):
+            continue
+        section = cfg[group]
+        name = str(section[key])
+        target = schema.option_schema(group, name)
+        composed = OmegaConf.get_type(section)
+        if target is None or composed is target:
+            continue
+        defaults = {f.name: f.default for f in dataclasses.fields(composed)}
+        reads = {f.name for f in dataclasses.fields(target)}
+        kept = {}
+        for k, value in OmegaConf.to_container(section, resolve=False, enum_to_str=True).items():
+            if k in reads:
+                kept[k] = value
+            elif value != (str(defaults.get(k)) if isinstance(defaults.get(k), schema.Choice) else defaults.get(k)):
+                by = schema.readers(group, k)
+                by = list(dict.fromkeys(n for n in by if schema.option_schema(group, n) is not None))
+                who = " or ".join(f"{group}.{key}={n}" for n in _distinct(group, by)) or "no registered strategy"
+                raise ConfigError(f"{group}.{k}={value} is read by {who} only; {group}.{key}={name} does not read it")
+        typed = OmegaConf.merge(OmegaConf.structured(target), kept)
+        OmegaConf.set_struct(typed, True)
+        cfg[group] = typed
+
+
+def _distinct(group: str, names: list[str]) -> list[str]:
+    """``names`` with one name per config class (an alias, ``none`` for ``plain``, says nothing more)."""
+    seen, out = set(), []
+    for n in names:
+        cls = schema.option_schema(group, n)
+        if cls not in seen:
+            seen.add(cls)
+            out.append(n)
+    return out
+
+
+def counts_or_auto(root: type, prefix: str = "", cfg=None) -> list[tuple[str, tuple[int, str]]]:
+    """The count-or-auto keys of a schema dataclass (``config.count_or_auto``) with their rules; with
+    a composed ``cfg``, each section as the class it was composed to (a strategy's own keys)."""
     import dataclasses
 
     found = []
     for f in dataclasses.fields(root):
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         if dataclasses.is_dataclass(default):
-            found += counts_or_auto(type(default), f"{prefix}{f.name}.")
+            sub = cfg.get(f.name) if isinstance(cfg, DictConfig) else None
+            kind = OmegaConf.get_type(sub) if isinstance(sub, DictConfig) else _composed_type(type(default))
+            found += counts_or_auto(kind, f"{prefix}{f.name}.", sub)
         elif "count_or_auto" in f.metadata:
             found.append((prefix + f.name, f.metadata["count_or_auto"]))
     return found
+
+
+def _composed_type(cls: type) -> type:
+    """A section's base class as Hydra composes it (the union of its strategies' classes)."""
+    group = next((g for g, (_, base) in schema.SECTIONS.items() if cls is base), None)
+    return schema.section_schema(group) if group else cls
 
 
 def _start_hydra(source: ConfigSource) -> None:
@@ -439,7 +496,7 @@ def choice_of(key: str, config_name: str) -> type[schema.Choice] | None:
     for part in key.split("."):
         if not dataclasses.is_dataclass(node):
             return None
-        node = typing.get_type_hints(node).get(part)
+        node = typing.get_type_hints(_composed_type(node)).get(part)
     return node if isinstance(node, type) and issubclass(node, schema.Choice) else None
 
 
@@ -498,8 +555,8 @@ def schema_keys(root: type, prefix: str = "") -> list[str]:
         path = prefix + f.name
         keys.append(path)
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        if dataclasses.is_dataclass(default):
-            keys += schema_keys(type(default), path + ".")
+        if dataclasses.is_dataclass(default):  # a strategy section: the keys of every registered strategy
+            keys += schema_keys(_composed_type(type(default)), path + ".")
     return keys
 
 

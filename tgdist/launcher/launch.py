@@ -196,8 +196,9 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _set_parent_death_signal() -> None:
-    """In the child: get SIGTERM if the launcher dies (Linux), since it runs in its own session."""
+def set_parent_death_signal() -> None:
+    """In the child: get SIGTERM if the launcher dies (Linux), since it runs in its own session
+    (also a rank that ``torchrun`` started: ``tgdist train`` under an agent)."""
     try:
         import ctypes
 
@@ -209,7 +210,7 @@ def _set_parent_death_signal() -> None:
 def run_forwarding_signals(cmd: list[str]) -> int:
     """Run ``cmd`` in its own session, forward the launcher's signals to it, return its exit code."""
     child = subprocess.Popen(cmd, start_new_session=True,
-                             preexec_fn=_set_parent_death_signal if sys.platform.startswith("linux") else None)
+                             preexec_fn=set_parent_death_signal if sys.platform.startswith("linux") else None)
     previous, received = {}, []
 
     def forward(signum, _frame):
@@ -278,23 +279,20 @@ def _check_args(args: argparse.Namespace) -> None:
               file=sys.stderr, flush=True)
 
 
-def _check_world(args: argparse.Namespace, cfg, nproc: int) -> None:
+def _check_world(args: argparse.Namespace, cfg, nproc: int, choices) -> None:
     """The layout against the world torchrun will start (the memory backend's needs, epochs a
     multiple of j x k), as every rank checks it at start-up: one line here instead of one per
-    rank after each has imported torch and read the data."""
-    from tgdist.distributed.schedule import Layout
+    rank after each has imported torch and read the data. ``choices``: what the config's
+    validation resolved (``tgdist.runtime.build.Resolved``)."""
     from tgdist.distributed.world import WorldInfo
     from tgdist.distributed.world import validate as validate_world
-    from tgdist import memory
-    from tgdist.runtime.distributed import memory_backend
 
-    layout = Layout(cfg.parallel.i, cfg.parallel.j, cfg.parallel.k)
+    layout, backend, placement = choices.layout, choices.backend, choices.store.placement
     if layout.world_size != nproc * args.nnodes:
         return  # _nproc has said so, or a single-process run
     world = WorldInfo(world_size=nproc * args.nnodes, local_world_size=nproc, num_nodes=args.nnodes,
                       launcher="torchrun")
-    backend = memory_backend(cfg, layout)
-    validate_world(layout, world, backend, placement=memory.store_class(backend).placement, epochs=cfg.train.epochs)
+    validate_world(layout, world, backend, placement=placement, epochs=cfg.train.epochs)
     if layout.k > 1:  # the stream must cut into k segments of whole global batches: that needs its size
         import logging
 
@@ -308,8 +306,8 @@ def _check_world(args: argparse.Namespace, cfg, nproc: int) -> None:
         finally:
             quiet.setLevel(level)
         train_end = chronological_split(graph, cfg.data.val_frac, cfg.data.test_frac).train_end
-        validate_world(layout, world, backend, placement=memory.store_class(backend).placement,
-                       num_train_events=train_end, batch_size=cfg.train.batch_size)
+        validate_world(layout, world, backend, placement=placement, num_train_events=train_end,
+                       batch_size=cfg.train.batch_size)
 
 
 def _check_flags(overrides: list[str]) -> None:
@@ -329,11 +327,12 @@ def main(argv: list[str] | None = None) -> int:
         nproc = None
         if args.module == "tgdist.train":  # settings errors once, here, not from every rank after start-up
             from tgdist.config.overrides import precheck_overrides
-            from tgdist.runtime.build import precheck
+            from tgdist.runtime.build import load_strategies, precheck
 
+            load_strategies()  # (each store and pipeline has its own config class)
             cfg = precheck_overrides("tgdist launch", "train", args.overrides)
             if cfg is not None:
-                precheck(cfg)
+                choices = precheck(cfg)
                 if cfg.run_dir:  # a folder of other files, or of another run: refused once, here, not by every rank
                     from tgdist.runtime.rundir import check_foreign, check_replace, restarted
 
@@ -342,11 +341,11 @@ def main(argv: list[str] | None = None) -> int:
                         # signal: its ranks resume it, tgdist.cli.train._continue_a_restart)
                         check_replace(Path(cfg.run_dir).absolute(), cfg.train.overwrite, cfg.train.resume)
                 nproc = _nproc(args, _layout(args, cfg, args.overrides))
-                _check_world(args, cfg, nproc)
+                _check_world(args, cfg, nproc, choices)
                 if cfg.train.resume:  # a checkpoint of another config or epochs, before any process starts
                     from tgdist.runtime import checkpoint
 
-                    checkpoint.check_resume(cfg)
+                    checkpoint.check_resume(cfg, choices.backend)
                 if args.slurm:
                     return _submit(args, cfg, nproc)
                 return _launch_in_own_directory(args, cfg, nproc)
@@ -412,18 +411,21 @@ def _sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     import time
 
     from tgdist.config.overrides import jobs_not_run, override_value, sweep_jobs, swept_values
-    from tgdist.runtime.build import precheck
+    from tgdist.runtime.build import load_strategies, precheck
     from tgdist.runtime.rundir import claim_directory, remove_empty_dirs
 
     composed = []  # each job's config, in the sweep's order
+    resolved = []  # ... and what its validation resolved
 
     slurm = _slurm_launcher(overrides)
+    load_strategies()  # (each store and pipeline has its own config class)
 
     def check(cfg) -> None:
-        precheck(cfg)
+        choices = precheck(cfg)
         composed.append(cfg)
+        resolved.append(choices)
         if not slurm and (par := _layout(args, cfg, [])):  # else the job's own overrides decide (below)
-            _check_world(args, cfg, _nproc(args, par))
+            _check_world(args, cfg, _nproc(args, par), choices)
 
     if slurm:
         from tgdist.launcher.slurm_sweep import check_launcher_overrides
@@ -458,7 +460,7 @@ def _sweep(args: argparse.Namespace, overrides: list[str]) -> int:
     rc = 1
     try:
         if slurm:
-            rc = _sweep_on_slurm(args, jobs, swept, composed, Path(base))
+            rc = _sweep_on_slurm(args, jobs, swept, composed, Path(base), resolved)
         elif args.max_parallel > 1 and not args.dry_run:
             rc = _sweep_side_by_side(args, jobs, swept, nprocs)
         else:
@@ -528,13 +530,13 @@ def _slurm_launcher(overrides: list[str]) -> bool:
 
 
 def _sweep_on_slurm(args: argparse.Namespace, jobs: list[list[str]], swept: list[str], composed: list,
-                    base: Path) -> int:
-    """One SLURM job per point (``tgdist.launcher.slurm_sweep``), its tasks read from its layout."""
+                    base: Path, resolved: list) -> int:
+    """One SLURM job per point (``tgdist.launcher.slurm_sweep``), its tasks read from its layout
+    (``resolved``: what each job's validation resolved)."""
     from omegaconf import OmegaConf
 
     from tgdist.config.overrides import checked_compose, swept_values
     from tgdist.launcher import slurm_sweep
-    from tgdist.runtime.distributed import memory_backend
 
     if args.module != "tgdist.train" or args.nproc is not None or args.nnodes != 1:
         raise ConfigError("hydra/launcher=submitit_slurm reads each job's processes and nodes from its layout: "
@@ -551,16 +553,13 @@ def _sweep_on_slurm(args: argparse.Namespace, jobs: list[list[str]], swept: list
                        swept_values(job, [s for s in swept if not s.startswith("hydra")])))
 
     def check_world(num: int, layout: dict, res) -> None:
-        from tgdist.distributed.schedule import Layout
         from tgdist.distributed.world import WorldInfo
-        from tgdist import memory
         from tgdist.distributed.world import validate as validate_world
 
-        lay = Layout(layout["i"], layout["j"], layout["k"])
+        choices = resolved[num]  # (its layout is the job's: ``layout`` was read from the same config)
         world = WorldInfo(world_size=res.tasks, local_world_size=res.tasks_per_node, num_nodes=res.nodes,
                           launcher="slurm")
-        backend = memory_backend(composed[num], lay)
-        validate_world(lay, world, backend, placement=memory.store_class(backend).placement,
+        validate_world(choices.layout, world, choices.backend, placement=choices.store.placement,
                        epochs=composed[num].train.epochs)
 
     if args.dry_run:
@@ -648,7 +647,7 @@ def _start_prefixed(args: argparse.Namespace, job: list[str], nproc: int | None,
     def pinned() -> None:  # in the child: its CPUs, and SIGTERM when the launcher dies
         if hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, cpus)
-        _set_parent_death_signal()
+        set_parent_death_signal()
 
     nproc = nproc or _nproc(args, parallel_overrides(job))
     port = _free_port()

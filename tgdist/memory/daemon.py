@@ -71,6 +71,7 @@ from typing import List, Optional
 import numpy as np
 import torch
 
+from tgdist.config import MemoryConfig
 from tgdist.errors import ConfigError, RunFailure, TgdistError
 from tgdist.memory import StoreContext, register, shm
 from tgdist.memory.store import LocalMemory, MemoryRead, MemoryStore
@@ -119,6 +120,15 @@ class DaemonConfig:
     num_threads: int = 1  # torch threads of the daemon process
     spin_us: float = 100.0  # busy polling before sleeping on a doorbell
     copy_reads: bool = False  # return copies instead of views of the read slots
+
+
+@dataclass
+class DaemonMemoryConfig(MemoryConfig):
+    """``memory.*`` of ``memory.backend=daemon``: the section's keys and the daemon's own."""
+
+    max_ids: Optional[int] = None  # rows per read slot (null: bounded from batch and fanouts)
+    timeout: float = 120.0  # seconds a trainer waits for the daemon before failing
+    num_threads: int = 1  # torch threads of the daemon process
 
 
 @dataclass
@@ -994,6 +1004,8 @@ class DaemonMemory(MemoryStore):
     ``read`` returns views of read slot ``slot`` (``copy_reads=False``): valid until this trainer's
     read of position ``p + j`` (the next read when ``j = 1``).
     """
+
+    Config = DaemonMemoryConfig  # memory.max_ids, memory.timeout, memory.num_threads
 
     def __init__(self, run_id: str, group: int, rank: int, *, timeout: float = 120.0,
                  attach_timeout: float | None = None, device: str | torch.device | None = None,

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tgdist.config import MemoryConfig, choice_type
 from tgdist.distributed import collectives
 from tgdist.errors import ConfigError
 from tgdist.memory import StoreContext, register, volumes
@@ -83,12 +84,23 @@ class _RemoteDispatch(torch.autograd.Function):
 
 # memory.remote_dispatch: a row per sampled occurrence (eq. (8)) | per distinct node
 REMOTE_DISPATCH = ("occurrences", "distinct")
+RemoteDispatch = choice_type("RemoteDispatch", " ".join(REMOTE_DISPATCH), __name__)
+
+
+@dataclass
+class DepCommConfig(MemoryConfig):
+    """``memory.*`` of ``memory.backend=depcomm``: the section's keys and the remote dispatch's rows."""
+
+    # what its owners send each requester: occurrences (one row per sampled occurrence of a node, the
+    # paper's DepComm and eq. (8)) | distinct (one per distinct node a trainer needs; same training)
+    remote_dispatch: RemoteDispatch = RemoteDispatch.occurrences
 
 
 class DepCommMemory(PartitionedMemory):
     """``memory.backend=depcomm``: the partitioned store whose owners update the rows they serve."""
 
     name = "depcomm"
+    Config = DepCommConfig
     # owners update at compute time, which the idle trainers of epoch parallelism's fill and drain skip
     epoch_parallel = False
     collectives = (6, 2)  # sven's, and the gradients of the dispatched memory back to their owners

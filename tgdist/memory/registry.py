@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from tgdist.config import register_option
 from tgdist.errors import ConfigError
 
 
@@ -45,9 +46,12 @@ STORES: dict[str, tuple[type, Callable[[StoreContext], Any]]] = {}
 def register(name: str, cls: type):
     """Register a store factory under ``name``, the value of ``memory.backend`` that picks it;
     ``cls`` is the class it builds, whose capability attributes (``MemoryStore``'s) the run and
-    the validation read."""
+    the validation read; ``cls.Config``, when it has one, is its config class
+    (``tgdist.config.MemoryConfig`` with the keys only it reads), which composition gives
+    ``memory`` when ``memory.backend`` names it."""
     def add(factory):
         STORES[name] = (cls, factory)
+        register_option("memory", name, getattr(cls, "Config", None))
         return factory
     return add
 
@@ -84,6 +88,11 @@ def resolve(name: str, group_size: int) -> str:
         if cls.placement == wanted and cls.auto:
             return store
     raise ConfigError(f"memory.backend=auto: no registered store keeps memory as a group of {group_size} needs")
+
+
+# memory.backend=auto picks a store that reads the section's keys alone (``resolve``: the local
+# store or DepCache): composed with auto, ``memory`` has those keys only
+register_option("memory", "auto", None)
 
 
 def _load_backends() -> None:

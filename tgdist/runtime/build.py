@@ -7,14 +7,16 @@ import math
 import os
 import random
 import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from tgdist import memory, plugins, version_line, wait_policy
-from tgdist.config import model_tag
-from tgdist.config.overrides import checked_compose
+from tgdist.config import TrainApp, model_tag, parse_count_or_auto
+from tgdist.config.overrides import checked_compose, counts_or_auto
 from tgdist.data.graph import (
     feature_scale_notes,
     TIME_UNITS,
@@ -28,7 +30,7 @@ from tgdist.data import readers, tgb
 from tgdist.data.load import check_data_source, load_data
 from tgdist.data.sampler import TCSR, NegativeSampler, TemporalSampler
 from tgdist.distributed.link import parse_link
-from tgdist.distributed.schedule import Layout, passes_per_group
+from tgdist.distributed.schedule import Layout, passes_per_group, scaled_lr
 from tgdist.errors import ConfigError
 from tgdist.kernels import graph as kernels
 from tgdist.memory.placement import check_settings
@@ -66,53 +68,58 @@ def seed_everything(seed: int, deterministic: bool) -> None:
     torch.use_deterministic_algorithms(bool(deterministic))
 
 
-def validate_pipeline(pipe, parallel=None, backend: str = "auto") -> None:
-    """The ``pipeline`` settings: the ranges of its keys, then the strategy ``pipeline.mode`` names
-    (``runtime.pipelines``) checks what it reads, given the layout and the memory backend."""
+def validate_pipeline(pipe, parallel=None, backend: str = "local") -> None:
+    """The ``pipeline`` settings: the ranges of the keys every strategy reads, then the strategy
+    ``pipeline.mode`` names (``runtime.pipelines``) checks its own, given the layout and the memory
+    store (``backend``: a registered name, ``auto`` already resolved)."""
     strategy = pipelines.pipeline_class(pipe.mode)  # an unknown mode: the one line naming the options
-    if not 0 < pipe.max_stale_fraction <= 1:
-        raise ConfigError(f"pipeline.max_stale_fraction={pipe.max_stale_fraction}: give a share in (0, 1]")
-    if not 0 <= pipe.mitigation_lambda <= 1:
-        raise ConfigError(f"pipeline.mitigation_lambda={pipe.mitigation_lambda}: give a weight in [0, 1]")
-    if not 0 < pipe.mitigation_quantile <= 1:
-        raise ConfigError(f"pipeline.mitigation_quantile={pipe.mitigation_quantile}: give a quantile in (0, 1]")
-    if not 0 <= pipe.stage_nice <= 19:
-        raise ConfigError(f"pipeline.stage_nice={pipe.stage_nice}: give a nice increment from 0 (the training "
-                          f"thread's priority) to 19 (the lowest)")
     if pipe.prefetch < 0:
         raise ConfigError(f"pipeline.prefetch={pipe.prefetch}: give the batches to sample ahead (0: none)")
     if pipe.profile_iterations < 2:
         raise ConfigError(f"pipeline.profile_iterations={pipe.profile_iterations}: give at least 2 (auto measures "
                           f"iterations with one and with two micro-batches)")
-    if pipe.max_micro_batches < 1:
-        raise ConfigError(f"pipeline.max_micro_batches={pipe.max_micro_batches}: give at least 1")
     strategy.validate(pipe, parallel, backend)
 
 
-# Configs that passed ``validate`` in this process, by content (``run_dir`` aside, which no check
-# reads) and the registries' names: the command line checks its config before Hydra composes its
-# own copy, and the run and its trainer are built from that one, so each setting is checked once.
-_VALIDATED: set[tuple] = set()
+@dataclass(frozen=True)
+class Resolved:
+    """What ``validate`` resolved from a config, once: every ``auto`` and every name the run acts on.
+    The run, its trainer and the launcher read these instead of resolving the config again.
+
+    - ``layout``: DistTGL's i x j x k;
+    - ``backend``: the memory store (``memory.backend`` with ``auto`` resolved by the layout) and
+      ``store``, its class (what it can do);
+    - ``pipeline``: the strategy ``pipeline.mode`` names (an older alias as its name) and
+      ``strategy``, its class;
+    - ``lr``: ``train.lr`` scaled with the global batch by ``lr_scaling`` (``train.lr_scaling``);
+    - ``device``: ``train.device`` with ``auto`` resolved (``cuda`` where there is one);
+    - ``counts``: each count-or-auto key of the config (``pipeline.micro_batches``, ...) as its
+      count, or None for ``auto`` (chosen while training); ``micro_batches``: the batches' cut
+      under the chosen strategy (1 for one that takes whole batches, None for auto)."""
+
+    layout: Layout
+    backend: str
+    store: type
+    pipeline: str
+    strategy: type
+    lr: float
+    lr_scaling: str
+    device: str
+    counts: dict = field(default_factory=dict)
+    micro_batches: int | None = 1
 
 
-def validate(cfg: DictConfig) -> None:
+def validate(cfg: DictConfig) -> Resolved:
     """Reject invalid settings (and a resume checkpoint that is not there) before any data is read,
-    once per config and process (``_VALIDATED``). A value outside a key's fixed options
-    (``model.name``, ...) is refused earlier, when the config is composed (``tgdist.config.Choice``);
-    ``memory.backend`` and ``pipeline.mode`` name registered strategies, checked here."""
-    try:
-        text = OmegaConf.to_yaml({k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "run_dir"})
-        key = (text, tuple(memory.names()), tuple(pipelines.names()))
-    except Exception:  # noqa: BLE001 - an interpolation that resolves only inside Hydra: checked every time
-        key = None
-    if key is not None and key in _VALIDATED:
-        return
-    _validate(cfg)
-    if key is not None:
-        _VALIDATED.add(key)
+    and return what they resolve to (``Resolved``): the one check of a config, which its caller
+    passes on (``Run``, ``build_trainer``) rather than checking again. A value outside a key's
+    fixed options (``model.name``, ...) and a key the chosen strategy does not read are refused
+    earlier, when the config is composed (``compose``); ``memory.backend`` and ``pipeline.mode``
+    name registered strategies, checked here."""
+    return _validate(cfg)
 
 
-def _validate(cfg: DictConfig) -> None:
+def _validate(cfg: DictConfig) -> Resolved:
     t, m = cfg.train, cfg.model
     if t.tensorboard and (why := tensorboard.missing()) is not None:
         raise ConfigError(why)
@@ -122,7 +129,12 @@ def _validate(cfg: DictConfig) -> None:
         raise ConfigError(f"train.epochs={t.epochs}: give a count of at least 0 (0 evaluates the untrained model)")
     if not 0 < t.lr < math.inf:
         raise ConfigError(f"train.lr={t.lr}: give a positive, finite learning rate")
-    validate_pipeline(cfg.pipeline, cfg.parallel, str(cfg.memory.backend))
+    if cfg.memory.backend != "auto" and cfg.memory.backend not in memory.names():  # a registered store, or auto
+        raise ConfigError(f"memory.backend={cfg.memory.backend}: choose one of auto, {', '.join(memory.names())}")
+    layout = Layout(cfg.parallel.i, cfg.parallel.j, cfg.parallel.k)  # each a positive integer
+    backend = memory.resolve(cfg.memory.backend, layout.group_size)  # auto resolved here, once
+    store = memory.store_class(backend)
+    validate_pipeline(cfg.pipeline, cfg.parallel, backend)
     model = model_class(m.name)  # what the model reads, from its class (tgdist.models.registry)
     fanouts = list(cfg.sampler.fanouts)
     if (not fanouts and model.samples_neighbours()) or (fanouts and min(fanouts) <= 0):  # JODIE samples none
@@ -147,21 +159,17 @@ def _validate(cfg: DictConfig) -> None:
              "train.node_class_epochs": 1, "model.static_pretrain_epochs": 0, "sampler.num_threads": 0,
              "memory.num_threads": 1, "train.patience": 0, "train.eval_every": 1}
     for key, bound in least.items():
-        value = OmegaConf.select(cfg, key)
-        if value < bound:
+        value = OmegaConf.select(cfg, key)  # (None: a key of a strategy not chosen)
+        if value is not None and value < bound:
             raise ConfigError(f"{key}={value}: must be at least {bound}")
     if m.static_pretrain_epochs > 0 and not m.static_memory:
         raise ConfigError(f"model.static_pretrain_epochs={m.static_pretrain_epochs} pre-trains the static node memory, "
                           f"which model.static_memory=false leaves out: add model.static_memory=true")
-    if not 0 < cfg.memory.timeout < math.inf:
-        raise ConfigError(f"memory.timeout={cfg.memory.timeout}: give a positive, finite number of seconds")
-    if cfg.memory.max_ids is not None and cfg.memory.max_ids < 1:
-        raise ConfigError(f"memory.max_ids={cfg.memory.max_ids}: give a positive row count, or null")
-    if cfg.memory.backend != "auto" and cfg.memory.backend not in memory.names():  # a registered store, or auto
-        raise ConfigError(f"memory.backend={cfg.memory.backend}: choose one of auto, {', '.join(memory.names())}")
-    layout = Layout(cfg.parallel.i, cfg.parallel.j, cfg.parallel.k)  # each a positive integer
-    backend = memory.resolve(cfg.memory.backend, layout.group_size)
-    store = memory.store_class(backend)
+    mem = cfg.memory  # (the daemon's keys: only its config class has them)
+    if "timeout" in mem and not 0 < mem.timeout < math.inf:
+        raise ConfigError(f"memory.timeout={mem.timeout}: give a positive, finite number of seconds")
+    if "max_ids" in mem and mem.max_ids is not None and mem.max_ids < 1:
+        raise ConfigError(f"memory.max_ids={mem.max_ids}: give a positive row count, or null")
     if model.stores is not None and backend not in model.stores:
         chosen = f"{cfg.memory.backend} ({backend})" if backend != cfg.memory.backend else backend
         raise ConfigError(f"memory.backend={chosen}: {m.name.upper()} keeps its memory in "
@@ -172,7 +180,8 @@ def _validate(cfg: DictConfig) -> None:
             log.warning("memory.backend=%s with one trainer per memory copy (parallel.i x parallel.j = 1) partitions "
                         "nothing: each copy is whole in its trainer, as local memory is; partitioning needs "
                         "parallel.i x parallel.j > 1", cfg.memory.backend)
-    micro = pipelines.count_of(cfg.pipeline, "micro_batches")  # None: auto, which stays within max_micro_batches
+    strategy = pipelines.pipeline_class(cfg.pipeline.mode)
+    micro = strategy.micro_batches(cfg.pipeline)  # None: auto, which stays within max_micro_batches
     if micro is not None and micro > t.batch_size:
         raise ConfigError(f"pipeline.micro_batches={micro} cuts each batch of train.batch_size={t.batch_size} events "
                           f"(per trainer) into more micro-batches than it has events: give at most {t.batch_size}")
@@ -204,7 +213,7 @@ def _validate(cfg: DictConfig) -> None:
         passes_per_group(layout, t.epochs)  # a multiple of j x k: checked here so launchers refuse it up front
     if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", t.device):
         raise ConfigError(f"train.device={t.device!r}: choose auto, cpu, cuda or cuda:N")
-    resolve_device(t.device)  # cuda where there is none: refused here, before the data is read
+    resolve_device(t.device)  # cuda where there is none: refused here, before the data is read (resolved below)
     d = cfg.data
     readers.check_format(d.format)  # a registered reader, or auto
     if not (0 <= d.val_frac < 1 and 0 <= d.test_frac < 1 and d.val_frac + d.test_frac < 1):
@@ -217,6 +226,11 @@ def _validate(cfg: DictConfig) -> None:
         raise ConfigError("train.save_scores=true writes the scores of train.eval=tgb: add train.eval=tgb")
     if t.resume:  # a checkpoint that is not there (whether it fits this run is checked when it is read)
         checkpoint.find(t.resume)
+    counts = {key: parse_count_or_auto(OmegaConf.select(cfg, key), key, least, what)
+              for key, (least, what) in counts_or_auto(TrainApp, cfg=cfg)}
+    return Resolved(layout=layout, backend=backend, store=store, pipeline=strategy.name or str(cfg.pipeline.mode),
+                    strategy=strategy, lr=scaled_lr(t.lr, layout.i, layout.j, layout.k, t.lr_scaling),
+                    lr_scaling=str(t.lr_scaling), device=resolve_device(t.device), counts=counts, micro_batches=micro)
 
 
 def check_cache(cfg: DictConfig) -> None:
@@ -251,12 +265,13 @@ def build_cache(cfg: DictConfig, graph: TemporalGraph, model, fanouts: list[int]
                           share=c.share_in_batch, device=device)
 
 
-def precheck(cfg: DictConfig) -> None:
+def precheck(cfg: DictConfig) -> Resolved:
     """What can be checked before a run starts, without reading the data: the settings
-    (``validate``) and that the data file is there. Sweeps and ``tgdist launch`` run it for every
-    job before the first starts."""
-    validate(cfg)
+    (``validate``, whose resolved choices it returns) and that the data file is there. Sweeps and
+    ``tgdist launch`` run it for every job before the first starts."""
+    choices = validate(cfg)
     check_data_source(cfg.data)
+    return choices
 
 
 def check_labels(task: str, graph: TemporalGraph, split) -> None:
@@ -280,18 +295,29 @@ def check_labels(task: str, graph: TemporalGraph, split) -> None:
                           f"falls before the validation part, so the decoder has nothing to learn from")
 
 
+# (graph, split, model, fanouts, device) -> the trainer's memory store: how ``Run`` gives the trainer
+# the store its config names (``build_trainer``'s ``store``)
+StoreFactory = Callable[[TemporalGraph, object, object, tuple, str], object]
+
+
 def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: str | None = None,
-                  progress: bool | None = None, cpus: int | None = None, local_memory: bool = True) -> Trainer:
+                  progress: bool | None = None, cpus: int | None = None, local_memory: bool = True,
+                  choices: Resolved | None = None, store: StoreFactory | None = None) -> Trainer:
     """Data, split, model, memory, sampler and optimizer as ``cfg`` says.
 
+    ``choices``: what ``validate(cfg)`` returned, when the caller validated it (else validated
+    here). ``store``: makes the trainer's memory store from the data, model and sampler, before the
+    trainer is built with it (``Run`` passes the store its config names; a store the factory made
+    is closed when the build fails after it); None: the trainer's own local memory.
     ``train.num_threads`` (torch) and ``sampler.num_threads`` (numba: the sampler and the CPU
     kernels) left at 0 use ``cpus`` threads: by default every CPU this process may run on; a
     parallel run passes its share of the machine (``distributed.cpu_share``).
-    ``local_memory=False`` gives the trainer an empty memory of no rows, for a caller that puts
-    the store of another backend in its place: the whole memory and mails (1M nodes of TGN: 1.1
-    GiB) are then never allocated, which a partitioned backend's peak would otherwise carry.
+    ``local_memory=False`` (without ``store``) gives the trainer an empty memory of no rows, for a
+    caller that puts the store of another backend in its place: the whole memory and mails (1M
+    nodes of TGN: 1.1 GiB) are then never allocated, which a partitioned backend's peak would
+    otherwise carry.
     """
-    validate(cfg)
+    choices = choices or validate(cfg)
     cpus = cpus or kernels.available_cpus()
     torch_threads, numba_threads = cfg.train.num_threads or cpus, cfg.sampler.num_threads or cpus
     torch.set_num_threads(torch_threads)
@@ -342,9 +368,8 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
                         static_memory=m.static_memory,
                         time_scale=time_scale(graph) / units_per_second if model_class(m.name).uses_time_scale else 1.0)
     use_cpu_kernels(model, m.cpu_kernels)
-    dev = device or resolve_device(cfg.train.device)
+    dev = device or choices.device
     model.to(dev)
-    memory = memory_for(model, graph.num_nodes if local_memory else 0).to(dev)
     sampler = cache = None
     if model.num_hops:
         fanouts = list(cfg.sampler.fanouts)
@@ -361,12 +386,21 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
     elif cfg.train.num_neg_eval > candidates and cfg.train.eval != "tgb":  # (tgb: the data set's own negatives)
         log.warning("train.num_neg_eval=%d is more than the %d candidate destinations; MRR's negatives are drawn with "
                     "replacement, so many repeat", cfg.train.num_neg_eval, candidates)
-    tr = Trainer(graph, split, model, memory, sampler, negatives, batch_size=cfg.train.batch_size, lr=cfg.train.lr,
-                 num_neg_eval=cfg.train.num_neg_eval, device=dev,
-                 progress=cfg.train.progress if progress is None else progress, num_threads=torch_threads,
-                 units_per_second=units_per_second, cache=cache)
-    if cfg.train.eval == "tgb":  # both files read and matched now, before training (tgb.shipped_negatives)
-        tr.shipped = tgb.shipped_negatives(cfg.data.name, tgb.root_of(cfg.data), graph, split)
+    if store is None:
+        mem = memory_for(model, graph.num_nodes if local_memory else 0).to(dev)
+    else:
+        mem = store(graph, split, model, tuple(sampler.fanouts) if sampler is not None else (), dev)
+    try:
+        tr = Trainer(graph, split, model, mem, sampler, negatives, batch_size=cfg.train.batch_size, lr=cfg.train.lr,
+                     num_neg_eval=cfg.train.num_neg_eval, device=dev,
+                     progress=cfg.train.progress if progress is None else progress, num_threads=torch_threads,
+                     units_per_second=units_per_second, cache=cache)
+        if cfg.train.eval == "tgb":  # both files read and matched now, before training (tgb.shipped_negatives)
+            tr.shipped = tgb.shipped_negatives(cfg.data.name, tgb.root_of(cfg.data), graph, split)
+    except BaseException:
+        if store is not None:
+            mem.close()  # the factory's store (a daemon, say) goes with the failed build
+        raise
     return tr
 
 
@@ -375,8 +409,19 @@ def compose(overrides: list[str] | None = None, config_name: str = "train",
     """The config ``tgdist train OVERRIDES`` would run with (for scripts, benchmarks and tests);
     with ``return_hydra_config``, Hydra's own settings too (under ``hydra``). A bad override (a key
     not in the config, ``+key`` included, a value of the wrong type, an unknown group option)
-    raises ``ConfigError`` with the line the command would print. Hydra's global state is reset.
-    Extensions (``TGDIST_PLUGINS``, ``tgdist.plugins``) are imported first, as the command does, so
-    the names they register (``model.name=...``) compose."""
-    plugins.load()
+    raises ``ConfigError`` with the line the command would print, and so is a key that the chosen
+    memory store or pipeline strategy does not read (each has its own config class:
+    ``tgdist.config.register_option``). Hydra's global state is reset. Extensions
+    (``TGDIST_PLUGINS``, ``tgdist.plugins``) are imported first, as the command does, so the names
+    they register (``model.name=...``, ``memory.backend=...``) compose. Validate the result with
+    ``validate``, which returns the resolved choices."""
+    load_strategies()
     return checked_compose(list(overrides or []), config_name, return_hydra_config)
+
+
+def load_strategies() -> None:
+    """Register every memory store and pipeline strategy, extensions' included (``tgdist.plugins``),
+    with its config class, before a config is composed (cheap after the first call)."""
+    plugins.load()
+    memory.names()  # the stores register when their modules are imported
+    pipelines.names()

@@ -36,6 +36,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from tgdist import checksum
+from tgdist.config import SECTIONS
 from tgdist.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -132,6 +133,9 @@ def check_config(path, saved: dict, cfg: DictConfig, content_checked: bool = Fal
     saved = {**_ADDED, **saved}
     if layout_checked:
         mine, saved = ({k: v for k, v in d.items() if k not in _LAYOUT} for d in (mine, saved))
+    # a strategy section holds the keys its strategy reads (tgdist.config.SECTIONS): another
+    # strategy's keys in a checkpoint (one written before, or the mode itself differs) are not compared
+    saved = {k: v for k, v in saved.items() if k in mine or k.partition(".")[0] not in SECTIONS}
     for key, renamed in _RENAMED.items():
         for d in (mine, saved):
             if key in d:
@@ -309,13 +313,14 @@ def check_layout(path, state: dict, cfg: DictConfig) -> None:
                           f"resumes only with it (train.epochs={cfg.train.epochs} changes every rank's schedule)")
 
 
-def check_store(path, state: dict, cfg: DictConfig) -> None:
+def check_store(path, state: dict, cfg: DictConfig, backend: str | None = None) -> None:
     """The node memory resumes into any store: one that reads the files as they were written
     (stores keeping a whole copy per memory group read each other's; a partitioned store its own
     shards) loads its part of them, and another has the memory gathered and re-placed
     (``tgdist.runtime.reshard``), which needs the store that wrote them to read them. A
     checkpoint of an older tgdist names no store (``memory_backend``): its files are checked when
-    they are read."""
+    they are read. ``backend``: the run's store as its validation resolved it
+    (``build.Resolved.backend``; any store may resume, so it is not needed here)."""
     from tgdist import memory
 
     written = state.get("memory_backend")
@@ -329,18 +334,19 @@ def _plain(text: str | None) -> str:
     return "null" if text in (None, "None") else text.strip("'")
 
 
-def check_resume(cfg: DictConfig) -> tuple[Path, dict]:
+def check_resume(cfg: DictConfig, backend: str | None = None) -> tuple[Path, dict]:
     """What resuming from ``train.resume`` checks, without building anything (the data is
     checked by ``check_data`` once it is read): ``tgdist launch`` runs it before starting any
     process, so a mismatch is one line, not one per rank. Every file is checked against its
-    checksum, the parts beside ``last.pt`` too. Returns the path and the state."""
+    checksum, the parts beside ``last.pt`` too. Returns the path and the state. ``backend``: the
+    memory store the run's validation resolved (``check_store``)."""
     path = find(cfg.train.resume)
     state = read(path, map_location="cpu", mmap=True)
     if state.get("kind") == "best":
         raise ConfigError(f"{path}: the best validated epoch's model and memory, to use (checkpoint.load), not to "
                           f"resume from; resume with the run directory or its checkpoints/last.pt")
     check_layout(path, state, cfg)
-    check_store(path, state, cfg)
+    check_store(path, state, cfg, backend)
     check_config(path, state.get("config", {}), cfg, content_checked="data" in state, layout_checked=True)
     for part in parts(path, state):
         verify_part(part)

@@ -1,6 +1,5 @@
 """What the ranks of a parallel run need besides the loop (``tgdist.runtime.run.Run``): log lines
-prefixed with the rank, the memory backend a layout resolves to, the settings every rank must
-share, this rank's share of the machine's CPUs, a digest of the model replica, and the fault
+prefixed with the rank, the settings every rank must share, this rank's share of the machine's CPUs, a digest of the model replica, and the fault
 injection of the tests."""
 
 from __future__ import annotations
@@ -13,9 +12,7 @@ import socket
 import torch
 from omegaconf import DictConfig
 
-from tgdist import memory
 from tgdist.distributed import collectives
-from tgdist.distributed.schedule import Layout
 from tgdist.kernels.graph import cpu_mask
 from tgdist.runtime import checkpoint
 
@@ -35,12 +32,6 @@ def rank_logging(rank: int) -> None:
         h.addFilter(_Prefix())
     if rank:
         root.setLevel(logging.WARNING)
-
-
-def memory_backend(cfg: DictConfig, layout: Layout) -> str:
-    """The store ``memory.backend`` names (a validated config's: ``build.validate`` refuses one
-    that is not registered), ``auto`` resolved by the layout."""
-    return memory.resolve(str(cfg.memory.backend), layout.group_size)
 
 
 def fault_injection(rank: int) -> int | None:

@@ -46,20 +46,19 @@ from tgdist import memory
 from tgdist.config import model_tag
 from tgdist.config.overrides import resume_note
 from tgdist.distributed import collectives
-from tgdist.distributed.schedule import Layout, num_global_batches, num_iterations, scaled_lr, step
+from tgdist.distributed.schedule import num_global_batches, num_iterations, step
 from tgdist.distributed.world import ProcessGroups, detect, disagreement
 from tgdist.distributed.world import validate as validate_layout
 from tgdist.errors import ConfigError
 from tgdist.kernels import jit
 from tgdist.kernels.interrupts import PREEMPT_SIGNAL, preemption_armed, preemption_requested
 from tgdist.runtime import checkpoint, pipelines, reshard, rundir
-from tgdist.runtime.build import build_trainer, validate
+from tgdist.runtime.build import Resolved, build_trainer, validate
 from tgdist.runtime.cache import cache_totals
-from tgdist.runtime.distributed import (cpu_share, fault_injection, memory_backend, model_digest, rank_logging,
-                                        shared_settings)
+from tgdist.runtime.distributed import cpu_share, fault_injection, model_digest, rank_logging, shared_settings
 from tgdist.runtime.tasks import downstream_alone, pretrain_static
 from tgdist.runtime.tensorboard import TensorBoardLog
-from tgdist.runtime.trainer import Progress, StageTimer, Trainer
+from tgdist.runtime.trainer import Progress, StageTimer, Trainer, memory_for
 
 log = logging.getLogger(__name__)
 
@@ -74,18 +73,23 @@ class Run:
     """One rank's part of a training run in ``run_dir`` (rank 0's; ranks but 0 may pass None):
     ``train()`` once. Started in one process it trains alone; under torchrun / SLURM / MPI each
     rank makes its own ``Run`` and they meet in ``__init__``. ``trainer``: one built by the caller
-    (its own graph or device, say); with local memory its store is used as it is. ``groups``:
-    process groups the caller initialised for this layout (and destroys; tests), else the run's own."""
+    (its own graph or device, say); with local memory its store is used as it is, else the store
+    the config names replaces it (a trainer built here is constructed with that store). ``groups``:
+    process groups the caller initialised for this layout (and destroys; tests), else the run's own.
+    ``choices``: what ``build.validate(cfg)`` returned, when the caller validated ``cfg``; else the
+    run validates it, once, and builds its trainer from what that resolved."""
 
     def __init__(self, cfg: DictConfig, run_dir: str | Path | None, trainer: Trainer | None = None,
-                 groups: ProcessGroups | None = None):
-        validate(cfg)  # (build_trainer validates too) a bad setting is named before the layout is refused
+                 groups: ProcessGroups | None = None, choices: Resolved | None = None):
+        # the one check of the settings (``choices``: the caller's, who validated this config), named
+        # before the layout is refused; the trainer is built from what it resolved
+        self.choices = choices or validate(cfg)
         self.cfg = cfg
         self.world = detect() if groups is None else groups.world
-        self.layout = Layout(cfg.parallel.i, cfg.parallel.j, cfg.parallel.k)
-        self.backend = memory_backend(cfg, self.layout)
+        self.layout = self.choices.layout
+        self.backend = self.choices.backend
         self.alone = self.world.world_size == 1
-        self.store = memory.store_class(self.backend)  # what the store can do (its capabilities)
+        self.store = self.choices.store  # what the store can do (its capabilities)
         validate_layout(self.layout, self.world, self.backend, placement=self.store.placement,
                         epochs=cfg.train.epochs if cfg.train.epochs or not self.alone else None)
         if not self.alone:
@@ -128,41 +132,25 @@ class Run:
         self.dir = Path(run_dir)
         if self.rank == 0:
             rundir.check_foreign(self.dir, cfg.train.overwrite)  # (tgdist train claimed it already; Python callers)
-        self.lr = scaled_lr(cfg.train.lr, lay.i, lay.j, lay.k, cfg.train.lr_scaling)
+        self.lr = self.choices.lr  # train.lr scaled with the global batch (train.lr_scaling)
         self.run_cfg = cfg if self.lr == cfg.train.lr else OmegaConf.merge(cfg, {"train": {"lr": self.lr}})
+        self.counter = collectives.ByteCounter()
+        self._resume = None  # (path, state) of train.resume, checked here and loaded by train()
         if trainer is None:  # first: a config or data error leaves no directory
             trainer = build_trainer(self.run_cfg, progress=None if self.alone else False,
-                                    cpus=None if self.alone else cpu_share(world_group),
-                                    local_memory=self.store.trainers_own)  # another store replaces it below
+                                    cpus=None if self.alone else cpu_share(world_group), choices=self.choices,
+                                    store=self._store)  # built with the store the config names
+        else:  # the caller's trainer: checked as one built here is; with local memory its store is used as it is
+            self._check_data(trainer.g, trainer.split)
+            if not self.store.trainers_own:
+                trainer.memory = self._store(trainer.g, trainer.split, trainer.model,
+                                             tuple(trainer.sampler.fanouts) if trainer.sampler is not None else (),
+                                             trainer.device)
         self.trainer = tr = trainer
         if cfg.train.save_scores and self.rank == 0:  # train.eval=tgb: the scores TGB's Evaluator can check
             tr.scores_dir = self.dir / "scores"
-        if not self.alone:
-            g = tr.g  # the same settings, but each machine reads its own copy of the data
-            read = {"events": g.num_events, "nodes": g.num_nodes, "first and last time": (float(g.t[0]), float(g.t[-1])),
-                    "edge features": g.edge_dim, "node features": g.node_dim}
-            if (why := disagreement(collectives.all_gather_object(read, group=world_group, name="data_check"),
-                                    "data")) is not None:
-                raise ConfigError(why)
-        self.n_train = tr.split.range("train")[1]
-        validate_layout(lay, self.world, self.backend, placement=self.store.placement, num_train_events=self.n_train,
-                        batch_size=cfg.train.batch_size,
-                        epochs=cfg.train.epochs if cfg.train.epochs or not self.alone else None)
         self.iterations = num_iterations(lay, self.n_train, tr.batch_size, cfg.train.epochs) if cfg.train.epochs else 0
         self.batches_per_epoch = num_global_batches(self.n_train, lay.i, tr.batch_size)
-        self.counter = collectives.ByteCounter()
-        self._resume = None  # (path, state) of train.resume, checked here and loaded by train()
-        if cfg.train.resume:  # a refused resume leaves the run directory (maybe the checkpoint's own) as it was
-            self._resume = checkpoint.check_resume(cfg)
-            checkpoint.check_data(*self._resume, tr.g)
-            reshard.plan(*self._resume, lay, self.rank, self.n_train, tr.batch_size)  # its refusals, before any write
-        if not self.store.trainers_own:  # the store the config names; local memory is the trainer's own
-            m = tr.model
-            tr.memory = memory.create(self.backend, memory.StoreContext(
-                tr.g.num_nodes, m.mem_dim, m.mail_dim, m.mailbox_size, device=tr.device, layout=lay, rank=self.rank,
-                groups=self.groups, counter=self.counter, cfg=cfg, batch_size=tr.batch_size,
-                fanouts=tuple(tr.sampler.fanouts) if tr.sampler is not None else (), graph=tr.g,
-                train_end=self.n_train))
         self.pipeline = pipelines.create(pipelines.PipelineContext(
             cfg, tr, lay, self.rank, self.alone, self.iterations, self.batches_per_epoch, self.groups, self.counter,
             self._step, self._negatives))  # (after the store: a pipeline's hooks hold it)
@@ -184,6 +172,37 @@ class Run:
             if (note := resume_note(cfg)) is not None:
                 log.info("%s", note)
             self._write_config()
+
+    def _check_data(self, graph, split) -> None:
+        """What needs the data, checked before the store is made: every rank read the same data, the
+        layout has the training events it needs, and a resume's checkpoint fits them."""
+        cfg, lay = self.cfg, self.layout
+        if not self.alone:
+            g = graph  # the same settings, but each machine reads its own copy of the data
+            read = {"events": g.num_events, "nodes": g.num_nodes, "first and last time": (float(g.t[0]), float(g.t[-1])),
+                    "edge features": g.edge_dim, "node features": g.node_dim}
+            if (why := disagreement(collectives.all_gather_object(read, group=self.groups.get("world"),
+                                                                  name="data_check"), "data")) is not None:
+                raise ConfigError(why)
+        self.n_train = split.range("train")[1]
+        validate_layout(lay, self.world, self.backend, placement=self.store.placement, num_train_events=self.n_train,
+                        batch_size=cfg.train.batch_size,
+                        epochs=cfg.train.epochs if cfg.train.epochs or not self.alone else None)
+        if cfg.train.resume:  # a refused resume leaves the run directory (maybe the checkpoint's own) as it was
+            self._resume = checkpoint.check_resume(cfg, self.backend)
+            checkpoint.check_data(*self._resume, graph)
+            reshard.plan(*self._resume, lay, self.rank, self.n_train, cfg.train.batch_size)  # its refusals, before any write
+
+    def _store(self, graph, split, model, fanouts: tuple, device) -> memory.MemoryStore:
+        """The trainer's memory store (``build_trainer``'s ``store``), after the checks that need the
+        data (``_check_data``): its own local memory, or the store the config names, for this rank."""
+        self._check_data(graph, split)
+        if self.store.trainers_own:
+            return memory_for(model, graph.num_nodes).to(device)
+        return memory.create(self.backend, memory.StoreContext(
+            graph.num_nodes, model.mem_dim, model.mail_dim, model.mailbox_size, device=device, layout=self.layout,
+            rank=self.rank, groups=self.groups, counter=self.counter, cfg=self.cfg,
+            batch_size=self.cfg.train.batch_size, fanouts=fanouts, graph=graph, train_end=self.n_train))
 
     def _write_config(self) -> None:
         """``config.yaml``: the run's settings as given, which ``train.resume`` composes again (the

@@ -7,7 +7,9 @@ and one file in ``configs/pipeline/``."""
 
 from tgdist.runtime.pipelines.base import GradientHooks, Pipeline, PipelineContext, StepHooks, count_of
 from tgdist.runtime.pipelines.registry import names, pipeline_class, register
-from tgdist.runtime.pipelines import mspipe, plain  # noqa: E402,F401  (the built-in strategies register themselves)
+# the built-in strategies register themselves, the plain loop first (the options are named in this order)
+from tgdist.runtime.pipelines import plain  # noqa: E402,F401,I001
+from tgdist.runtime.pipelines import mspipe  # noqa: E402,F401,I001
 from tgdist.runtime.pipelines.plain import fit_eta, micro_count  # noqa: E402  (eq. (12)'s, which the advisor prices with)
 
 __all__ = ["GradientHooks", "Pipeline", "PipelineContext", "StepHooks", "count_of", "names", "pipeline_class",

@@ -28,9 +28,9 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from tgdist.config import PipelineConfig, parse_count_or_auto
+from tgdist.config import PipelineConfig, parse_count_or_auto, section_schema
 from tgdist.distributed import collectives
 from tgdist.distributed.schedule import Layout
 from tgdist.memory.store import MemoryRead
@@ -43,9 +43,13 @@ __all__ = ["BACKWARD_SHARE", "GradientHooks", "GradientSync", "IterationCosts", 
 
 
 def count_of(pipe, key: str) -> int | None:
-    """``pipeline.KEY``, a count-or-auto key of the schema (``config.count_or_auto``), as a count,
-    or None for ``auto``; a bad value (set after composition) is the ConfigError composing gives."""
-    least, what = next(f for f in dataclasses.fields(PipelineConfig) if f.name == key).metadata["count_or_auto"]
+    """``pipeline.KEY``, a count-or-auto key of the strategy's config class (``config.count_or_auto``),
+    as a count, or None for ``auto``; a bad value (set after composition) is the ConfigError
+    composing gives."""
+    schema = OmegaConf.get_type(pipe) if OmegaConf.is_config(pipe) else type(pipe)
+    if not dataclasses.is_dataclass(schema):  # a plain mapping of the settings: every strategy's keys
+        schema = section_schema("pipeline")
+    least, what = next(f for f in dataclasses.fields(schema) if f.name == key).metadata["count_or_auto"]
     return parse_count_or_auto(pipe[key], f"pipeline.{key}", least, what)
 
 
@@ -136,6 +140,7 @@ class Pipeline:
     the strategy's own checks of the ``pipeline`` settings, given the layout and memory backend."""
 
     name = ""
+    Config = PipelineConfig  # the keys this strategy reads (a subclass with its own; ``registry.register``)
 
     def __init__(self, ctx: PipelineContext):
         self.ctx, self.trainer, self.pipe = ctx, ctx.trainer, ctx.cfg.pipeline
@@ -147,7 +152,14 @@ class Pipeline:
 
     @classmethod
     def validate(cls, pipe, parallel=None, backend: str = "auto") -> None:
-        """Refuse ``pipeline`` settings this strategy cannot run (a ``ConfigError``)."""
+        """Refuse ``pipeline`` settings this strategy cannot run (a ``ConfigError``); ``backend`` is
+        the memory store the run resolved (never ``auto``)."""
+
+    @classmethod
+    def micro_batches(cls, pipe) -> int | None:
+        """The micro-batches each batch is cut into under these settings (None: chosen while
+        training); 1 for a strategy that takes whole batches."""
+        return 1
 
     @classmethod
     def price(cls, pipe, c: IterationCosts) -> Price:

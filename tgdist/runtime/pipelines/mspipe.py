@@ -42,13 +42,13 @@ import numpy as np
 import torch
 
 from tgdist import memory
+from tgdist.config import PipelineConfig, choice_type, count_or_auto
 from tgdist.data.sampler import TCSR
 from tgdist.distributed import collectives
 from tgdist.errors import ConfigError
 from tgdist.kernels import graph as kernels
 from tgdist.memory.store import MemoryRead
 from tgdist.runtime.pipelines.base import IterationCosts, Pipeline, PipelineContext, Price, StepHooks, count_of
-from tgdist.runtime.pipelines.plain import micro_batches
 from tgdist.runtime.pipelines.registry import register
 from tgdist.runtime.trainer import STAGES  # MSPipe's stages 1..5, in its order
 from tgdist.uploads import upload
@@ -431,6 +431,29 @@ def staleness(pipe) -> int | None:
     return count_of(pipe, "staleness")
 
 
+Mitigation = choice_type("Mitigation", "none similarity", __name__)  # pipeline.mitigation: MSPipe-S or none
+
+
+@dataclass
+class MSPipeConfig(PipelineConfig):
+    """``pipeline.*`` of MSPipe: the section's keys, the staleness bound and MSPipe-S. It takes whole
+    batches (no ``micro_batches``)."""
+
+    # K: a count (0: the plain loop), or auto (the minimal stall-free bound from stage times
+    # measured over profile_iterations iterations, constraints C1-C3)
+    staleness: str = count_or_auto(0, "the iterations of writes a read may miss (0: none)", "auto")
+    max_stale_fraction: float = 0.5  # staleness=auto, C3: at most this share of the nodes read may be stale
+    # none, or similarity (MSPipe-S, 3.3): a read node whose memory is older than gamma (the
+    # mitigation_quantile of the time between a node's events) gets lambda s_v + (1 - lambda) * the
+    # mean memory of the most similar active nodes of its batch (common neighbours)
+    mitigation: Mitigation = Mitigation.none
+    mitigation_lambda: float = 0.95  # similarity: lambda, the weight of the node's own stale memory
+    mitigation_quantile: float = 0.99  # similarity: gamma is this quantile of the time between a node's events
+    # how much lower (nice, 0-19) the priority of its stage and update threads is than the training
+    # thread's; 19: they take the cycles training leaves idle instead of slowing it down
+    stage_nice: int = 19
+
+
 class MSPipeHooks(StepHooks):
     """Iteration t's step under MSPipe: before the write, the reads that must miss it are waited
     for; the write goes to the update stage (one process) or is made at once (a parallel run,
@@ -466,6 +489,7 @@ class MSPipe(Pipeline):
     rows (``pipeline.mitigation=similarity``)."""
 
     name = "mspipe"
+    Config = MSPipeConfig
 
     def __init__(self, ctx: PipelineContext):
         super().__init__(ctx)
@@ -497,12 +521,17 @@ class MSPipe(Pipeline):
     @classmethod
     def validate(cls, pipe, parallel=None, backend: str = "auto") -> None:
         staleness(pipe)
-        if micro_batches(pipe) != 1:
-            raise ConfigError(f"pipeline.mode=mspipe takes whole batches: set pipeline.micro_batches=1, not "
-                              f"{pipe.micro_batches}")
+        if not 0 < pipe.max_stale_fraction <= 1:
+            raise ConfigError(f"pipeline.max_stale_fraction={pipe.max_stale_fraction}: give a share in (0, 1]")
+        if not 0 <= pipe.mitigation_lambda <= 1:
+            raise ConfigError(f"pipeline.mitigation_lambda={pipe.mitigation_lambda}: give a weight in [0, 1]")
+        if not 0 < pipe.mitigation_quantile <= 1:
+            raise ConfigError(f"pipeline.mitigation_quantile={pipe.mitigation_quantile}: give a quantile in (0, 1]")
+        if not 0 <= pipe.stage_nice <= 19:
+            raise ConfigError(f"pipeline.stage_nice={pipe.stage_nice}: give a nice increment from 0 (the training "
+                              f"thread's priority) to 19 (the lowest)")
         world = None if parallel is None else parallel.i * parallel.j * parallel.k
-        group = None if parallel is None else parallel.i * parallel.j
-        if world is not None and world > 1 and not memory.store_class(memory.resolve(backend, group)).staged_reads:
+        if world is not None and world > 1 and not memory.store_class(backend).staged_reads:
             # its stage threads read memory while the main thread runs the run's collectives: a
             # store whose reads are collectives (sven, depcomm) would need them in one order on
             # every rank, and a daemon serves its group's reads and writes strictly in stream order

@@ -27,6 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
+from tgdist.config import PipelineConfig, count_or_auto
 from tgdist.distributed import collectives
 from tgdist.errors import ConfigError
 from tgdist.runtime.pipelines.base import IterationCosts, Pipeline, PipelineContext, Price, StepHooks, count_of
@@ -58,11 +59,21 @@ class PlainHooks(StepHooks):
         return self._pipeline.grads(params)
 
 
+@dataclass
+class PlainConfig(PipelineConfig):
+    """``pipeline.*`` of the plain loop: the section's keys, and Sven's micro-batches."""
+
+    # micro-batches per batch (Sven 3.3.2): 1 (none), N, or auto (eq. (12) fitted over the first iterations)
+    micro_batches: str = count_or_auto(1, "a number of micro-batches per batch (1: none)", "1")
+    max_micro_batches: int = 8  # micro_batches=auto: the largest n it may choose
+
+
 @register("plain", "none")
 class Plain(Pipeline):
     """The plain loop and Sven's levels (this module's docstring)."""
 
     name = "plain"
+    Config = PlainConfig
 
     def __init__(self, ctx: PipelineContext):
         super().__init__(ctx)
@@ -78,11 +89,12 @@ class Plain(Pipeline):
     @classmethod
     def validate(cls, pipe, parallel=None, backend: str = "auto") -> None:
         micro_batches(pipe)
-        if str(pipe.staleness).strip().lower() != "auto":
-            raise ConfigError(f"pipeline.staleness={pipe.staleness} is read by pipeline.mode=mspipe only")
-        if pipe.mitigation != "none":
-            raise ConfigError(f"pipeline.mitigation={pipe.mitigation} mitigates MSPipe's staleness: it needs "
-                              f"pipeline.mode=mspipe")
+        if pipe.max_micro_batches < 1:
+            raise ConfigError(f"pipeline.max_micro_batches={pipe.max_micro_batches}: give at least 1")
+
+    @classmethod
+    def micro_batches(cls, pipe) -> int | None:
+        return micro_batches(pipe)
 
     @classmethod
     def price(cls, pipe, c: IterationCosts) -> Price:

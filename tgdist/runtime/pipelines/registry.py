@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 
 from tgdist import plugins
+from tgdist.config import register_option
 from tgdist.errors import ConfigError
 
 PIPELINES: dict[str, type] = {}  # name -> Pipeline subclass
@@ -15,10 +16,14 @@ ALIASES: dict[str, str] = {}  # another name -> the name it stands for
 
 
 def register(name: str, *aliases: str):
-    """Register a ``Pipeline`` subclass under ``name`` (and ``aliases``: older names of it)."""
+    """Register a ``Pipeline`` subclass under ``name`` (and ``aliases``: older names of it), with its
+    config class (``cls.Config``: ``tgdist.config.PipelineConfig`` or a subclass holding the keys
+    only it reads), which composition gives ``pipeline`` when ``pipeline.mode`` names it."""
     def add(cls):
         PIPELINES[name] = cls
         ALIASES.update(dict.fromkeys(aliases, name))
+        for n in (name, *aliases):
+            register_option("pipeline", n, getattr(cls, "Config", None))
         return cls
     return add
 
