@@ -76,15 +76,21 @@ def test_an_unknown_format_is_one_line_naming_the_registered_readers(tmp_path):
 
 
 def test_the_config_layer_imports_no_data_module():
-    """DESIGN: the config schema is ground that loads no data; composing a run's config, data
-    settings included, imports no ``tgdist.data`` module."""
-    code = ("import sys; from tgdist.config.overrides import checked_compose; "
+    """DESIGN: the config schema is ground that loads no data: importing it imports no
+    ``tgdist.data`` module, and composing a run's config, data settings included, imports none
+    beyond those the strategies' own modules import as they register (``load_strategies``, which
+    composition needs first: each store and pipeline brings its config class)."""
+    code = ("import sys; import tgdist.config.overrides; "
+            "alone = sorted(m for m in sys.modules if m.startswith('tgdist.data')); "
+            "from tgdist.runtime.build import load_strategies; load_strategies(); loaded = set(sys.modules); "
+            "from tgdist.config.overrides import checked_compose; "
             "cfg = checked_compose(['data=file', 'data.path=events.toy', 'data.format=toy', 'data.max_events=10']); "
-            "assert cfg.data.format == 'toy'; print(sorted(m for m in sys.modules if m.startswith('tgdist.data')))")
+            "assert cfg.data.format == 'toy'; "
+            "print(alone, sorted(m for m in set(sys.modules) - loaded if m.startswith('tgdist.data')))")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "[]"
+    assert r.stdout.strip() == "[] []"
 
 
 def test_the_documented_cost_of_a_new_reader_is_what_the_toy_needed():
