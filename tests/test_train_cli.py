@@ -494,7 +494,7 @@ def test_help_documents_every_key(tmp_path):
     r = tgdist("train", "--help", "model=jodie", "train.epochs=2", cwd=tmp_path)
     assert r.returncode == 0
     assert "\n  epochs: 2  # passes over the training events; 0: evaluate" in r.stdout  # the overrides apply
-    assert "\n  name: jodie  # tgn | jodie | apan\n" in r.stdout
+    assert "\n  name: jodie  # tgn | jodie | apan, or a model registered" in r.stdout
     assert "\n  # torch intra-op threads; 0 = auto" in r.stdout and "\n  num_threads: 0\n" in r.stdout  # long: above
     assert r.stdout.rstrip().endswith("Hydra's own flags: tgdist train --hydra-help")
     r = tgdist("partition", "--help", cwd=tmp_path)
