@@ -131,7 +131,9 @@ def main(out: str, *args: str) -> None:
         result = {}
         for spec in runs:
             backend, _, extra = spec.partition(":")
-            result[spec] = run(backend, compose([*args, *filter(None, extra.split(";"))]), layout, world, groups)
+            # composed with its store: each store's own keys are on its config class (memory.remote_dispatch: DepComm's)
+            cfg = compose([*args, f"memory.backend={backend}", *filter(None, extra.split(";"))])
+            result[spec] = run(backend, cfg, layout, world, groups)
         torch.save(result, f"{out}.{world.rank}")
         collectives.barrier(groups.get("world"), name="shutdown")  # all done before teardown
     finally:

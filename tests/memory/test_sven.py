@@ -151,7 +151,7 @@ def test_a_partitioned_store_of_one_trainer_trains_as_local_memory():
     their input through, and training is the single-process loop's, bit for bit."""
     out = {}
     for backend in ("local", "sven", "depcomm"):
-        cfg = compose([*SMALL, "model=apan", "train.lr=1e-3", "partition.method=interval"])
+        cfg = compose([*SMALL, "model=apan", "train.lr=1e-3", "partition.method=interval", f"memory.backend={backend}"])
         tr = build_trainer(cfg, progress=False)
         m = tr.model
         if backend != "local":
@@ -186,7 +186,8 @@ def test_a_remote_dispatch_a_row_short_is_refused_in_one_line(monkeypatch, remot
     naming both counts. Without the fault the same steps train."""
     from tgdist.distributed import collectives
 
-    cfg = compose([*SMALL, "partition.method=interval", f"memory.remote_dispatch={remote_dispatch}"])
+    cfg = compose([*SMALL, "partition.method=interval", "memory.backend=depcomm",
+                   f"memory.remote_dispatch={remote_dispatch}"])
     tr = build_trainer(cfg, progress=False)
     m = tr.model
     tr.memory = memory.create("depcomm", memory.StoreContext(

@@ -105,6 +105,7 @@ class Run:
         self._host: tuple | None = None
         self._writing: int | None = None
         self._committed: str | None = None
+        self._resumed_from: str | None = None  # the iteration directory of the checkpoint this run resumed from
         self.save_seconds: list[float] = []  # the time each save held the training loop (benchmarks)
         self.trainer: Trainer | None = None
         self.pipeline: pipelines.Pipeline | None = None
@@ -691,8 +692,8 @@ class Run:
         self._writes_done_before(iteration)
         self.pipeline.settle()
         tr, d = self.trainer, self.ckpt_dir / f"it{iteration:08d}"
-        if d.name == self._committed:  # a resume on another layout counts its iterations anew: the
-            d = d.with_name(f"{d.name}b")  # checkpoint it came from stays whole until this one is committed
+        if d.name == self._resumed_from:  # a resume on another layout counts its iterations anew: the checkpoint
+            d = d.with_name(f"{d.name}b")  # it came from stays whole (every rank judges alike: not by _committed)
         world_group = self.groups.get("world")
         losses = self._settle_losses()  # the device scalars read, once
         mine = checkpoint.host_copy({**checkpoint.trainer_state(tr), "losses": losses, **self.pipeline.state()},
@@ -853,6 +854,7 @@ class Run:
         self.history = [dict(h) for h in state["history"]]
         self.start_iteration = int(state["iteration"]) if moved is None else moved.start
         self._committed = state["dir"]  # (when resumed in its own directory: a save never clears it)
+        self._resumed_from = state["dir"]
         best = path.parent / "best.pt"  # a run of one process resumed into another directory takes its best.pt
         if self.alone and best.exists() and best.parent.resolve() != self.ckpt_dir.resolve():
             parts = best.parent / checkpoint.read(best, map_location="cpu", mmap=True)["dir"]

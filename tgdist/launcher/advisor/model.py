@@ -280,10 +280,15 @@ def sven_beats_depcache(T: float, M: int) -> bool:
 def micro_count(compute_s: float, dispatch_s: float, overhead_s: float, n_max: int | None = None) -> int:
     """Micro-batches as ``micro_batches=auto`` chooses them (``runtime.pipelines.micro_count``);
     ``n_max``: ``pipeline.max_micro_batches``, its default when None."""
-    from tgdist.config import PipelineConfig
+    from tgdist.config import section_schema
     from tgdist.runtime.pipelines import micro_count as auto
 
-    return auto(compute_s, dispatch_s, overhead_s, PipelineConfig().max_micro_batches if n_max is None else n_max)
+    if n_max is None:  # the default of whichever registered strategy reads the key
+        from tgdist.runtime.build import load_strategies
+
+        load_strategies()
+        n_max = section_schema("pipeline")().max_micro_batches
+    return auto(compute_s, dispatch_s, overhead_s, n_max)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -412,8 +417,7 @@ def _settings_refusal(i: int, j: int, k: int, backend: str, pipeline: str, place
     from tgdist.runtime.build import validate_pipeline
 
     try:
-        validate_pipeline(pipeline_options()[pipeline].pipe, ParallelConfig(i=i, j=j, k=k),
-                          _config_backend(backend, i * j))
+        validate_pipeline(pipeline_options()[pipeline].pipe, ParallelConfig(i=i, j=j, k=k), backend)  # (resolved)
         store = _store(backend)
         if store.partitioned:
             check_settings(store, j, _placement_config(placement or "reflexbicut"))
