@@ -4,7 +4,6 @@ from the class (``MemoryStore``'s capability attributes), never from its name.""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -101,18 +100,6 @@ def _load_backends() -> None:
     so that the Python API sees their stores as ``tgdist train`` does."""
     from tgdist.memory import daemon, depcache, depcomm, store, sven  # noqa: F401  (registering is their import)
 
-    _load_extensions()
-
-
-_extensions_of: list = [None]  # the TGDIST_PLUGINS value the extensions were last loaded for
-
-
-def _load_extensions() -> None:
-    """``tgdist.plugins.load``, again only when ``TGDIST_PLUGINS`` changed (it scans the installed
-    distributions' entry points, tens of milliseconds, and lookups are many)."""
     from tgdist import plugins
 
-    value = os.environ.get(plugins.ENV, "")
-    if value != _extensions_of[0]:
-        plugins.load()
-        _extensions_of[0] = value
+    plugins.load()  # (cheap after the first call: the entry points are read once)

@@ -5,8 +5,6 @@ gives and never asks which it holds (DESIGN.md "Pipelines")."""
 
 from __future__ import annotations
 
-import os
-
 from tgdist import plugins
 from tgdist.config import register_option
 from tgdist.errors import ConfigError
@@ -30,7 +28,7 @@ def register(name: str, *aliases: str):
 
 def pipeline_class(name: str) -> type:
     """The strategy ``pipeline.mode=name`` picks; another name is a ``ConfigError`` naming the options."""
-    _load_extensions()  # the extensions' strategies, as ``tgdist train`` sees them
+    plugins.load()  # the extensions' strategies, as ``tgdist train`` sees them
     name = ALIASES.get(str(name), str(name))
     if name not in PIPELINES:
         raise ConfigError(f"pipeline.mode={name}: give one of {', '.join(names())}")
@@ -39,17 +37,5 @@ def pipeline_class(name: str) -> type:
 
 def names() -> list[str]:
     """The registered strategies, extensions included (``tgdist.plugins``)."""
-    _load_extensions()
+    plugins.load()
     return list(PIPELINES)
-
-
-_extensions_of: list = [None]  # the TGDIST_PLUGINS value the extensions were last loaded for
-
-
-def _load_extensions() -> None:
-    """``tgdist.plugins.load``, again only when ``TGDIST_PLUGINS`` changed (it scans the installed
-    distributions' entry points, tens of milliseconds, and lookups are many)."""
-    value = os.environ.get(plugins.ENV, "")
-    if value != _extensions_of[0]:
-        plugins.load()
-        _extensions_of[0] = value
