@@ -195,7 +195,10 @@ def _wait_for(ready, seconds: float, cluster, tmp_path) -> None:
 
 def _signal_and_requeue(cluster, job_id: str, tmp_path, seconds: float = 240) -> None:
     """SIGUSR1 to the job's batch shell, as SLURM's --signal=B:USR1@S sends it; then, once the job
-    is requeued, its start now rather than after SLURM's delay for requeued jobs; waits for its end."""
+    is requeued, its start in 3 s rather than after SLURM's delay for requeued jobs; waits for its end.
+    Not at once: slurmd refuses a job started again within the second its credential was revoked
+    ("Killing non-startable batch JobId=1: Job credential revoked", exit 1), the race that SLURM's
+    own delay for requeued jobs avoids."""
     res = cluster.cmd(["scancel", "--signal=USR1", "--batch", job_id])
     assert res.returncode == 0, res.stderr
 
@@ -205,7 +208,7 @@ def _signal_and_requeue(cluster, job_id: str, tmp_path, seconds: float = 240) ->
 
     def requeued() -> bool:
         if state() == "PENDING":
-            cluster.cmd(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+            cluster.cmd(["scontrol", "update", f"JobId={job_id}", "StartTime=now+3"])
             return True
         return False
 
@@ -234,6 +237,7 @@ def test_a_training_job_signalled_mid_run_is_requeued_and_ends_with_the_uninterr
     _signal_and_requeue(slurm_cluster, job_id, tmp_path, seconds=400)
     out = (tmp_path / "job.out").read_text()
     assert "(preemption) after iteration" in out and "requeueing job" in out, out[-3000:]
+    assert (run / ".tgdist-restarts").is_file(), f"the requeued job did not resume\n{out[-3000:]}\n{slurm_cluster.logs()}"
     [restart] = [json.loads(x) for x in (run / ".tgdist-restarts").read_text().splitlines()]
     summary = json.loads((run / "summary.json").read_text())
     assert restart["by"] == "SLURM requeue" and 0 < restart["iteration"] < summary["iterations"]
