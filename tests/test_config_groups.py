@@ -5,6 +5,7 @@ that takes one of a closed set of names (``tgdist.config.Choice``)."""
 import dataclasses
 import json
 import typing
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -299,3 +300,56 @@ def test_a_key_the_chosen_strategy_does_not_read_is_refused_at_composition(group
                             f"{group}.{choose}={other} does not read it")
     left = compose([f"{group}.{choose}={other}"])
     assert key not in left[group] and OmegaConf.get_type(left[group]) is config.option_schema(group, other)
+
+
+def _presets() -> list[tuple[str, str, str]]:
+    """(group, preset file, strategy) for each preset under ``configs/`` that names its strategy
+    (``backend: daemon``, ``mode: mspipe``), but the group's default (``auto.yaml``, ``none.yaml``):
+    that one keeps the union of every strategy's keys, as a strategy is picked by a key on top of it
+    (``memory.backend=daemon memory.timeout=60``). The level presets name no strategy."""
+    import yaml
+
+    from tgdist import config
+
+    defaults = [d for d in yaml.safe_load((Path(config.config_dir()) / "train.yaml").read_text())["defaults"]
+                if isinstance(d, dict)]
+    default = {k: v for d in defaults for k, v in d.items()}
+    found = []
+    for group, (choose, _) in config.SECTIONS.items():
+        for f in sorted((Path(config.config_dir()) / group).glob("*.yaml")):
+            name = yaml.safe_load(f.read_text()).get(choose)
+            if f.stem != default[group] and name is not None and config.option_schema(group, name) is not None:
+                found.append((group, f.stem, name))
+    return found
+
+
+@pytest.mark.parametrize("group, preset, name", _presets(), ids=[f"{g}={p}" for g, p, _ in _presets()])
+def test_a_preset_that_names_a_strategy_composes_its_config_class(group, preset, name):
+    """A preset that picks a store or pipeline composes that strategy's own class, not the union
+    of every strategy's keys; a key of another strategy on top of it is refused in one line that
+    says who reads it."""
+    import yaml
+
+    from tgdist import config
+
+    text = yaml.safe_load((Path(config.config_dir()) / group / f"{preset}.yaml").read_text())
+    assert text["defaults"] == [f"{name}_schema"]
+    cfg = compose([f"{group}={preset}"])
+    assert OmegaConf.get_type(cfg[group]) is config.option_schema(group, name)
+    choose = config.SECTIONS[group][0]
+    own = {f.name for f in dataclasses.fields(config.option_schema(group, name))}
+    other = next(((k, r) for g, k, r, _ in OWN_KEYS if g == group and k not in own), None)
+    if other is None:
+        return
+    key, reader = other
+    with pytest.raises(ConfigError) as e:
+        compose([f"{group}={preset}", f"{group}.{key}={_another_value(group, reader, key)}"])
+    assert str(e.value).startswith(f"{group}.{key} is read by ") and str(e.value).endswith(" alone")
+    assert f"only, and the {group} preset given has the keys of {group}.{choose}=" in str(e.value)
+    assert name in str(e.value).rpartition("=")[2].split()[0].split("|")
+
+
+def test_the_presets_that_name_a_strategy_are_found():
+    """What the test above covers: the stores' presets and MSPipe's."""
+    assert {(g, p) for g, p, _ in _presets()} >= {("memory", "daemon"), ("memory", "sven"), ("memory", "local"),
+                                                   ("memory", "depcomm"), ("memory", "depcache"), ("pipeline", "mspipe")}

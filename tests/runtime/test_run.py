@@ -544,6 +544,7 @@ INVALID = [
                                           "model.static_memory=false leaves out")),
     (["memory.backend=daemon", "memory.timeout=0"], "memory.timeout=0.0: give a positive, finite number of seconds$"),
     (["memory.backend=daemon", "memory.max_ids=0"], "memory.max_ids=0: give a positive row count, or null$"),
+    (["memory.backend=daemon", "memory.num_threads=0"], "memory.num_threads=0: must be at least 1$"),
     (["memory.timeout=30"], "^memory.timeout=30.0 is read by memory.backend=daemon only; memory.backend=auto does not "
                             "read it$"),
     (["memory.backend=nvme"], "^memory.backend=nvme: choose one of auto, daemon, depcache, depcomm, local, sven$"),

@@ -463,7 +463,9 @@ def _hydra_error_line(e: Exception, config_name: str) -> str:
     if first.startswith("Ambiguous value for argument"):  # a comma in a value, e.g. data.columns
         key, _, value = first.split("'")[1].partition("=")
         msg += f": quote a value with commas, \"{key}='{value}'\", or add --multirun to sweep over it"
-    typo = re.match(r"Could not override '([^']+)': Key '[^']+' not in '\w+'$", msg)
+    typo = re.match(r"Could not override '([^']+)': Key '[^']+' not in '(\w+)'$", msg)
+    if typo and (other := _other_strategys_key(typo.group(1).lstrip("+~"), typo.group(2))):
+        return other
     guesses = [f"'{k}'" for k in closest_keys(typo.group(1), config_name)] if typo else []
     if guesses:
         said = guesses[0] if len(guesses) == 1 else ", ".join(guesses[:-1]) + " or " + guesses[-1]
@@ -471,6 +473,26 @@ def _hydra_error_line(e: Exception, config_name: str) -> str:
     elif typo and (siblings := keys_under(typo.group(1).lstrip("+~").rpartition(".")[0], config_name)):
         msg += f"; its keys are {', '.join(siblings)}"
     return msg
+
+
+def _other_strategys_key(key: str, composed: str) -> str | None:
+    """The line for a key of another strategy given on top of a preset that names one strategy
+    (``memory=daemon memory.remote_dispatch=...``: the preset composes the daemon's config class,
+    which has no such key), or None when ``key`` is no strategy's key."""
+    import dataclasses
+
+    group, _, name = key.partition(".")
+    if group not in schema.SECTIONS:
+        return None
+    by = _distinct(group, [n for n in schema.readers(group, name) if schema.option_schema(group, n) is not None])
+    if not by:
+        return None
+    field = schema.SECTIONS[group][0]
+    preset = [n for n in schema.option_names(group) if getattr(schema.option_schema(group, n), "__name__", "") == composed]
+    if not preset or name in {f.name for f in dataclasses.fields(schema.option_schema(group, preset[0]))}:
+        return None
+    return (f"{key} is read by {' or '.join(f'{group}.{field}={n}' for n in by)} only, and the {group} preset given has "
+            f"the keys of {group}.{field}={'|'.join(preset)} alone")
 
 
 def choice_error(text: str, config_name: str) -> str | None:

@@ -1007,6 +1007,15 @@ class DaemonMemory(MemoryStore):
 
     Config = DaemonMemoryConfig  # memory.max_ids, memory.timeout, memory.num_threads
 
+    @classmethod
+    def check_config(cls, memory) -> None:
+        if not 0 < memory.timeout < float("inf"):
+            raise ConfigError(f"memory.timeout={memory.timeout}: give a positive, finite number of seconds")
+        if memory.max_ids is not None and memory.max_ids < 1:
+            raise ConfigError(f"memory.max_ids={memory.max_ids}: give a positive row count, or null")
+        if memory.num_threads < 1:
+            raise ConfigError(f"memory.num_threads={memory.num_threads}: must be at least 1")
+
     def __init__(self, run_id: str, group: int, rank: int, *, timeout: float = 120.0,
                  attach_timeout: float | None = None, device: str | torch.device | None = None,
                  copy_reads: bool = False, spin_us: float = 100.0, handle: DaemonHandle | None = None):

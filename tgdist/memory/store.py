@@ -88,6 +88,12 @@ class MemoryStore(nn.Module):
     collectives = (0, 0)
 
     @classmethod
+    def check_config(cls, memory) -> None:
+        """Refuse, as a ``ConfigError`` of one line, a value of this store's own ``memory.*`` keys
+        (those of its ``Config`` class) that it cannot run with; the run's validation
+        (``runtime.build.validate``) calls it for the chosen store. Here there are none."""
+
+    @classmethod
     def traffic(cls, rows: TrainerRows, group: int) -> tuple[float, float]:
         """Bytes on one trainer's link per iteration, its busier direction (as ``parallel.link``
         charges an exchange), as (dispatch, aggregation), in a memory group of ``group`` trainers

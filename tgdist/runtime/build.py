@@ -157,7 +157,7 @@ def _validate(cfg: DictConfig) -> Resolved:
                           f"{m.name.upper()} keeps each node's latest mail")
     least = {"train.seed": 0, "train.num_threads": 0, "train.checkpoint_every": 0, "train.num_neg_eval": 0,
              "train.node_class_epochs": 1, "model.static_pretrain_epochs": 0, "sampler.num_threads": 0,
-             "memory.num_threads": 1, "train.patience": 0, "train.eval_every": 1}
+             "train.patience": 0, "train.eval_every": 1}
     for key, bound in least.items():
         value = OmegaConf.select(cfg, key)  # (None: a key of a strategy not chosen)
         if value is not None and value < bound:
@@ -165,11 +165,7 @@ def _validate(cfg: DictConfig) -> Resolved:
     if m.static_pretrain_epochs > 0 and not m.static_memory:
         raise ConfigError(f"model.static_pretrain_epochs={m.static_pretrain_epochs} pre-trains the static node memory, "
                           f"which model.static_memory=false leaves out: add model.static_memory=true")
-    mem = cfg.memory  # (the daemon's keys: only its config class has them)
-    if "timeout" in mem and not 0 < mem.timeout < math.inf:
-        raise ConfigError(f"memory.timeout={mem.timeout}: give a positive, finite number of seconds")
-    if "max_ids" in mem and mem.max_ids is not None and mem.max_ids < 1:
-        raise ConfigError(f"memory.max_ids={mem.max_ids}: give a positive row count, or null")
+    store.check_config(cfg.memory)  # the store's own keys (its config class's), checked by the store
     if model.stores is not None and backend not in model.stores:
         chosen = f"{cfg.memory.backend} ({backend})" if backend != cfg.memory.backend else backend
         raise ConfigError(f"memory.backend={chosen}: {m.name.upper()} keeps its memory in "
