@@ -28,14 +28,19 @@ class Reads(TorchDispatchMode):
 
 
 def case(name, mails, seed=0):
-    """An updater and a read of 300 nodes; ``mails``: "some" (every 5th without), "none", "all"."""
+    """An updater and a read of 300 nodes; ``mails``: "some" (every 5th without), "none", "all".
+    APAN's mailbox has 4 slots, some of them empty in every row that has a mail."""
     torch.manual_seed(seed)
     n, d = 300, 16
-    model = build_model(name, num_nodes=n, mem_dim=d, time_dim=8, edge_dim=3)
+    slots = 4 if name == "apan" else 1
+    model = build_model(name, num_nodes=n, mem_dim=d, time_dim=8, edge_dim=3, mailbox_size=slots)
     mem = torch.randn(n, d)
-    mail = torch.randn(n, 1, model.mail_dim)
+    mail = torch.randn(n, slots, model.mail_dim)
     mem_ts = torch.rand(n, dtype=torch.float64) * 100
-    mail_ts = (mem_ts + torch.rand(n, dtype=torch.float64) * 50).unsqueeze(1)
+    mail_ts = mem_ts.unsqueeze(1) + torch.rand(n, slots, dtype=torch.float64) * 50
+    if slots > 1:  # rows with 1 .. slots mails
+        empty = torch.arange(slots) >= torch.randint(1, slots + 1, (n, 1))
+        mail_ts[empty], mail[empty] = float("-inf"), 0.0
     if mails == "some":
         mail_ts[::5] = float("-inf")
         mail[::5] = 0.0  # as the store keeps an empty slot
@@ -45,9 +50,9 @@ def case(name, mails, seed=0):
     return model.updater, mem, mem_ts, mail, mail_ts
 
 
-def run(updater, mem, mem_ts, mail, mail_ts, sync_free, mem_grad):
+def run(updater, mem, mem_ts, mail, mail_ts, sync_free, mem_grad, fused=False):
     upd = copy.deepcopy(updater)
-    use_cpu_kernels(upd, False)  # the plain formulation, as a GPU runs it
+    use_cpu_kernels(upd, fused)  # the plain formulation, as a GPU runs it (APAN's fused one runs on any device)
     use_sync_free(upd, sync_free)
     leaf = mem.clone().requires_grad_(mem_grad)
     reads = Reads()
@@ -62,16 +67,16 @@ def run(updater, mem, mem_ts, mail, mail_ts, sync_free, mem_grad):
 
 @pytest.mark.parametrize("mem_grad", [False, True])
 @pytest.mark.parametrize("mails", ["some", "all", "none"])
-@pytest.mark.parametrize("name", ["tgn", "jodie"])
-def test_the_sync_free_update_equals_the_plain_one_in_values_and_gradients(name, mails, mem_grad):
+@pytest.mark.parametrize("name, fused", [("tgn", False), ("jodie", False), ("apan", False), ("apan", True)])
+def test_the_sync_free_update_equals_the_plain_one_in_values_and_gradients(name, fused, mails, mem_grad):
     args = case(name, mails)
-    (plain, g_plain, r_plain), (free, g_free, r_free) = (run(*args, sync_free=s, mem_grad=mem_grad)
+    (plain, g_plain, r_plain), (free, g_free, r_free) = (run(*args, sync_free=s, mem_grad=mem_grad, fused=fused)
                                                          for s in (False, True))
     assert r_free == []  # nothing waits for the device, forward and backward
     assert r_plain  # the plain formulation asks the device (the measure sees its reads)
     torch.testing.assert_close(free.mem, plain.mem, rtol=1e-6, atol=1e-6)
     assert torch.equal(free.mem_ts, plain.mem_ts) and torch.equal(free.updated, plain.updated)
-    mem, has = args[1], torch.isfinite(args[4][:, -1])
+    mem, has = args[1], torch.isfinite(args[4]).any(1)
     assert torch.equal(free.mem[~has], mem[~has])  # rows without a mail keep their memory exactly
     for a, b in zip(g_plain, g_free):
         assert b is not None and bool(torch.isfinite(b).all())  # no NaN from the rows without a mail

@@ -221,9 +221,17 @@ class MailboxAttentionUpdater(nn.Module):
     ``[n, D] x [D, mail_dim + time_dim]``-sized products replace the ``[n * S, mail_dim +
     time_dim] x [.., 2 D]`` one, about 8x fewer multiply-adds with 10 slots. ``fused = False``
     (``model.cpu_kernels=false``) is the plain formulation; the tests check both agree.
+
+    Which rows have a mail: on the CPU it asks (``has.any()``, ``nonzero``) and updates those rows
+    alone. A GPU (or the CPU with ``sync_free``) does not wait for those two reads where the store
+    says what it knows (``MemoryRead.empty`` False; None keeps them), as the cell updaters do: the
+    attention runs on every row, a row without a mail gets finite (uniform) weights rather than
+    a softmax of -inf (NaN, which would reach the backward pass), and ``torch.where`` keeps its
+    memory and time. The tests compare values and gradients with the reading path.
     """
 
     fused = True
+    sync_free = False
 
     def __init__(self, mem_dim: int, mail_dim: int, time_dim: int, num_heads: int = 2):
         super().__init__()
@@ -237,22 +245,32 @@ class MailboxAttentionUpdater(nn.Module):
     def forward(self, read: MemoryRead) -> MemoryUpdate:
         valid = torch.isfinite(read.mail_ts)  # [n, S]
         has = valid.any(1)
+        if read.empty:
+            return MemoryUpdate(read.mem, read.mem_ts, has)
+        if read.empty is not None and (read.mem.device.type != "cpu" or self.sync_free):
+            new, newest = self._update(read.mem, read.mail, read.mail_ts, valid)
+            return MemoryUpdate(torch.where(has.unsqueeze(1), new, read.mem), torch.where(has, newest, read.mem_ts), has)
         if not bool(has.any()):
             return MemoryUpdate(read.mem, read.mem_ts, has)
         idx = torch.nonzero(has).squeeze(1)
-        mail, mts, v = read.mail.index_select(0, idx), read.mail_ts.index_select(0, idx), valid.index_select(0, idx)
+        new, newest = self._update(read.mem.index_select(0, idx), read.mail.index_select(0, idx),
+                                   read.mail_ts.index_select(0, idx), valid.index_select(0, idx))
+        return MemoryUpdate(read.mem.index_copy(0, idx, new), read.mem_ts.index_copy(0, idx, newest), has)
+
+    def _update(self, mem: torch.Tensor, mail: torch.Tensor, mts: torch.Tensor,
+                v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The new memory and its time of rows ``mem [n, D]`` with mailboxes ``mail [n, S, ..]``,
+        ``mts [n, S]`` and valid slots ``v``; a row without one gets finite values (-inf time)."""
         newest = torch.where(v, mts, torch.full_like(mts, float("-inf"))).max(1).values
         age = torch.where(v, newest[:, None] - mts, torch.zeros_like(mts)).float()
         phi = self.time_enc(age)
-        mem = read.mem.index_select(0, idx)
         q = self.q(mem)
         if self.fused:
             attn = self._projected_attention(q, mail, phi, v)
         else:
             k, val = self.kv(torch.cat([mail, phi], dim=2)).chunk(2, dim=2)
             attn = _masked_attention(q, k, val, v, self.num_heads)
-        new = self.norm(mem + self.out(attn))
-        return MemoryUpdate(read.mem.index_copy(0, idx, new), read.mem_ts.index_copy(0, idx, newest), has)
+        return self.norm(mem + self.out(attn)), newest
 
     def _projected_attention(self, q: torch.Tensor, mail: torch.Tensor, phi: torch.Tensor,
                              valid: torch.Tensor) -> torch.Tensor:
@@ -265,6 +283,7 @@ class MailboxAttentionUpdater(nn.Module):
         u = torch.einsum("nhd,hdc->nhc", q.view(n, heads, dh), w[0])  # queries in input space
         scores = (torch.bmm(mail, u[:, :, :m].transpose(1, 2)) + torch.bmm(phi, u[:, :, m:].transpose(1, 2)))
         scores = (scores / math.sqrt(dh)).masked_fill(~valid.unsqueeze(-1), float("-inf"))  # [n, S, H]
+        scores = scores.masked_fill(~valid.any(1).view(n, 1, 1), 0.0)  # a row without a mail: uniform, not NaN
         p = torch.softmax(scores, dim=1).transpose(1, 2)  # [n, H, S]; masked slots get exactly 0
         agg_m, agg_t = torch.bmm(p, mail), torch.bmm(p, phi)  # weighted inputs per head
         out = torch.einsum("nhc,hdc->nhd", agg_m, w[1, :, :, :m]) + torch.einsum("nhc,hdc->nhd", agg_t, w[1, :, :, m:])
