@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 QUICK = ["data.max_events=1200", "model.mem_dim=16", "model.time_dim=8", "train.epochs=1", "train.batch_size=100",
          "train.num_neg_eval=4", "train.progress=false"]
@@ -335,11 +336,11 @@ def test_ctrl_c_before_the_run_starts_is_one_line_and_leaves_no_directory(tmp_pa
     one line, and the default run directory already claimed is removed again."""
     from tgdist.cli import train
 
-    def interrupted():
+    def interrupted(full, source):
         raise KeyboardInterrupt
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(train, "_hydra_main", interrupted)
+    monkeypatch.setattr(train, "_start", interrupted)
     monkeypatch.setattr(sys, "argv", ["tgdist train", *QUICK])
     with pytest.raises(SystemExit) as exit_:
         train.main()
@@ -353,12 +354,12 @@ def test_ctrl_c_after_the_run_finished_says_so(tmp_path, monkeypatch, capsys):
     "before the run started"."""
     from tgdist.cli import train
 
-    def finished_then_interrupted():
+    def finished_then_interrupted(full, source):
         train._launch.finished.append(str(tmp_path / "r"))
         raise KeyboardInterrupt
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(train, "_hydra_main", finished_then_interrupted)
+    monkeypatch.setattr(train, "_start", finished_then_interrupted)
     monkeypatch.setattr(sys, "argv", ["tgdist train", *QUICK, f"run_dir={tmp_path / 'r'}"])
     with pytest.raises(SystemExit) as exit_:
         train.main()
@@ -381,6 +382,32 @@ def test_a_run_checks_its_settings_once(tmp_path, monkeypatch, capsys):
     train.main()
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["run_dir"] == str(tmp_path / "r")
     assert len(checked) == 1
+
+
+def test_a_run_composes_its_config_once(tmp_path, monkeypatch, capsys):
+    """One composition per run (Hydra's config loader called once): the one checked before
+    anything is written is the one the run starts with, Hydra's settings included (its run
+    directory, its ``.hydra/`` files), and the command line is left as given."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    from tgdist.cli import train
+
+    composed = []
+    inner = ConfigLoaderImpl.load_configuration
+    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration",
+                        lambda self, *a, **k: composed.append(1) or inner(self, *a, **k))
+    monkeypatch.chdir(tmp_path)
+    argv = ["tgdist train", *QUICK, "train.seed=7"]
+    monkeypatch.setattr(sys, "argv", list(argv))
+    train.main()
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert len(composed) == 1 and sys.argv == argv
+    run = Path(summary["run_dir"])
+    assert run.parent == tmp_path / "runs" and (run / "train.log").read_text().strip()
+    overrides = yaml.safe_load((run / ".hydra" / "overrides.yaml").read_text())
+    assert overrides == [*QUICK, "train.seed=7", f"run_dir='{run}'"]  # the default name, resolved once
+    assert yaml.safe_load((run / ".hydra" / "config.yaml").read_text())["run_dir"] == str(run)
+    assert yaml.safe_load((run / ".hydra" / "hydra.yaml").read_text())["hydra"]["job"]["name"] == "train"
 
 
 def test_a_refused_resume_leaves_the_run_as_it_was(tmp_path):

@@ -1,6 +1,13 @@
 """``tgdist train`` (and ``python -m tgdist.train``): check the command line, claim the run
 directory, run, report; errors and signals as one line and an exit code.
 
+The config of a run is composed once, here, before anything is written, and the run starts with
+it as Hydra's ``@hydra.main`` would start it (``overrides.run_composed``: its logging, run
+directory and ``.hydra/`` files); a ``--multirun`` starts Hydra's sweeper with the overrides
+(``overrides.run_sweep``), and each job trains with its config as composed and checked before
+the sweep. Hydra's own flags (``--cfg``, ``--info``, ``--help``, ``--experimental-rerun``) go to
+``@hydra.main``.
+
 The final JSON summary is the last line of stdout; progress and logs go to stderr.
 """
 
@@ -19,10 +26,10 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
 import tgdist.config  # noqa: F401  (registers the typed schema before Hydra composes)
-from tgdist.config.overrides import precheck_command
+from tgdist.config.overrides import ConfigSource, precheck_command, run_composed, run_sweep
 from tgdist.config import config_dir
 from tgdist.errors import TgdistError, first_line, write_failure
 from tgdist.runtime import rundir
@@ -31,10 +38,10 @@ from tgdist.runtime.rundir import remove_empty_dirs, resume_override
 
 @dataclass
 class _Launch:
-    """What ``main`` learns before Hydra starts, for ``_hydra_main`` and for the way out. Hydra's
-    decorated main takes the config alone, so this one module-level object is how the rest reaches
-    it (the only state Hydra forces to be global here); ``main`` resets it, so a second call in
-    the same process (tests) starts clean."""
+    """What ``main`` learns before Hydra starts, for ``_job`` and for the way out. Hydra's job
+    function takes the config alone, so this one module-level object is how the rest reaches it
+    (the only state Hydra forces to be global here); ``main`` resets it, so a second call in the
+    same process (tests) starts clean."""
 
     # the run directory of each finished run (a sweep has several): an interrupt after it is said so
     finished: list[str] = field(default_factory=list)
@@ -60,9 +67,9 @@ class _Launch:
     held: list[int] = field(default_factory=list)
     # this start as a restart of the run in its folder (``_continue_a_restart``), said in the log
     restart: rundir.Restart | None = None
-    # the config of a run checked before Hydra starts, composed once: the run trains with it (Hydra's
-    # own composition only names its directory), and what its validation resolved, when it was
-    # validated here (a resume: None otherwise, validated once by the run)
+    # the config of a run, composed once and checked before Hydra starts: the run trains with it
+    # (``_start``), and what its validation resolved, when it was validated here (a resume: None
+    # otherwise, validated once by the run)
     cfg: DictConfig | None = None
     choices: object = None
     # a checked sweep's jobs, in order: each one's composed config and what its validation resolved
@@ -104,8 +111,9 @@ def _remove_if_empty_run(run_dir: Path) -> None:
 def _composed(hydra_cfg: DictConfig):
     """The config this Hydra job trains with and what its validation resolved (None: not yet
     validated): the one composed before Hydra started (a run's, or this job's of a checked sweep),
-    so that a config is composed and validated once; else Hydra's, its strategy sections given the
-    classes of the strategies they name (``narrow``), as every composition does."""
+    so that a config is composed and validated once; else Hydra's (``--experimental-rerun``, a
+    sweeper other than Hydra's basic one), its strategy sections given the classes of the
+    strategies they name (``narrow``), as every composition does."""
     from tgdist.config.overrides import narrow
 
     if _launch.sweep_dir is not None and _launch.jobs:
@@ -116,8 +124,8 @@ def _composed(hydra_cfg: DictConfig):
     return hydra_cfg, None
 
 
-@hydra.main(version_base=None, config_path=config_dir(), config_name="train")
-def _hydra_main(cfg: DictConfig) -> None:
+def _job(cfg: DictConfig) -> None:
+    """A run, or a job of a sweep, inside Hydra's job (its ``HydraConfig``, run directory and logging)."""
     from tgdist.distributed.world import detect
     from tgdist.kernels.interrupts import PREEMPTED_EXIT, caused_by_interrupt, hold_interrupts_during_compiles, stopped
     from tgdist.kernels.jit import announce_compiles
@@ -196,6 +204,15 @@ def _hydra_main(cfg: DictConfig) -> None:
         _remove_if_empty_run(run_dir)  # rank 0's run directory holds the results
     # a signal from here on (Hydra's teardown) is not "before the run started"; a stopped run has no run_dir key
     _launch.finished.append(summary.get("run_dir", str(run_dir)))
+
+
+# Hydra's own flags (``--cfg job``, ``--info``, ``--help``): Hydra reads the command line itself
+_hydra_main = hydra.main(version_base=None, config_path=config_dir(), config_name="train")(_job)
+
+
+def _start(full: DictConfig, source: ConfigSource) -> None:
+    """The run, with its config composed once (``full``: with Hydra's settings under ``hydra``)."""
+    run_composed(full, _job, source)
 
 
 def _exit(code: int, world) -> None:
@@ -356,17 +373,16 @@ def _main() -> None:
 
         print(version_line())
         return
-    sys.argv[1:] = _hydra_run_dir_as_run_dir(sys.argv[1:])
-    sys.argv[1:] = _continue_a_restart(sys.argv[1:])
-    if {"-m", "--multirun"} & set(sys.argv[1:]) and detect().world_size > 1:  # each rank would sweep alone
+    argv = _continue_a_restart(_hydra_run_dir_as_run_dir(sys.argv[1:]))
+    if {"-m", "--multirun"} & set(argv) and detect().world_size > 1:  # each rank would sweep alone
         print("tgdist train: error: --multirun inside a parallel job runs the sweep in every rank; sweep with "
               "tgdist launch -- --multirun ... (one launch per job)", file=sys.stderr)
         sys.exit(2)
     load_strategies()  # every store and pipeline with its config class, before the first composition
-    # composed (a resume with its run's config.yaml, given keys on top) and checked here, before
-    # Hydra writes anything into the run directory; the run trains with this config (``_composed``):
-    # Hydra's own composition serves its run directory and records
-    args, cfg, sweep = precheck_command("tgdist train", "train", sys.argv[1:], precheck, __file__)
+    # composed once (a resume with its run's config.yaml, given keys on top) and checked here,
+    # before anything is written into the run directory; the run starts with this config
+    args, full, sweep = precheck_command("tgdist train", "train", argv, precheck, __file__, return_hydra_config=True)
+    cfg = None if full is None else _without_hydra(full)
     if sweep is not None:  # every job's settings are valid; Hydra gets the directory checked here
         _launch.sweep_dir = Path(sweep.dir).absolute()
         _launch.sweep_size, _launch.swept = len(sweep.jobs), sweep.swept
@@ -377,42 +393,70 @@ def _main() -> None:
             _launch.sweep_dir = claim_directory(_launch.sweep_dir)  # a sweep started in the same second has its own
             _launch.new_parents[:] = [_launch.sweep_dir,
                                       *(p for p in _launch.new_parents if p in _launch.sweep_dir.parents)]
-            sys.argv.append(f"hydra.sweep.dir={quoted(str(_launch.sweep_dir))}")
-    elif cfg is not None and not (args.cfg or args.help or args.hydra_help or args.info):  # a run
-        given = override_value(args.overrides, "run_dir") is not None
-        resumed = resumed_run_dir(cfg.train.resume)
-        if resumed is not None and not given:  # continue in place
-            sys.argv.append(f"run_dir={quoted(str(resumed))}")
-            cfg.run_dir, given = str(resumed), True
-        run_dir = Path(cfg.run_dir).absolute()
-        _launch.new_parents[:] = [p for p in run_dir.parents if not p.exists()]
-        _check_run_parent(run_dir)
-        _launch.choices = _check_resume(cfg)
-        _launch.cfg = cfg
-        try:  # every rank: each says it in one line
-            rundir.check_foreign(run_dir, cfg.train.overwrite)
-            rundir.check_replace(run_dir, cfg.train.overwrite, cfg.train.resume)
-        except TgdistError as e:
-            print(f"tgdist train: error: {e}", file=sys.stderr)
-            sys.exit(2)
-        # a name that holds the time (the default) is resolved once, here: Hydra would resolve it again
-        timed = not given or "${" in str(override_value(args.overrides, "run_dir"))
-        _launch.run_dir = run_dir
-        rank = detect().rank
-        if rank > 0:  # writes into rank 0's directory, told when the ranks meet: each rank has its own clock
-            _launch.run_dir = None if timed else run_dir  # (known here only to name it when stopped)
-            _launch.elsewhere = True  # Hydra writes nothing: no .hydra/, its log file is the null device
-            _set_override("hydra.run.dir", quoted(tempfile.gettempdir()))
-            _set_override("hydra.output_subdir", "null")
-            _set_override("hydra.job_logging.handlers.file.filename", quoted(os.devnull))
-        else:
-            if not given:  # the default name: NAME-2 where a run of the same second has NAME
-                _launch.run_dir, _launch.claimed = claim_directory(run_dir), True
-            if timed:
-                _set_override("run_dir", quoted(str(_launch.run_dir)))
-            rundir.claim(_launch.run_dir, cfg.train.overwrite, made=True if _launch.claimed else None)
-            _hold_run_dir(_launch.run_dir)
-    _hydra_main()
+            args.overrides.append(f"hydra.sweep.dir={quoted(str(_launch.sweep_dir))}")
+        run_sweep(args.overrides, _job, ConfigSource.of(args, "train", __file__))
+        return
+    if cfg is None or args.cfg or args.help or args.hydra_help or args.info:  # Hydra's own flags
+        sys.argv[1:] = argv  # (Hydra reads the command line itself)
+        _hydra_main()
+        return
+    given = override_value(args.overrides, "run_dir") is not None
+    resumed = resumed_run_dir(cfg.train.resume)
+    if resumed is not None and not given:  # continue in place
+        _set_run_dir(full, cfg, str(resumed))
+        given = True
+    run_dir = Path(cfg.run_dir).absolute()
+    _launch.new_parents[:] = [p for p in run_dir.parents if not p.exists()]
+    _check_run_parent(run_dir)
+    _launch.choices = _check_resume(cfg)
+    _launch.cfg = cfg
+    try:  # every rank: each says it in one line
+        rundir.check_foreign(run_dir, cfg.train.overwrite)
+        rundir.check_replace(run_dir, cfg.train.overwrite, cfg.train.resume)
+    except TgdistError as e:
+        print(f"tgdist train: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    # a name that holds the time (the default) is resolved once, here: Hydra would resolve it again
+    timed = not given or "${" in str(override_value(args.overrides, "run_dir"))
+    _launch.run_dir = run_dir
+    rank = detect().rank
+    if rank > 0:  # writes into rank 0's directory, told when the ranks meet: each rank has its own clock
+        _launch.run_dir = None if timed else run_dir  # (known here only to name it when stopped)
+        _launch.elsewhere = True  # Hydra writes nothing: no .hydra/, its log file is the null device
+        with open_dict(full.hydra):
+            full.hydra.run.dir = tempfile.gettempdir()
+            full.hydra.output_subdir = None
+            full.hydra.job_logging.handlers.file.filename = os.devnull
+    else:
+        if not given:  # the default name: NAME-2 where a run of the same second has NAME
+            _launch.run_dir, _launch.claimed = claim_directory(run_dir), True
+        if timed:
+            _set_run_dir(full, cfg, str(_launch.run_dir))
+        rundir.claim(_launch.run_dir, cfg.train.overwrite, made=True if _launch.claimed else None)
+        _hold_run_dir(_launch.run_dir)
+    _start(full, ConfigSource.of(args, "train", __file__))
+
+
+def _without_hydra(full: DictConfig) -> DictConfig:
+    """The run's config without Hydra's settings: what the run trains with (as ``run_job`` gives
+    its task a copy of the composed config less ``hydra``)."""
+    import copy
+
+    cfg = copy.deepcopy(full)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg
+
+
+def _set_run_dir(full: DictConfig, cfg: DictConfig, run_dir: str) -> None:
+    """``run_dir`` of the composed run (``hydra.run.dir`` follows it), said among its overrides in
+    ``.hydra/overrides.yaml`` as a command line naming it would have it."""
+    from tgdist.config.overrides import quoted
+
+    full.run_dir = cfg.run_dir = run_dir
+    with open_dict(full.hydra):
+        task = [o for o in full.hydra.overrides.task if o.partition("=")[0].lstrip("+") != "run_dir"]
+        full.hydra.overrides.task = [*task, f"run_dir={quoted(run_dir)}"]
 
 
 def _continue_a_restart(argv: list[str]) -> list[str]:
@@ -437,11 +481,6 @@ def _continue_a_restart(argv: list[str]) -> list[str]:
     _launch.restart = r
     key, value = ("train.resume", quoted(str(r.path))) if r.checkpoint is not None else ("train.overwrite", "true")
     return [a for a in argv if a.partition("=")[0].lstrip("+~") != key] + [f"{key}={value}"]
-
-
-def _set_override(key: str, value: str) -> None:
-    """``key=value`` on the command line Hydra reads, replacing any given value of ``key``."""
-    sys.argv[1:] = [a for a in sys.argv[1:] if a.partition("=")[0].lstrip("+") != key] + [f"{key}={value}"]
 
 
 def _check_sweep_dir(sweep_dir: Path, overwrite: bool) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 import tgdist.config as schema
 from tgdist.config import TrainApp, config_dir, key_notes
@@ -77,6 +77,7 @@ class ConfigSource:
     name: str
     primary: str
     extra: str | None = None
+    job: str = "app"  # Hydra's job name (``hydra.job.name``): the stem of the command's file
 
     @classmethod
     def of(cls, args, config_name: str, app_file: str) -> ConfigSource:
@@ -88,26 +89,29 @@ class ConfigSource:
             primary = given if os.path.isabs(given) or given.startswith("pkg://") else \
                 os.path.normpath(os.path.join(os.path.dirname(os.path.realpath(app_file)), given))
         extra = os.path.abspath(args.config_dir) if args.config_dir is not None else None
-        return cls(args.config_name or config_name, primary, extra)
+        return cls(args.config_name or config_name, primary, extra, Path(app_file).stem)
 
 
-def precheck_overrides(command: str, config_name: str, argv: list[str], source: ConfigSource | None = None):
+def precheck_overrides(command: str, config_name: str, argv: list[str], source: ConfigSource | None = None,
+                       return_hydra_config: bool = False):
     """Compose once to turn a config error (a misspelt key, an unknown group option) into one line
     and exit code 2, instead of Hydra's multi-line report. Returns the composed config (None when
-    ``argv`` holds flags, which are Hydra's to read)."""
+    ``argv`` holds flags, which are Hydra's to read); with ``return_hydra_config``, with Hydra's
+    own settings under ``hydra`` (as Hydra composes a run: ``run_composed`` starts it)."""
     if any(a.startswith("-") for a in argv):
         return None
-    return _compose_or_exit(command, config_name, argv, source=source)
+    return _compose_or_exit(command, config_name, argv, source=source, return_hydra_config=return_hydra_config)
 
 
 def precheck_command(command: str, config_name: str, argv: list[str], validate: Callable[[Any], None],
-                     app_file: str):
+                     app_file: str, return_hydra_config: bool = False):
     """What a Hydra command checks before Hydra starts. Parses the flags as Hydra would (a bad flag
     exits 2 with argparse's message), then checks the overrides against the config the flags name
     (``ConfigSource``; ``app_file`` holds the command's ``@hydra.main``): composed once for a run,
     or, with ``--multirun``, every job composed and passed to ``validate`` (see
     ``precheck_sweep``). Returns ``(args, cfg, sweep_dir)``: ``cfg`` is the composed config of a
-    run (None for sweeps), and both are None for a rerun or shell completion, left to Hydra."""
+    run (None for sweeps; with Hydra's settings under ``hydra`` given ``return_hydra_config``), and
+    both are None for a rerun or shell completion, left to Hydra."""
     from hydra._internal.utils import get_args_parser
 
     if {"--version", "-V"} & set(argv):  # tgdist's, not Hydra's, wherever the flag stands
@@ -141,7 +145,7 @@ def precheck_command(command: str, config_name: str, argv: list[str], validate: 
         raise SystemExit(0)
     if args.multirun and not args.hydra_help:
         return args, None, precheck_sweep(command, config_name, args.overrides, validate, source)
-    return args, precheck_overrides(command, config_name, args.overrides, source), None
+    return args, precheck_overrides(command, config_name, args.overrides, source, return_hydra_config), None
 
 
 @dataclass
@@ -384,10 +388,8 @@ def _composed_type(cls: type) -> type:
     return schema.section_schema(group) if group else cls
 
 
-def _start_hydra(source: ConfigSource) -> None:
-    """Hydra's global state for ``source``, with the search path ``@hydra.main`` builds from
-    ``--config-path`` and ``--config-dir``."""
-    from hydra._internal.hydra import Hydra
+def _search_path(source: ConfigSource):
+    """The search path ``@hydra.main`` builds from ``--config-path`` and ``--config-dir``."""
     from hydra._internal.utils import create_config_search_path
     from hydra.core.config_search_path import SearchPathQuery
 
@@ -399,7 +401,53 @@ def _start_hydra(source: ConfigSource) -> None:
             raise ConfigError(f"--config-dir {source.extra}: no such directory")
         search_path.prepend(provider="command-line", path=f"file://{source.extra}",
                             anchor=SearchPathQuery(provider="schema"))
-    Hydra.create_main_hydra2(task_name="app", config_search_path=search_path)
+    return search_path
+
+
+def _start_hydra(source: ConfigSource):
+    """Hydra's global state for ``source`` (its search path, its job name); returns the ``Hydra``."""
+    from hydra._internal.hydra import Hydra
+
+    return Hydra.create_main_hydra2(task_name=source.job, config_search_path=_search_path(source))
+
+
+def run_composed(full, task: Callable[[Any], Any], source: ConfigSource) -> None:
+    """Start a run as Hydra's ``@hydra.main`` starts one (its logging, its run directory and
+    ``.hydra/`` files, ``hydra.job.chdir``, its callbacks; ``hydra.core.utils.run_job``, the
+    function Hydra's own launchers call), with ``full``: the run's config, composed once before
+    (``precheck_command``), with Hydra's settings under ``hydra``. ``task`` gets the config
+    without them, as ``@hydra.main``'s function does; an exception it raises is raised here."""
+    from hydra._internal.callbacks import Callbacks
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.utils import configure_log, run_job
+    from hydra.types import HydraContext, RunMode
+
+    with open_dict(full.hydra):
+        full.hydra.mode = RunMode.RUN
+    configure_log(full.hydra.hydra_logging, full.hydra.verbose)  # (Hydra's own lines, as its run)
+    callbacks = Callbacks(full)
+    callbacks.on_run_start(config=full, config_name=source.name)
+    loader = ConfigLoaderImpl(config_search_path=_search_path(source))
+    ret = run_job(hydra_context=HydraContext(config_loader=loader, callbacks=callbacks), task_function=task,
+                  config=full, job_dir_key="hydra.run.dir", job_subdir_key=None, configure_logging=True)
+    callbacks.on_run_end(config=full, config_name=source.name, job_return=ret)
+    _ = ret.return_value  # raises the task's exception
+
+
+def run_sweep(overrides: list[str], task: Callable[[Any], Any], source: ConfigSource) -> None:
+    """Start a ``--multirun`` with Hydra's sweeper and launcher (``hydra.sweeper``,
+    ``hydra/launcher=...``), as ``@hydra.main`` does, given the overrides rather than through
+    ``sys.argv``. The sweeper composes each job for its own records (the job's directory and
+    overrides); ``task`` trains with the job's config composed and checked before the sweep
+    started (``precheck_sweep``)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    try:
+        _start_hydra(source).multirun(config_name=source.name, task_function=task, overrides=overrides,
+                                      with_log_configuration=True)
+    finally:
+        GlobalHydra.instance().clear()
 
 
 def _unresolvable(cfg, config_name: str = "train") -> str | None:
