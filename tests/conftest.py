@@ -19,6 +19,27 @@ DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
 
 
 @pytest.fixture(autouse=True)
+def _logging_as_it_was():
+    """The root logger's handlers and level as before the test: a run started in the test's process
+    (``train.main()``) sets Hydra's logging, whose console handler writes to the ``sys.stderr`` of
+    that moment, a test's captured stream; left behind, a later test's log line hit that closed
+    stream ("--- Logging error ---" in the next test's stderr)."""
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    for h in root.handlers[:]:
+        if h not in handlers:
+            root.removeHandler(h)
+            h.close()
+    for h in handlers:
+        if h not in root.handlers:
+            root.addHandler(h)
+    root.setLevel(level)
+
+
+@pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch) -> Path:
     """Every test gets its own empty ``$TGDIST_CACHE``, so no test writes to ~/.cache."""
     cache = tmp_path_factory.mktemp("tgdist-cache")
