@@ -215,7 +215,7 @@ def _validate(cfg: DictConfig) -> Resolved:
     if not (0 <= d.val_frac < 1 and 0 <= d.test_frac < 1 and d.val_frac + d.test_frac < 1):
         raise ConfigError(f"data.val_frac={d.val_frac}, data.test_frac={d.test_frac}: each must be in [0, 1) "
                           f"and their sum below 1 (the rest is the training part)")
-    if t.eval == "tgb" and d.format != "tgb":
+    if t.eval == "tgb" and not readers.carries_protocol(d.format):
         raise ConfigError(f"train.eval=tgb ranks each event against the negatives a TGB data set ships, and "
                           f"data.format={d.format} ships none: use data=tgb data.name=tgbl-... (or train.eval=tgdist)")
     if t.save_scores and t.eval != "tgb":

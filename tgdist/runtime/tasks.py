@@ -10,6 +10,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from tgdist.data import readers
 from tgdist.data.graph import NodeLabels, Split, TemporalGraph, class_targets, label_classes, label_ranges
 from tgdist.errors import ConfigError
 from tgdist.models.modules import MLPClassifier
@@ -39,7 +40,7 @@ def check_evaluation(cfg, graph: TemporalGraph, split: Split) -> None:
 def _empty_part(cfg, graph: TemporalGraph, split: Split, part: str) -> str:
     n, m, name = graph.num_events, cfg.data.max_events, cfg.data.name or graph.name
     cut = m is not None and n >= m  # data.max_events cut the stream (the graph kept m events)
-    if cfg.data.format == "tgb":
+    if readers.carries_protocol(cfg.data.format):  # (TGB's: its split by time, its negatives for those events)
         if cut:
             return (f"data=tgb: data.max_events={m} keeps the first {n:,} events of {name}, and none of them is in "
                     f"TGB's {part} part (its split is by time over the whole data set, and its negatives are for "

@@ -64,6 +64,8 @@ class Reader:
     comes from ``load(cfg)``, made from the config's own keys (the generator, TGB's data sets).
     ``reads_columns``: ``data.columns`` names its fields. ``ready_made``: the file holds a finished
     graph, read by ``read`` without parsing (and without hashing when the cache is off).
+    ``carries_protocol``: the data set comes with its own evaluation protocol, a split by time and
+    the negatives to rank each val and test event against (TGB's; ``train.eval=tgb`` reads them).
     """
 
     name: str = ""
@@ -74,6 +76,7 @@ class Reader:
     from_config: bool = False
     reads_columns: bool = False
     ready_made: bool = False
+    carries_protocol: bool = False
 
     def sniff(self, path: Path) -> bool:
         """Whether ``path`` (an existing file or folder) is in this format, for ``format=auto``:
@@ -133,6 +136,12 @@ def check_format(name: str) -> None:
     """``data.format`` is ``auto`` or a registered reader; else one line naming the choices."""
     if str(name) != "auto" and str(name) not in names():
         raise ConfigError(f"data.format={name}: choose one of auto, {', '.join(names())}")
+
+
+def carries_protocol(name: str) -> bool:
+    """Whether ``data.format=name`` reads a data set with its own split and negatives (``auto``
+    never does: such data sets are named, not sniffed)."""
+    return str(name) != "auto" and get(name).carries_protocol
 
 
 def get(name: str) -> Reader:

@@ -13,6 +13,7 @@ class TGB(Reader):
     describes = "a TGB data set"
     takes_path = False
     from_config = True
+    carries_protocol = True  # TGB's split and its negatives for the val and test events
 
     def check(self, cfg) -> None:
         tgb.check_name(cfg.name)
