@@ -116,6 +116,7 @@ def test_pipelining_paired_differences(monkeypatch):
         accuracy_rows([run("none", 0, 0.70), run("none", 0, 0.71)])
 
 
+@pytest.mark.slow
 def test_scale_build_and_gather_print_their_figures(tmp_path):
     """The two quick sections of ``scale.py`` on a tiny stream: the build's peak against the entry it
     wrote, with its progress lines, and the gather timed three ways over the same batches."""

@@ -59,6 +59,7 @@ def test_an_unknown_option_of_a_key_is_one_line_naming_the_options(tmp_path, bad
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_options_read_as_plain_names_in_the_run_files(tmp_path):
     r = tgdist("train", *QUICK, "model=jodie", "memory=local", "train.lr_scaling=sqrt", "data.time_unit=s",
                f"run_dir={tmp_path / 'run'}", cwd=tmp_path)
@@ -78,6 +79,7 @@ def test_bad_data_path_leaves_nothing_behind(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_reader_warnings_are_log_lines(tmp_path):
     """Not Python's ``file:line: UserWarning`` report with a line of tgdist's code under it."""
     rows = [f"{i % 7},{7 + i % 5},{i}" for i in range(300)]
@@ -178,6 +180,7 @@ def _assert_stopped_keeping_the_checkpoint(run, rc: int, err: str, code: int, wo
     assert "Traceback" not in err and not list(run.glob("checkpoints/.*.tmp"))
 
 
+@pytest.mark.slow
 def test_sigterm_stops_like_ctrl_c(tmp_path):
     """``kill``, SLURM's time limit, ``docker stop``: exit 143 (128 + SIGTERM) and the same line
     as Ctrl-C, instead of dying with no word while a checkpoint may be half written."""
@@ -244,6 +247,7 @@ def test_a_task_the_data_has_no_labels_for_is_the_only_line(tmp_path):
         assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_a_resumed_run_continues_in_its_own_directory(tmp_path):
     """``train.resume=RUN_DIR``, as the Ctrl-C line says: the run went on in a new default
     directory, leaving RUN_DIR with the partial run; it now continues in RUN_DIR."""
@@ -258,6 +262,7 @@ def test_a_resumed_run_continues_in_its_own_directory(tmp_path):
     assert r.returncode == 0 and json.loads(r.stdout.strip().splitlines()[-1])["run_dir"] == str(run)
 
 
+@pytest.mark.slow
 def test_ctrl_c_then_the_printed_command_ends_as_the_uninterrupted_run(tmp_path):
     """The Ctrl-C line's command alone resumes with the run's own config.yaml: the run composed
     the defaults again and refused the checkpoint (data.max_events: 1200 vs None); given that key,
@@ -551,6 +556,7 @@ def test_sweep_runs_one_job_per_value(tmp_path):
     assert (sweep / "1" / "summary.json").exists() and (sweep / "multirun.yaml").exists()
 
 
+@pytest.mark.slow
 def test_a_sweep_started_with_another_gets_its_own_folder(tmp_path):
     from datetime import datetime, timedelta
 
@@ -637,6 +643,7 @@ def test_a_job_failing_mid_sweep_is_named_and_the_jobs_before_it_are_kept(tmp_pa
     assert len(r.stdout.splitlines()) == 1 and sorted(p.name for p in sweep.iterdir()) == ["0", "multirun.yaml"]
 
 
+@pytest.mark.slow
 def test_second_attention_layer_shows_in_the_run_name(tmp_path):
     r = tgdist("train", "model=tgat2", *QUICK, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -762,6 +769,7 @@ def test_a_users_config_directory_is_checked_like_the_default(tmp_path):
     assert [p.name for p in (tmp_path / "runs").iterdir()] == ["a"]
 
 
+@pytest.mark.slow
 def test_help_lists_the_group_options_of_a_users_config_directory(tmp_path):
     """``--help`` listed only the options under tgdist's configs/, not those a run could pick from
     the user's ``--config-dir``."""
@@ -872,6 +880,7 @@ def test_names_too_long_for_the_file_system_are_one_line(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"{'y' * 250}.csv"]
 
 
+@pytest.mark.slow
 def test_closed_or_unwritable_standard_streams(tmp_path):
     """``2>&-`` failed every run (progress and log lines wrote to None); ``>/dev/full`` after a
     finished run was a traceback; ``NUMBA_NUM_THREADS=0`` stopped every command in numba's import."""

@@ -535,6 +535,7 @@ def doubt_line(path, distinct: int, first: str, last: str, many: str) -> str:
             f"data.strict_columns=false (tgdist data: --columns src,dst,t,feat) to read column 3 as the time")
 
 
+@pytest.mark.slow
 def test_a_rating_read_as_the_time_stops_the_run_in_one_line(tmp_path, cache_dir):
     snap_csv(tmp_path / "otc.csv")
     before = tree_data(tmp_path, cache_dir)
@@ -544,6 +545,7 @@ def test_a_rating_read_as_the_time_stops_the_run_in_one_line(tmp_path, cache_dir
     assert tree_data(tmp_path, cache_dir) == before  # no run directory, no cache entry
 
 
+@pytest.mark.slow
 def test_the_suggested_columns_train(tmp_path):
     snap_csv(tmp_path / "otc.csv")
     r = tgdist("train", "data=file", "data.path=otc.csv", "data.columns='src,dst,feat,t'", *QUICK,
@@ -554,6 +556,7 @@ def test_the_suggested_columns_train(tmp_path):
     assert "column 3, read as the time" not in r.stderr
 
 
+@pytest.mark.slow
 def test_strict_columns_false_trains_with_a_warning(tmp_path):
     snap_csv(tmp_path / "otc.csv")
     r = tgdist("train", "data=file", "data.path=otc.csv", "data.strict_columns=false", *QUICK,

@@ -91,12 +91,12 @@ def test_same_signal_one_event_earlier_is_learned():
     assert best_val_ap("previous") > 0.7
 
 
-@pytest.mark.parametrize("staleness", [1, 3])
+@pytest.mark.parametrize("staleness", [1, pytest.param(3, marks=pytest.mark.slow)])
 def test_mspipe_learns_no_signal_from_the_current_event(tmp_path, staleness):
     assert best_val_ap("current", staleness=staleness, run_dir=tmp_path / "r") < 0.6
 
 
-@pytest.mark.parametrize("staleness", [1, 3])
+@pytest.mark.parametrize("staleness", [1, pytest.param(3, marks=pytest.mark.slow)])
 def test_mspipe_still_learns_the_signal_one_event_earlier(tmp_path, staleness):
     """(the previous event's edge feature reaches the root through neighbour sampling, which
     staleness leaves alone, so the test keeps its power under MSPipe)"""
@@ -111,5 +111,6 @@ def test_signal_in_the_current_event_is_not_learned_with_the_embedding_cache():
     assert best_val_ap("current", cached=True) < 0.6
 
 
+@pytest.mark.slow
 def test_same_signal_one_event_earlier_is_learned_with_the_embedding_cache():
     assert best_val_ap("previous", cached=True) > 0.7

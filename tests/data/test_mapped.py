@@ -188,6 +188,7 @@ def _two_machines(tmp_path: Path, caches: tuple[Path, Path]) -> list[dict]:
     return [{"stamps": len(s)} for s in stamps], manifests
 
 
+@pytest.mark.slow
 def test_two_machines_sharing_a_cache_folder_build_it_once(tmp_path):
     """A shared file system (most clusters): both machines see one cache folder. One process of one
     machine builds the entry; the other machine's ranks wait, check it once (their machine's

@@ -32,6 +32,7 @@ def test_auto_threads_follow_the_affinity_mask(tmp_path):
     assert int(r.stdout) == len(os.sched_getaffinity(0))
 
 
+@pytest.mark.slow
 def test_train_defaults_to_the_cpus_it_may_use(tmp_path):
     r = on_one_cpu(["-m", "tgdist", "train", *QUICK, f"run_dir={tmp_path / 'a'}"], tmp_path)
     assert r.returncode == 0, r.stderr

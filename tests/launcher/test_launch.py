@@ -339,7 +339,8 @@ def test_nproc_is_checked_against_the_default_layout(capsys):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGINT, marks=pytest.mark.slow)],
+                         ids=["SIGTERM", "SIGINT"])
 def test_a_signal_is_forwarded_and_nothing_is_left(tmp_path, sig):
     proc = subprocess.Popen([sys.executable, "-m", "tgdist", "launch", "--nproc", "2", "--master-port", str(free_port()),
                              "--module", "tests.launcher.probe", "--", "--sleep", "120", "--out", str(tmp_path)],

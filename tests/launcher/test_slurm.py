@@ -144,6 +144,7 @@ def test_the_preemption_signal_checkpoints_after_the_iteration_under_way(tmp_pat
     assert rundir.restarted(tmp_path / "r", env={}).iteration == 4  # its marker: the next start resumes
 
 
+@pytest.mark.slow
 def test_a_job_that_stops_on_the_signal_is_requeued(slurm_cluster, tmp_path):
     """srun_direct.sbatch with a stand-in task that exits 75 on SIGUSR1 at its first start: the
     batch shell passes the signal on, requeues the job, and its next start sees

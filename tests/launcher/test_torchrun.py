@@ -57,6 +57,7 @@ def test_destroy_frees_every_group_and_names_one_kept_elsewhere(tmp_path):
     assert "process groups memory are still referenced after destroy" in res.stderr
 
 
+@pytest.mark.slow
 def test_torchrun_two_nodes_on_loopback(tmp_path):
     """Two torchrun agents (--nnodes 2, node ranks 0 and 1) meeting at one c10d endpoint, two
     processes each: a 2 x 1 x 2 layout, one memory group per "machine"."""

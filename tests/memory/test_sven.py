@@ -431,6 +431,7 @@ def test_2x1x2_two_memory_groups_each_partitioned(tmp_path):
     _check_runs(ranks, [[0, 1], [2, 3]], formulas=False)
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_tgdist_train_with_sven_on_an_artifact_reports_what_depcache_does(tmp_path):
     """The command line end to end: sven placed by a `tgdist partition` artifact (range here, any
@@ -479,6 +480,7 @@ def test_1x2x1_sven_with_epoch_parallelism_is_depcache_bit_for_bit(tmp_path):
     _check_links_against_partitioner(ranks, ("model=tgn",), 1, 2)
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_2x2x1_sven_with_both_parallelisms_is_depcache_bit_for_bit(tmp_path):
     ranks = _probe(tmp_path, 4, "model=apan", "parallel.i=2", "parallel.j=2", "train.epochs=2", "train.lr=1e-3",
@@ -491,6 +493,7 @@ def test_2x2x1_sven_with_both_parallelisms_is_depcache_bit_for_bit(tmp_path):
 # Sven's pipelining on the partitioned stores (tgdist.runtime.pipeline)
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_2x1x1_micro_batches_and_prefetch_on_every_store(tmp_path):
     """Each store with 3 micro-batches against itself with one, at DepComm's tiny learning rate

@@ -186,7 +186,7 @@ def _killed_mid_write(tmp_path, name, common, pause_spec, wait_for, nproc=1, che
     return d
 
 
-@pytest.mark.parametrize("wait_for", ["rank-0.pt", "memory-0.pt"])
+@pytest.mark.parametrize("wait_for", [pytest.param("rank-0.pt", marks=pytest.mark.slow), "memory-0.pt"])
 def test_a_process_killed_mid_write_resumes_from_the_previous_complete_checkpoint(tmp_path, wait_for):
     """SIGKILL while iteration 8's checkpoint is written (after its rank file, or after its memory
     too, before last.pt names them): last.pt names iteration 4's, which a resume takes; the next
@@ -207,6 +207,7 @@ def test_a_process_killed_mid_write_resumes_from_the_previous_complete_checkpoin
     assert sorted(p.name for p in (d / "checkpoints").iterdir() if p.name.startswith("it")) == ["it00000022"]
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_a_parallel_checkpoint_is_committed_only_after_every_ranks_parts(tmp_path):
     """2 x 1 x 1: rank 1's writer is slow at iteration 4 (it sleeps before its file); rank 0's

@@ -629,6 +629,7 @@ def _read_is(got: list, ids, state: dict | None, where) -> bool:
     return True
 
 
+@pytest.mark.slow
 def test_mini_batch_parallelism_on_depcache_reads_what_the_staleness_says(tmp_path):
     """mspipe at 2 x 1 x 1 on depcache memory (its stage threads read the replica while the main
     thread runs the collectives): staleness 0 is the plain parallel run bit for bit (losses, memory

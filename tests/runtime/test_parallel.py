@@ -91,7 +91,8 @@ def test_asynchronous_allreduce_of_2x1x1_averages_as_1x1x1_with_the_batch_of_bot
     assert a["losses"][0][:first + 1] == pytest.approx([(x + y) / 2 for x, y in zip(r0, r1)][:first + 1], rel=1e-4)
 
 
-@pytest.mark.parametrize("layout,nproc,epochs", [pytest.param("1,1,2", 2, 2, marks=pytest.mark.slow), ("1,2,1", 2, 2),
+@pytest.mark.parametrize("layout,nproc,epochs", [pytest.param("1,1,2", 2, 2, marks=pytest.mark.slow),
+                                                 pytest.param("1,2,1", 2, 2, marks=pytest.mark.slow),
                                                  pytest.param("2,1,2", 4, 2, marks=pytest.mark.slow)])  # ~17, 18, 30 s
 def test_torchrun_layouts_train_every_event_the_expected_number_of_times(tmp_path, layout, nproc, epochs):
     i, j, k = layout.split(",")
@@ -167,9 +168,12 @@ def _leftovers(tag: str) -> list[str]:
     return out
 
 
-@pytest.mark.parametrize("layout,nproc,backend", [("1,1,2", 2, "auto"), ("1,2,1", 2, "auto"), ("2,1,1", 2, "sven"),
+@pytest.mark.parametrize("layout,nproc,backend", [("1,1,2", 2, "auto"),  # the default suite's one; ~30-40 s each
+                                                  pytest.param("1,2,1", 2, "auto", marks=pytest.mark.slow),
+                                                  pytest.param("2,1,1", 2, "sven", marks=pytest.mark.slow),
                                                   pytest.param("2,1,1", 2, "depcomm", marks=pytest.mark.slow),
-                                                  ("1,2,1", 2, "auto:pipeline.mode=mspipe,pipeline.staleness=2")])
+                                                  pytest.param("1,2,1", 2, "auto:pipeline.mode=mspipe,"
+                                                               "pipeline.staleness=2", marks=pytest.mark.slow)])
 def test_sigkill_of_a_trainer_then_resume_finishes_with_the_same_metrics(tmp_path, layout, nproc, backend):
     """A trainer SIGKILLed mid-run: every process exits within 30 s, the failure names the rank,
     nothing is left running; resuming from the last checkpoint (every memory copy or shard, every
@@ -202,6 +206,7 @@ def test_sigkill_of_a_trainer_then_resume_finishes_with_the_same_metrics(tmp_pat
         assert got[key] == expected[key], key
 
 
+@pytest.mark.slow
 def test_a_finished_parallel_run_keeps_its_model_and_resumes_to_its_results(tmp_path):
     """Without train.checkpoint_every a parallel run still leaves checkpoints/last.pt (the trained
     model) at its end; resuming it reports the same results without training. Resuming with another
@@ -257,7 +262,10 @@ def test_a_parallel_run_stopped_after_some_batches_ends_on_every_rank(tmp_path):
     assert "Traceback" not in r.stderr and sorted(p.name for p in tmp_path.iterdir()) == ["a"]
 
 
-@pytest.mark.parametrize("layout,nproc", [("2,1,1", 2), pytest.param("1,2,1", 2, marks=pytest.mark.slow)])  # ~37 s each
+# ~27-37 s each: slow; the default suite compares the stores in tests/memory/test_sven.py (2 x 1 x 1)
+# and tests/runtime/test_run.py (one process)
+@pytest.mark.slow
+@pytest.mark.parametrize("layout,nproc", [("2,1,1", 2), ("1,2,1", 2)])
 def test_daemon_and_depcache_backends_give_identical_runs(tmp_path, layout, nproc):
     """DistTGL's memory daemon (shared memory, one server process per group) and DepCache
     (replicas kept equal by all-gathered writes) are two implementations of one memory copy per

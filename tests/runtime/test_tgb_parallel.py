@@ -35,7 +35,9 @@ def load_whole(path, tr) -> None:
     tr.memory.load_state_dict(whole)
 
 
-@pytest.mark.parametrize("layout, backend", [("2,1,1", "depcache"), ("2,1,1", "sven"), ("2,1,1", "daemon"),
+@pytest.mark.parametrize("layout, backend", [("2,1,1", "depcache"),
+                                             pytest.param("2,1,1", "sven", marks=pytest.mark.slow),
+                                             pytest.param("2,1,1", "daemon", marks=pytest.mark.slow),
                                              pytest.param("2,1,1", "depcomm", marks=pytest.mark.slow),
                                              pytest.param("1,2,1", "depcache", marks=pytest.mark.slow),
                                              pytest.param("1,1,2", "local", marks=pytest.mark.slow)])
