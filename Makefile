@@ -1,7 +1,7 @@
 # The two set-up commands of the README:
 #   make train   install, then train TGN on the embedded CollegeMsg data with the demo's settings (DEMO_ARGS)
 #   make test    install with test extras, then run the test suite less the tests marked slow (what CI
-#                runs; about 47 CPU-minutes: docs/training.md, "Tests"); make test-all runs the slow ones too
+#                runs; about 30 CPU-minutes: docs/training.md, "Tests"); make test-all runs the slow ones too
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 
