@@ -192,7 +192,8 @@ def test_a_restart_loop_is_one_line_and_exit_2(tmp_path):
 @pytest.mark.slow
 def test_a_killed_rank_restarts_the_group_which_resumes_to_the_uninterrupted_results(tmp_path):
     """``tgdist launch --max-restarts 1``: rank 1 SIGKILLed at iteration 9; torchrun restarts both
-    ranks, which resume from the checkpoint of iteration 8 on their own and end with the results
+    ranks, which resume from the last complete checkpoint on their own (iteration 8's, or 4's when
+    the kill came while iteration 8's was still written in the background) and end with the results
     of an uninterrupted run; the log says which restart resumed from where."""
     import json
     import os
@@ -209,11 +210,12 @@ def test_a_killed_rank_restarts_the_group_which_resumes_to_the_uninterrupted_res
                     env={**env, "TGDIST_FAULT_KILL": "1:9"}, cwd=tmp_path)
     cut.check()
     ckpt = tmp_path / "cut" / "checkpoints" / "last.pt"
-    assert f"restart 1 (torchrun restart) resumed from {ckpt} at iteration 8" in cut.stderr, cut.stderr[-3000:]
+    [at] = [json.loads(x)["iteration"] for x in (tmp_path / "cut" / ".tgdist-restarts").read_text().splitlines()]
+    assert at in (4, 8) and f"restart 1 (torchrun restart) resumed from {ckpt} at iteration {at}" in cut.stderr, \
+        cut.stderr[-3000:]
     expected, got = json.loads(full.stdout.strip().splitlines()[-1]), json.loads(cut.stdout.strip().splitlines()[-1])
     for key in ("loss", "traversed_events", "val_ap", "test_ap", "test_mrr"):
         assert got[key] == expected[key], key
-    assert [json.loads(x)["iteration"] for x in (tmp_path / "cut" / ".tgdist-restarts").read_text().splitlines()] == [8]
     assert "TGDIST_FAULT_KILL" not in os.environ
 
 

@@ -410,6 +410,8 @@ def _main() -> None:
     _check_run_parent(run_dir)
     _launch.choices = _check_resume(cfg)
     _launch.cfg = cfg
+    if given and detect().rank == 0 and run_dir.is_dir():  # a run still going holds it: said before what it holds
+        _hold_run_dir(run_dir)
     try:  # every rank: each says it in one line
         rundir.check_foreign(run_dir, cfg.train.overwrite)
         rundir.check_replace(run_dir, cfg.train.overwrite, cfg.train.resume)
@@ -433,7 +435,8 @@ def _main() -> None:
         if timed:
             _set_run_dir(full, cfg, str(_launch.run_dir))
         rundir.claim(_launch.run_dir, cfg.train.overwrite, made=True if _launch.claimed else None)
-        _hold_run_dir(_launch.run_dir)
+        if not _launch.held:  # (a directory given and there is held since the check above)
+            _hold_run_dir(_launch.run_dir)
     _start(full, ConfigSource.of(args, "train", __file__))
 
 

@@ -412,9 +412,10 @@ def restarted(path: Path, env=None) -> Restart | None:
     path = Path(path).absolute()
     found = _restart_key(env)
     marker = path / REQUEUE_MARKER
-    if found is None and not marker.is_file():
-        return None
-    if not is_run_dir(path):
+    try:
+        if (found is None and not marker.is_file()) or not is_run_dir(path):
+            return None
+    except OSError:  # a name too long for the file system, say: the run's own checks say it in one line
         return None
     if found is None:  # started by hand (or by a scheduler that counts nothing) after a preemption
         try:
