@@ -410,7 +410,8 @@ def _main() -> None:
     _check_run_parent(run_dir)
     _launch.choices = _check_resume(cfg)
     _launch.cfg = cfg
-    if given and detect().rank == 0 and run_dir.is_dir():  # a run still going holds it: said before what it holds
+    rank = detect().rank
+    if given and rank == 0 and run_dir.is_dir():  # a run still going holds it: said before what it holds
         _hold_run_dir(run_dir)
     try:  # every rank: each says it in one line
         rundir.check_foreign(run_dir, cfg.train.overwrite)
@@ -421,7 +422,6 @@ def _main() -> None:
     # a name that holds the time (the default) is resolved once, here: Hydra would resolve it again
     timed = not given or "${" in str(override_value(args.overrides, "run_dir"))
     _launch.run_dir = run_dir
-    rank = detect().rank
     if rank > 0:  # writes into rank 0's directory, told when the ranks meet: each rank has its own clock
         _launch.run_dir = None if timed else run_dir  # (known here only to name it when stopped)
         _launch.elsewhere = True  # Hydra writes nothing: no .hydra/, its log file is the null device
