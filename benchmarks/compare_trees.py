@@ -5,9 +5,11 @@
 
 For each data set, ``tgdist train data=NAME train.epochs=1`` (plus the given overrides) runs from
 each tree in turn (``PYTHONPATH`` set to the tree, a fresh process each, before and after
-alternating, so drift in the machine's speed falls on both alike). The figure is the summary's
-``train_events_per_s`` (kernel compiling left out); the ratio after / before is taken pair by pair
-and its median reported. Prints one JSON object; progress on stderr.
+alternating, so drift in the machine's speed falls on both alike). The figures are the summary's
+``train_events_per_s`` (kernel compiling left out) and the training events per CPU-second
+(``train_cpu_seconds``: the time the process ran, which another program taking a core away does not
+lengthen, as it lengthens the wall-clock time); the ratio after / before is taken pair by pair and
+its median reported. Prints one JSON object; progress on stderr.
 """
 
 from __future__ import annotations
@@ -24,14 +26,17 @@ from pathlib import Path
 from common import DATASETS, at_least, emit, machine, note, run_main
 
 
-def train(tree: Path, data: str, overrides: list[str], run_dir: str, timeout: float) -> float:
+def train(tree: Path, data: str, overrides: list[str], run_dir: str, timeout: float) -> tuple[float, float]:
+    """Training events per second and per CPU-second of one run."""
     env = {**os.environ, "PYTHONPATH": str(tree), "TGDIST_DATASETS": str(DATASETS)}
     cmd = [sys.executable, "-m", "tgdist", "train", f"data={data}", "train.epochs=1", "train.progress=false",
            f"run_dir={run_dir}", *overrides]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=tree)
     if r.returncode != 0:
         raise RuntimeError(f"{tree}: exit {r.returncode}: {r.stderr.strip().splitlines()[-1:]}")
-    return float(json.loads(r.stdout.strip().splitlines()[-1])["train_events_per_s"])
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    rate = float(summary["train_events_per_s"])
+    return rate, rate * float(summary["train_seconds"]) / float(summary["train_cpu_seconds"])
 
 
 def main():
@@ -51,20 +56,26 @@ def main():
            "data": {}}
     with tempfile.TemporaryDirectory(prefix="tgdist-compare-") as tmp:
         for data in args.data:
-            rates = {"before": [], "after": []}
+            rates, per_cpu = {"before": [], "after": []}, {"before": [], "after": []}
             for rep in range(args.reps):
                 order = ("before", "after") if rep % 2 == 0 else ("after", "before")
                 for name in order:
-                    rate = train(trees[name], data, args.overrides, os.path.join(tmp, f"{data}-{rep}-{name}"),
-                                 args.timeout)
+                    rate, cpu_rate = train(trees[name], data, args.overrides,
+                                           os.path.join(tmp, f"{data}-{rep}-{name}"), args.timeout)
                     rates[name].append(rate)
-                    note(f"{data} rep {rep} {name}: {rate:,.0f} events/s")
-            ratios = [a / b for a, b in zip(rates["after"], rates["before"])]
-            out["data"][data] = {"events_per_s": rates,
+                    per_cpu[name].append(cpu_rate)
+                    note(f"{data} rep {rep} {name}: {rate:,.0f} events/s, {cpu_rate:,.0f} events/CPU-s")
+            out["data"][data] = {"events_per_s": rates, "events_per_cpu_s": per_cpu,
                                  "median_events_per_s": {k: statistics.median(v) for k, v in rates.items()},
-                                 "after_over_before": {"pairs": ratios, "median": statistics.median(ratios),
-                                                       "min": min(ratios), "max": max(ratios)}}
+                                 "after_over_before": _ratios(rates),
+                                 "after_over_before_per_cpu_s": _ratios(per_cpu)}
     emit(out)
+
+
+def _ratios(figures: dict[str, list[float]]) -> dict:
+    """after / before pair by pair, with their median, least and greatest."""
+    ratios = [a / b for a, b in zip(figures["after"], figures["before"])]
+    return {"pairs": ratios, "median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
 
 
 if __name__ == "__main__":

@@ -353,3 +353,55 @@ def test_the_presets_that_name_a_strategy_are_found():
     """What the test above covers: the stores' presets and MSPipe's."""
     assert {(g, p) for g, p, _ in _presets()} >= {("memory", "daemon"), ("memory", "sven"), ("memory", "local"),
                                                    ("memory", "depcomm"), ("memory", "depcache"), ("pipeline", "mspipe")}
+
+
+_CHOICE_CHECK = '''
+import pickle, sys
+K = Choice("K", "tgn jodie")
+K.add("toy")
+K.add("toy")  # (twice: once)
+assert K["toy"] is K("toy") is K.toy and K.toy.value == "toy" and str(K.toy) == "toy" and f"{K.toy:>4}" == " toy"
+assert [m.value for m in K] == ["tgn", "jodie", "toy"] and list(K.__members__) == ["tgn", "jodie", "toy"]
+assert isinstance(K.toy, K) and K.toy == "toy" and K.toy in K and len(K) == 3
+assert pickle.loads(pickle.dumps(K.toy)) is K.toy
+K.drop("toy")
+assert [m.value for m in K] == ["tgn", "jodie"] and "toy" not in K.__members__ and not hasattr(K, "toy")
+for lookup in (lambda: K["toy"], lambda: K("toy")):
+    try:
+        lookup()
+        raise SystemExit("toy is still an option")
+    except (KeyError, ValueError):
+        pass
+print(sys.version_info[:2])
+'''
+
+
+def _pythons() -> list[str]:
+    """This interpreter and any other CPython 3.10-3.13 on the machine (pyenv's, or on PATH; not
+    pyenv's shims, which run only the versions a project selects)."""
+    import shutil
+    import sys
+
+    found = {sys.executable}
+    for minor in range(10, 14):
+        found.update(p for p in [shutil.which(f"python3.{minor}"),
+                                 *map(str, Path.home().glob(f".pyenv/versions/3.{minor}.*/bin/python"))]
+                     if p and "/shims/" not in p)
+    return sorted(found)
+
+
+def test_an_option_added_to_a_choice_is_one_on_every_python():
+    """``Choice.add`` extends an Enum through its internals (Python has no public way), which
+    changed in 3.12: the option is found by name, by value, as an attribute, in iteration and
+    after pickling, and ``drop`` takes it back, on each Python the package supports that this
+    machine has (``requires-python >= 3.10``; the class alone, which needs only ``enum``)."""
+    import inspect
+    import subprocess
+
+    source = "from enum import Enum\n\n" + inspect.getsource(Choice) + _CHOICE_CHECK
+    seen = set()
+    for python in _pythons():
+        r = subprocess.run([python, "-c", source], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, f"{python}: {r.stderr.strip().splitlines()[-1:]}"
+        seen.add(r.stdout.strip())
+    assert seen  # (at least this interpreter's)

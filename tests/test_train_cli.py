@@ -415,6 +415,64 @@ def test_a_run_composes_its_config_once(tmp_path, monkeypatch, capsys):
     assert yaml.safe_load((run / ".hydra" / "hydra.yaml").read_text())["hydra"]["job"]["name"] == "train"
 
 
+def test_a_sweep_composes_each_config_once(tmp_path, monkeypatch, capsys):
+    """A sweep of two jobs composes three configs (the sweep's, which Hydra's sweeper reads, and
+    each job's, checked before the first job starts), where it composed nine before (the sweep's
+    and a job's twice, each job's three times: checked, then by Hydra's sweeper to validate its
+    batch and by its launcher); and what Hydra records of the sweep (``multirun.yaml``, each
+    job's ``.hydra/`` files) and the jobs' results are those of the same sweep with Hydra
+    composing each job's config itself, which is run here too (but for a job's
+    ``.hydra/config.yaml``, which is a run's: its strategy sections narrowed)."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    from tgdist.cli import train
+    from tgdist.config import overrides
+
+    composed = []
+    inner = ConfigLoaderImpl.load_configuration
+    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration",
+                        lambda self, *a, **k: composed.append(1) or inner(self, *a, **k))
+    monkeypatch.chdir(tmp_path)
+
+    def sweep(name: str):
+        composed.clear()
+        argv = ["tgdist train", "--multirun", *QUICK, "train.seed=3,4", f"hydra.sweep.dir={tmp_path / name}"]
+        monkeypatch.setattr(sys, "argv", list(argv))
+        train.main()
+        summaries = [json.loads(ln) for ln in capsys.readouterr().out.strip().splitlines()]
+        assert sys.argv == argv and [s["run_dir"] for s in summaries] == [str(tmp_path / name / n) for n in "01"]
+        files = {p.relative_to(tmp_path / name): p.read_text().replace(str(tmp_path / name), "SWEEP")
+                 for p in sorted((tmp_path / name).rglob("*.yaml"))}
+        return len(composed), files, [s["test_ap"] for s in summaries]
+
+    ours = sweep("ours")
+    monkeypatch.setattr(overrides._ComposedJobs, "load_sweep_config", ConfigLoaderImpl.load_sweep_config)
+    hydras = sweep("hydras")
+    assert ours[0] == 3 and hydras[0] == 7  # (each job composed twice more by Hydra's sweeper and launcher)
+    assert len(ours[1]) == 9 and ours[1].keys() == hydras[1].keys()  # multirun.yaml; 4 files of each job
+    for name in ours[1]:
+        if name.parts[-2:-1] != (".hydra",) or name.name != "config.yaml":
+            assert ours[1][name] == hydras[1][name], name
+            continue
+        # the job's config as a run's: its strategy sections as the strategy reads them (``narrow``),
+        # where Hydra's own keeps the other strategies' keys, at their defaults
+        mine, theirs = (_flat(yaml.safe_load(f[1][name])) for f in (ours, hydras))
+        assert mine == {k: v for k, v in theirs.items() if k in mine}, name
+        assert {k.split(".")[0] for k in theirs.keys() - mine.keys()} <= {"memory", "pipeline"}, name
+    assert ours[2] == hydras[2] and ours[2][0] != ours[2][1]  # the seed swept: each job trained its own config
+    job = yaml.safe_load(ours[1][Path("1/.hydra/hydra.yaml")])["hydra"]
+    assert job["job"]["num"] == 1 and job["overrides"]["task"][-1] == "train.seed=4"
+    assert job["mode"] == "MULTIRUN" and job["sweep"]["dir"] == "SWEEP"
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    """``{"a": {"b": 1}}`` as ``{"a.b": 1}``."""
+    out = {}
+    for k, v in tree.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) and v else {f"{prefix}{k}": v})
+    return out
+
+
 def test_a_refused_resume_leaves_the_run_as_it_was(tmp_path):
     """Checked before Hydra writes .hydra/ into the run directory, which is often the checkpoint's."""
     run = tmp_path / "r"

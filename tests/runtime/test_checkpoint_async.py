@@ -46,6 +46,35 @@ def test_a_host_copy_is_a_copy_into_buffers_kept_from_one_save_to_the_next():
         ("memory", "ts", 0)] and torch.equal(copied["mem"], live)
 
 
+_TEAMS = """
+import os, threading, torch
+from tgdist.runtime.checkpoint import Staging
+torch.set_num_threads(2)
+torch.ones(1 << 20).mul_(2)  # the training thread's OpenMP team
+def threads(): return len(os.listdir("/proc/self/task"))
+def in_thread(f):
+    t = threading.Thread(target=f); t.start(); t.join()
+base = threads()
+in_thread(lambda: Staging().reserve({"memory": {"mem": torch.empty(1 << 20), "ts": torch.empty(1 << 18, dtype=torch.float64),
+                                                "seen": torch.empty(1 << 16, dtype=torch.bool)}}))
+reserve = threads() - base
+in_thread(lambda: torch.empty(1 << 20).zero_())
+print(reserve, threads() - base - reserve)
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts the process's threads in /proc")
+def test_reserving_the_staging_buffers_in_the_writer_thread_starts_no_openmp_team():
+    """The writer thread touches the staging pages while training starts. A torch op there (as
+    ``zero_`` did) starts a second OpenMP team that stays for the run (its threads counted here),
+    and the training then ran at 0.78x on 2 cores (restructuring_speed.md); ``reserve`` adds no
+    thread, where the torch op beside it adds its team."""
+    r = subprocess.run([sys.executable, "-c", _TEAMS], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    reserve, torch_op = map(int, r.stdout.split())
+    assert reserve == 0 and torch_op >= 1
+
+
 def test_the_writer_raises_a_failed_write_at_the_next_wait_and_skips_the_rest():
     writer, done = checkpoint.Writer(), []
 

@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 import tgdist
-from tgdist.config.overrides import precheck_command
+from tgdist.config.overrides import ConfigSource, precheck_command, run_composed, run_sweep
 from tgdist.config import PartitionConfig, PartitionJob, config_dir, register_schemas
 from tgdist.data.load import load_data
 from tgdist.errors import ConfigError, TgdistError, log_warnings_as_lines
@@ -137,8 +137,8 @@ def run(job: PartitionJob) -> Path:
     return out
 
 
-@hydra.main(version_base=None, config_path=config_dir(), config_name="partition_job")
-def _hydra_main(cfg) -> None:
+def _job(cfg) -> None:
+    """The partitioning, inside Hydra's job (a run, or a job of a sweep)."""
     from tgdist.kernels.interrupts import hold_interrupts_during_compiles
     from tgdist.kernels.jit import announce_compiles
 
@@ -156,9 +156,22 @@ def _hydra_main(cfg) -> None:
         sys.exit(2)
 
 
+# Hydra's own flags (``--cfg job``, ``--info``, ``--help``): Hydra reads the command line itself
+_hydra_main = hydra.main(version_base=None, config_path=config_dir(), config_name="partition_job")(_job)
+
+
 def main() -> None:
-    precheck_command("tgdist partition", "partition_job", sys.argv[1:], lambda cfg: validate(cfg.partition), __file__)
-    _hydra_main()
+    """The overrides checked and the config composed once, then the job started with it as
+    Hydra's ``@hydra.main`` starts one (a sweep: its config and each job's composed once)."""
+    args, full, sweep = precheck_command("tgdist partition", "partition_job", sys.argv[1:],
+                                         lambda cfg: validate(cfg.partition), __file__, return_hydra_config=True)
+    source = ConfigSource.of(args, "partition_job", __file__) if args is not None else None
+    if sweep is not None:
+        run_sweep(sweep, _job, source)
+    elif full is not None:
+        run_composed(full, _job, source)
+    else:
+        _hydra_main()
 
 
 if __name__ == "__main__":

@@ -3,9 +3,9 @@ directory, run, report; errors and signals as one line and an exit code.
 
 The config of a run is composed once, here, before anything is written, and the run starts with
 it as Hydra's ``@hydra.main`` would start it (``overrides.run_composed``: its logging, run
-directory and ``.hydra/`` files); a ``--multirun`` starts Hydra's sweeper with the overrides
-(``overrides.run_sweep``), and each job trains with its config as composed and checked before
-the sweep. Hydra's own flags (``--cfg``, ``--info``, ``--help``, ``--experimental-rerun``) go to
+directory and ``.hydra/`` files); a ``--multirun`` composes the sweep's config and each job's
+once, checks every job, and starts Hydra's sweeper and launcher with them
+(``overrides.run_sweep``). Hydra's own flags (``--cfg``, ``--info``, ``--help``, ``--experimental-rerun``) go to
 ``@hydra.main``.
 
 The final JSON summary is the last line of stdout; progress and logs go to stderr.
@@ -29,7 +29,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, open_dict
 
 import tgdist.config  # noqa: F401  (registers the typed schema before Hydra composes)
-from tgdist.config.overrides import ConfigSource, precheck_command, run_composed, run_sweep
+from tgdist.config.overrides import ConfigSource, precheck_command, run_composed, run_sweep, without_hydra
 from tgdist.config import config_dir
 from tgdist.errors import TgdistError, first_line, write_failure
 from tgdist.runtime import rundir
@@ -349,7 +349,7 @@ def main() -> None:
 
 def _main() -> None:
     """Check the overrides (and the run directory) before Hydra starts, then hand over to it."""
-    from tgdist.config.overrides import override_value, quoted, resumed_run_dir
+    from tgdist.config.overrides import override_value, resumed_run_dir
     from tgdist.distributed.world import detect
     from tgdist.runtime.rundir import claim_directory
 
@@ -382,7 +382,7 @@ def _main() -> None:
     # composed once (a resume with its run's config.yaml, given keys on top) and checked here,
     # before anything is written into the run directory; the run starts with this config
     args, full, sweep = precheck_command("tgdist train", "train", argv, precheck, __file__, return_hydra_config=True)
-    cfg = None if full is None else _without_hydra(full)
+    cfg = None if full is None else without_hydra(full)
     if sweep is not None:  # every job's settings are valid; Hydra gets the directory checked here
         _launch.sweep_dir = Path(sweep.dir).absolute()
         _launch.sweep_size, _launch.swept = len(sweep.jobs), sweep.swept
@@ -393,8 +393,8 @@ def _main() -> None:
             _launch.sweep_dir = claim_directory(_launch.sweep_dir)  # a sweep started in the same second has its own
             _launch.new_parents[:] = [_launch.sweep_dir,
                                       *(p for p in _launch.new_parents if p in _launch.sweep_dir.parents)]
-            args.overrides.append(f"hydra.sweep.dir={quoted(str(_launch.sweep_dir))}")
-        run_sweep(args.overrides, _job, ConfigSource.of(args, "train", __file__))
+            sweep.set_dir(str(_launch.sweep_dir))
+        run_sweep(sweep, _job, ConfigSource.of(args, "train", __file__))
         return
     if cfg is None or args.cfg or args.help or args.hydra_help or args.info:  # Hydra's own flags
         sys.argv[1:] = argv  # (Hydra reads the command line itself)
@@ -438,17 +438,6 @@ def _main() -> None:
         if not _launch.held:  # (a directory given and there is held since the check above)
             _hold_run_dir(_launch.run_dir)
     _start(full, ConfigSource.of(args, "train", __file__))
-
-
-def _without_hydra(full: DictConfig) -> DictConfig:
-    """The run's config without Hydra's settings: what the run trains with (as ``run_job`` gives
-    its task a copy of the composed config less ``hydra``)."""
-    import copy
-
-    cfg = copy.deepcopy(full)
-    with open_dict(cfg):
-        del cfg["hydra"]
-    return cfg
 
 
 def _set_run_dir(full: DictConfig, cfg: DictConfig, run_dir: str) -> None:

@@ -5,14 +5,16 @@ call these; the schema itself is ``tgdist.config``."""
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 import tgdist.config as schema
@@ -152,11 +154,26 @@ def precheck_command(command: str, config_name: str, argv: list[str], validate: 
 class Sweep:
     """A ``--multirun`` checked before Hydra starts: its directory (resolved once; the default
     names the time, which Hydra would resolve again), its jobs (the overrides of each) and the
-    keys it sweeps, which an error in a job names it by."""
+    keys it sweeps, which an error in a job names it by; the sweep's config as Hydra's sweeper
+    reads it (``master``: composed for a multirun, the swept keys left to the jobs) and each
+    job's config (``composed``, checked; both with Hydra's settings under ``hydra``), which
+    ``run_sweep`` starts the sweep with, so that nothing is composed twice."""
 
     dir: str
     jobs: list[list[str]]
     swept: list[str]
+    master: DictConfig | None = None
+    composed: list[DictConfig] = field(default_factory=list)
+
+    def set_dir(self, path: str) -> None:
+        """The sweep's directory given as ``hydra.sweep.dir=PATH`` would give it: in the sweep's
+        settings and each job's, and among their Hydra overrides (``multirun.yaml``,
+        ``.hydra/hydra.yaml``)."""
+        self.dir = path
+        for cfg in (self.master, *self.composed):
+            with open_dict(cfg.hydra):
+                cfg.hydra.sweep.dir = path
+                cfg.hydra.overrides.hydra.append(f"hydra.sweep.dir={quoted(path)}")
 
 
 def precheck_sweep(command: str, config_name: str, overrides: list[str], validate: Callable[[Any], None],
@@ -165,35 +182,51 @@ def precheck_sweep(command: str, config_name: str, overrides: list[str], validat
     makes the sweep directory, so a bad value fails in one line with exit 2 before any job runs,
     rather than in job N after the jobs before it. The jobs are those of Hydra's basic sweeper:
     the config's ``hydra.sweeper.params``, then the command line's overrides. None when a sweeper
-    plugin (``hydra/sweeper=optuna``, once its config is found) is left to expand the sweep."""
+    plugin (``hydra/sweeper=optuna``, once its config is found) is left to expand the sweep.
+    The sweep's config and each job's are composed once, here (``Sweep``)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
     try:
-        fixed = [o.input_line for o in OverridesParser.create().parse_overrides(overrides) if not o.is_sweep_override()]
+        OverridesParser.create().parse_overrides(overrides)
     except OverrideParseException as e:
         _exit_with(command, unreadable_override(e, config_name))
-    hydra_cfg = _compose_or_exit(command, config_name, fixed, return_hydra_config=True, source=source).hydra
-    if not str(hydra_cfg.sweeper.get("_target_", "")).endswith(".BasicSweeper"):
+    if override_value(overrides, "hydra.mode") is None:
+        overrides = [*overrides, "hydra.mode=MULTIRUN"]  # (as Hydra's own --multirun adds it)
+    master = _compose_or_exit(command, config_name, overrides, return_hydra_config=True, source=source,
+                              multirun=True)
+    if not str(master.hydra.sweeper.get("_target_", "")).endswith(".BasicSweeper"):
         return None
-    params = [f"{k}={v}" for k, v in (hydra_cfg.sweeper.get("params") or {}).items()]
-    jobs, swept = sweep_jobs(command, config_name, params + list(overrides), validate, source)
-    return Sweep(str(hydra_cfg.sweep.dir), jobs, swept)
+    params = [f"{k}={v}" for k, v in (master.hydra.sweeper.get("params") or {}).items()]
+    jobs, swept = _expand(command, config_name, params + list(overrides))
+    if params:  # the sweep's own fixed values were not composed with the sweep's config
+        _compose_or_exit(command, config_name, [a for a in jobs[0] if a.partition("=")[0] not in swept],
+                         source=source)
+    composed = check_jobs(command, config_name, jobs, swept, validate, source, return_hydra_config=True)
+    return Sweep(str(master.hydra.sweep.dir), jobs, swept, master, composed)
 
 
 def sweep_jobs(command: str, config_name: str, overrides: list[str], validate: Callable[[Any], None] | None,
                source: ConfigSource | None = None) -> tuple[list[list[str]], list[str]]:
     """The jobs of a sweep as Hydra's basic sweeper expands it (lists ``a,b``, ``range(...)``,
     ``choice(...)``; one job per combination) and the swept keys. With ``validate``, every job is
-    composed and validated first; an error is one line on stderr and exit code 2, naming the job
-    when the swept values cause it."""
+    composed and validated first (``check_jobs``), after the values the jobs share."""
+    jobs, swept = _expand(command, config_name, overrides)
+    if validate is not None:
+        _compose_or_exit(command, config_name, [a for a in jobs[0] if a.partition("=")[0] not in swept],
+                         source=source)
+        check_jobs(command, config_name, jobs, swept, validate, source)
+    return jobs, swept
+
+
+def _expand(command: str, config_name: str, overrides: list[str]) -> tuple[list[list[str]], list[str]]:
+    """The jobs of Hydra's basic sweeper for ``overrides`` and the swept keys; an override it
+    cannot read or run is one line on stderr and exit code 2."""
     import sys
 
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException, OverrideParseException
-
-    from tgdist.errors import ConfigError, DataError
 
     try:
         parsed = OverridesParser.create().parse_overrides(overrides)
@@ -209,17 +242,27 @@ def sweep_jobs(command: str, config_name: str, overrides: list[str], validate: C
                else str(e).strip().splitlines()[0])
         print(f"{command}: error: {msg}", file=sys.stderr)
         sys.exit(2)
-    swept = [o.get_key_element() for o in parsed if o.is_sweep_override()]
-    if validate is None:
-        return jobs, swept
-    _compose_or_exit(command, config_name, [a for a in jobs[0] if a.partition("=")[0] not in swept], source=source)
-    failed = []  # (job number, swept values, message)
+    return jobs, [o.get_key_element() for o in parsed if o.is_sweep_override()]
+
+
+def check_jobs(command: str, config_name: str, jobs: list[list[str]], swept: list[str],
+               validate: Callable[[Any], None], source: ConfigSource | None = None,
+               return_hydra_config: bool = False) -> list[DictConfig]:
+    """Every job composed once and validated (``validate`` gets the config without Hydra's
+    settings); the composed configs, in order. An error is one line on stderr and exit code 2,
+    naming the job when the swept values cause it."""
+    import sys
+
+    from tgdist.errors import ConfigError, DataError
+
+    composed, failed = [], []  # failed: (job number, swept values, message)
     for num, job in enumerate(jobs):
         where = swept_values(job, swept)
         cfg = _compose_or_exit(command, config_name, job, where=f"sweep job #{num}: {where}" if where else "",
-                               source=source)
+                               return_hydra_config=return_hydra_config, source=source)
+        composed.append(cfg)
         try:
-            validate(cfg)
+            validate(without_hydra(cfg) if return_hydra_config else cfg)
         except (ConfigError, DataError) as e:
             failed.append((num, where, str(e)))
     if failed:
@@ -228,7 +271,16 @@ def sweep_jobs(command: str, config_name: str, overrides: list[str], validate: C
             msg += f" (sweep job #{num}: {where})"
         print(f"{command}: error: {msg}", file=sys.stderr)
         sys.exit(2)
-    return jobs, swept
+    return composed
+
+
+def without_hydra(full: DictConfig) -> DictConfig:
+    """A composed config without Hydra's settings: what a run trains with (as Hydra's ``run_job``
+    gives its task a copy of the composed config less ``hydra``)."""
+    cfg = copy.deepcopy(full)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg
 
 
 def swept_values(job: list[str], swept: list[str]) -> str:
@@ -256,13 +308,14 @@ def jobs_not_run(num: int, total: int) -> str:
 
 
 def _compose_or_exit(command: str, config_name: str, overrides: list[str], where: str = "",
-                     return_hydra_config: bool = False, source: ConfigSource | None = None):
+                     return_hydra_config: bool = False, source: ConfigSource | None = None,
+                     multirun: bool = False):
     """The composed config; on a config error, one line on stderr (``where`` appended in
     parentheses) and exit code 2."""
     from tgdist.errors import ConfigError
 
     try:
-        return checked_compose(overrides, config_name, return_hydra_config, source)
+        return checked_compose(overrides, config_name, return_hydra_config, source, multirun)
     except ConfigError as e:
         _exit_with(command, str(e) + (f" ({where})" if where else ""))
 
@@ -276,11 +329,13 @@ def _exit_with(command: str, message: str) -> None:
 
 
 def checked_compose(overrides: list[str], config_name: str = "train", return_hydra_config: bool = False,
-                    source: ConfigSource | None = None):
+                    source: ConfigSource | None = None, multirun: bool = False):
     """Hydra's composed config (of ``source``, tgdist's own ``config_name`` by default), refusing
     what Hydra would accept silently (``+key`` not in the schema, a deleted key) and turning
     Hydra's errors, and interpolations that do not resolve, into one-line ``ConfigError``s that
-    name the key."""
+    name the key. With ``multirun``, the config of a sweep as Hydra composes it for its sweeper
+    (swept keys left at their defaults, the overrides listed under ``hydra.overrides``; Hydra's
+    settings always included)."""
     from hydra import compose as hcompose
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
@@ -303,8 +358,13 @@ def checked_compose(overrides: list[str], config_name: str = "train", return_hyd
                           f"instead")
     GlobalHydra.instance().clear()
     try:
-        _start_hydra(source)
-        cfg = hcompose(config_name=source.name, overrides=overrides, return_hydra_config=return_hydra_config)
+        hydra = _start_hydra(source)
+        if multirun:
+            from hydra.types import RunMode
+
+            cfg = hydra.compose_config(source.name, overrides, run_mode=RunMode.MULTIRUN, from_shell=False)
+        else:
+            cfg = hcompose(config_name=source.name, overrides=overrides, return_hydra_config=return_hydra_config)
     except (HydraException, OmegaConfBaseException, ValueError) as e:  # ValueError: model=null, say
         raise ConfigError(_hydra_error_line(e, config_name)) from None
     finally:
@@ -434,20 +494,63 @@ def run_composed(full, task: Callable[[Any], Any], source: ConfigSource) -> None
     _ = ret.return_value  # raises the task's exception
 
 
-def run_sweep(overrides: list[str], task: Callable[[Any], Any], source: ConfigSource) -> None:
-    """Start a ``--multirun`` with Hydra's sweeper and launcher (``hydra.sweeper``,
-    ``hydra/launcher=...``), as ``@hydra.main`` does, given the overrides rather than through
-    ``sys.argv``. The sweeper composes each job for its own records (the job's directory and
-    overrides); ``task`` trains with the job's config composed and checked before the sweep
-    started (``precheck_sweep``)."""
+def run_sweep(sweep: Sweep, task: Callable[[Any], Any], source: ConfigSource) -> None:
+    """Start a checked ``--multirun`` as ``@hydra.main`` starts one (its logging and callbacks,
+    Hydra's sweeper and launcher: ``hydra.sweeper``, ``hydra/launcher=...``, ``multirun.yaml``
+    and each job's folder and ``.hydra/`` files), with the sweep's config and each job's as
+    composed and checked before (``precheck_sweep``): a launcher asking for a job's config gets
+    that one (``_ComposedJobs``), so each is composed once. ``task`` gets a job's config
+    without Hydra's settings; an exception it raises is raised here."""
+    from hydra._internal.callbacks import Callbacks
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.plugins import Plugins
+    from hydra.core.utils import configure_log
+    from hydra.types import HydraContext
 
+    master = sweep.master
     GlobalHydra.instance().clear()
     try:
-        _start_hydra(source).multirun(config_name=source.name, task_function=task, overrides=overrides,
-                                      with_log_configuration=True)
+        _start_hydra(source)  # (Hydra's global state, which its launchers carry to their jobs)
+        configure_log(master.hydra.hydra_logging, master.hydra.verbose)
+        callbacks = Callbacks(master)
+        callbacks.on_multirun_start(config=master, config_name=source.name)
+        jobs = {_task_overrides(job): cfg for job, cfg in zip(sweep.jobs, sweep.composed)}
+        loader = _ComposedJobs(_search_path(source), jobs)
+        sweeper = Plugins.instance().instantiate_sweeper(
+            config=master, hydra_context=HydraContext(config_loader=loader, callbacks=callbacks), task_function=task)
+        sweeper.sweep(arguments=OmegaConf.to_container(master.hydra.overrides.task, resolve=False))
+        callbacks.on_multirun_end(config=master, config_name=source.name)
     finally:
         GlobalHydra.instance().clear()
+
+
+def _task_overrides(job: list[str]) -> tuple[str, ...]:
+    """The overrides of a job as Hydra's sweeper hands them to its launcher: Hydra's own
+    (``hydra.*``, ``hydra/...=``) are the sweep's, not the job's."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return tuple(o.input_line for o in OverridesParser.create().parse_overrides(job) if not o.is_hydra_override())
+
+
+class _ComposedJobs(ConfigLoaderImpl):
+    """Hydra's config loader for a sweep whose jobs were composed (and checked) before it
+    started: the launcher's request for a job's config (``load_sweep_config``, also in a job's
+    own process under a launcher such as submitit's, which carries the loader there) returns that
+    config, with the sweep's values that Hydra copies into each job (``OmegaConf.copy_cache``:
+    the resolved time of the sweep's folder name). A job it was not given (a sweeper plugin's)
+    is composed as Hydra composes it."""
+
+    def __init__(self, config_search_path, jobs: dict[tuple[str, ...], DictConfig]):
+        super().__init__(config_search_path=config_search_path)
+        self.jobs = jobs
+
+    def load_sweep_config(self, master_config: DictConfig, sweep_overrides: list[str]) -> DictConfig:
+        job = self.jobs.get(tuple(sweep_overrides))
+        if job is None:
+            return super().load_sweep_config(master_config, sweep_overrides)
+        job = copy.deepcopy(job)  # (the launcher sets the job's number and folder on it)
+        OmegaConf.copy_cache(from_config=master_config, to_config=job)
+        return job
 
 
 def _unresolvable(cfg, config_name: str = "train") -> str | None:

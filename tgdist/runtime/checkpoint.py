@@ -398,7 +398,7 @@ class Staging:
         """Allocate and touch the buffers ``host_copy(state, self, key)`` will fill (their page
         faults paid here, in the writer thread, not by the first save). Reads shapes only."""
         if isinstance(state, torch.Tensor):
-            self.buffer(key, state).zero_()
+            _touch(self.buffer(key, state))
         elif isinstance(state, dict):
             for k, v in state.items():
                 self.reserve(v, (*key, k))
@@ -412,6 +412,16 @@ class Staging:
     @property
     def nbytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self._buffers.values())
+
+
+def _touch(buf: torch.Tensor) -> None:
+    """Write every page of ``buf`` (zeros) with one thread and no torch op. It runs in the writer
+    thread, beside training: a torch op there (``zero_``) started a second OpenMP team in the
+    process, and from then on the training's own team ran slower for the whole run (TGN on
+    Wikipedia, 2 threads on 2 cores: 0.78x the events/s, 4 pairs; its threads woke twice as often;
+    benchmarks/results/restructuring_speed.md). NumPy's fill starts no team."""
+    if buf.numel():
+        buf.reshape(-1).view(torch.uint8).numpy().fill(0)
 
 
 def host_copy(obj, staging: Staging | None = None, key: tuple = ()):
