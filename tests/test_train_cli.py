@@ -465,6 +465,22 @@ def test_a_sweep_composes_each_config_once(tmp_path, monkeypatch, capsys):
     assert job["mode"] == "MULTIRUN" and job["sweep"]["dir"] == "SWEEP"
 
 
+@pytest.mark.slow
+def test_a_sweep_through_submitits_launcher_runs_each_job_in_its_own_process(tmp_path):
+    """Hydra's submitit launcher carries the sweep's config loader, with each job's checked
+    config, to the job's own process, where it is unpickled before tgdist has registered its
+    strategies: the section classes those configs hold (``AnyMemoryConfig``) are built there on
+    demand, and both jobs train."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    sweep = tmp_path / "sweep"
+    r = tgdist("train", "--multirun", *QUICK, "train.seed=3,4", "hydra/launcher=submitit_local",
+               f"hydra.sweep.dir={sweep}", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    aps = [json.loads((sweep / n / "summary.json").read_text())["test_ap"] for n in "01"]
+    assert all(0 < ap <= 1 for ap in aps) and aps[0] != aps[1]
+    assert yaml.safe_load((sweep / "1" / ".hydra" / "overrides.yaml").read_text())[-1] == "train.seed=4"
+
+
 def _flat(tree: dict, prefix: str = "") -> dict:
     """``{"a": {"b": 1}}`` as ``{"a.b": 1}``."""
     out = {}

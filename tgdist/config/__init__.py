@@ -486,8 +486,11 @@ def _section_of(cls: type) -> str | None:
 def union_schema(group: str) -> type:
     """One dataclass with every key of every registered strategy of ``group`` (the section's
     class when none is registered): what Hydra composes the section against, before the chosen
-    strategy's class replaces it. Rebuilt when a strategy registers; named ``Any<Section>`` in
-    this module (a config holding it pickles)."""
+    strategy's class replaces it. Rebuilt when a strategy registers; named ``Any<Section>``,
+    here and in ``tgdist.runtime.build``, the module it pickles as: a config holding it is
+    unpickled in a fresh process (a job of Hydra's submitit launcher) by importing that module,
+    which registers the strategies, and so builds the class, before handing it out (this layer
+    imports no strategy)."""
     import dataclasses
 
     key, base = SECTIONS[group]
@@ -496,7 +499,7 @@ def union_schema(group: str) -> type:
         return base
     name = f"Any{base.__name__}"
     union = dataclasses.make_dataclass(name, [], bases=tuple(reversed(classes)))
-    union.__module__, union.__qualname__ = __name__, name
+    union.__module__, union.__qualname__ = "tgdist.runtime.build", name
     union.__doc__ = f"Every key of the registered {group} strategies ({', '.join(_OPTIONS[group])})."
     globals()[name] = union
     _UNIONS[group] = union

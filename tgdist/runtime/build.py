@@ -15,6 +15,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from tgdist import memory, plugins, version_line, wait_policy
+import tgdist.config as schema_module
 from tgdist.config import TrainApp, model_tag, parse_count_or_auto
 from tgdist.config.overrides import checked_compose, counts_or_auto
 from tgdist.data.graph import (
@@ -413,6 +414,18 @@ def compose(overrides: list[str] | None = None, config_name: str = "train",
     ``validate``, which returns the resolved choices."""
     load_strategies()
     return checked_compose(list(overrides or []), config_name, return_hydra_config)
+
+
+def __getattr__(name: str):
+    """``Any<Section>``, the union config class of a strategy section (``tgdist.config.union_schema``),
+    which a composed config names when it is pickled: in a process that unpickles one (a job of
+    Hydra's submitit launcher), the strategies are registered first, which builds it."""
+    if name.startswith("Any"):
+        load_strategies()
+        found = getattr(schema_module, name, None)
+        if isinstance(found, type):
+            return found
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def load_strategies() -> None:
