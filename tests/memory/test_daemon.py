@@ -80,9 +80,10 @@ def ts(v: float, n: int = 1) -> torch.Tensor:
 def test_layouts_are_aligned_and_deterministic():
     lay = ctl_layout(3, 10)
     assert [f.offset % 64 for f in lay.fields] == [0] * len(lay.fields)
-    assert [(f.name, f.offset) for f in lay.fields] == [("hdr", 0), ("ctl", 512), ("bells", 896),
-                                                         ("msg", 1152), ("trace", 5248)]
-    assert lay.size == 5248 + 10 * 3 * 8 + 16  # 240 bytes of trace rounded up to 256
+    # ctl: 3 trainers x 17 status words x 8 bytes = 408, rounded up to 448
+    assert [(f.name, f.offset) for f in lay.fields] == [("hdr", 0), ("ctl", 512), ("bells", 960),
+                                                         ("msg", 1216), ("trace", 5312)]
+    assert lay.size == 5312 + 10 * 3 * 8 + 16  # 240 bytes of trace rounded up to 256
     assert ctl_layout(3, 10) == lay
     assert segment_names("r1", 2, 2) == ["tgdist-r1-g2-ctl", "tgdist-r1-g2-state", "tgdist-r1-g2-t0", "tgdist-r1-g2-t1"]
 
@@ -116,19 +117,28 @@ SMALL = ["data.max_events=1500", "model.mem_dim=16", "model.time_dim=8", "train.
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("model", ["tgn", "apan"])
-def test_trainer_through_the_daemon_is_bit_identical(tmp_path, model):
+@pytest.mark.parametrize("model,gpu_path", [("tgn", False), ("apan", False), ("tgn", True)])
+def test_trainer_through_the_daemon_is_bit_identical(tmp_path, model, gpu_path):
+    """The run through the daemon is LocalMemory's, bit for bit; ``gpu_path``: both with the
+    updaters as a GPU runs them (plain formulation, no reads of device values), which go by
+    whether each read says its mailboxes are unwritten since their reset (``MemoryRead.empty``):
+    the daemon's reads say it as LocalMemory's do, or the first batch of each epoch would give
+    the updater zero gradients here and none there."""
+    from tgdist.models.modules import use_sync_free
     from tgdist.runtime.build import build_trainer, compose
     from tgdist.runtime.run import Run
 
-    over = SMALL + [f"model={model}"] + (["model.mailbox_size=3"] if model == "apan" else [])
+    over = SMALL + [f"model={model}"] + (["model.mailbox_size=3"] if model == "apan" else []) + \
+        (["model.cpu_kernels=false"] if gpu_path else [])
     cfg = compose(over)
     local = build_trainer(cfg)
+    use_sync_free(local.model, gpu_path)
     a = Run(cfg, tmp_path / "local", local).train()
     state_a = local.memory.state_dict()
 
     cfg = compose(over)
     tr = build_trainer(cfg)
+    use_sync_free(tr.model, gpu_path)
     m = tr.model
     with start_daemon(0, 1, num_nodes=tr.g.num_nodes, mem_dim=m.mem_dim, mail_dim=m.mail_dim,
                       mailbox_size=m.mailbox_size) as handle:
@@ -275,23 +285,32 @@ def test_2x2_group_order_reset_and_skips():
 @pytest.mark.distributed
 def test_implicit_positions_apan_rounds_and_ring():
     """Without begin/end every read opens the next position; several write_mail calls of one
-    position are applied in call order (APAN delivery rounds) on the ring, like LocalMemory."""
+    position are applied in call order (APAN delivery rounds) on the ring, like LocalMemory. A
+    read says, as LocalMemory's does, whether the mailboxes are unwritten since their reset
+    (``MemoryRead.empty``, which lets an updater on a GPU skip its reads of device values): at
+    the start, after a position that wrote memory only, and after a reset."""
     with start_daemon(0, 1, num_nodes=5, mem_dim=2, mail_dim=1, mailbox_size=2) as h:
         m, ref = h.attach(0, timeout=20), LocalMemory(5, 2, 1, 2)
-        for step in range(3):
+        empties = []
+        for step in range(4):
             ids = torch.tensor([0, 1, 2, 3])
             a, b = m.read(ids), ref.read(ids)
             assert all(torch.equal(x, y) for x, y in zip((a.mem, a.mem_ts, a.mail, a.mail_ts),
                                                         (b.mem, b.mem_ts, b.mail, b.mail_ts)))
+            assert a.empty == b.empty
+            empties.append(a.empty)
             for s in (m, ref):
                 s.write_memory(torch.tensor([step]), torch.full((1, 2), float(step + 1)), ts(step))
-                s.write_mail(torch.tensor([0, 1]), col(10 * step + 1, 2), ts(step, 2))
-                s.write_mail(torch.tensor([0]), col(10 * step + 2), ts(step + 0.5))
-        assert m.mail[0, :, 0].tolist() == [21.0, 22.0] == ref.mail[0, :, 0].tolist()
+                if step > 0:  # (the first position writes memory only)
+                    s.write_mail(torch.tensor([0, 1]), col(10 * step + 1, 2), ts(step, 2))
+                    s.write_mail(torch.tensor([0]), col(10 * step + 2), ts(step + 0.5))
+        assert empties == [True, True, False, False]
+        assert m.mail[0, :, 0].tolist() == [31.0, 32.0] == ref.mail[0, :, 0].tolist()
         assert m.head.tolist() == ref.head.tolist() == [0, 1, 0, 0, 0]
         m.reset_state()
         assert torch.equal(m.mem, torch.zeros(5, 2)) and m.mail_ts.isinf().all()
-        assert m.read(torch.tensor([0])).mem.tolist() == [[0.0, 0.0]]
+        after = m.read(torch.tensor([0]))
+        assert after.mem.tolist() == [[0.0, 0.0]] and after.empty is True
         assert m.daemon_stats()["resets"] == 1
         m.close()
 

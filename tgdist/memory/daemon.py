@@ -87,9 +87,11 @@ MAGIC, VERSION = 0x7464697374, 1  # "tdist"
  H_READ_NS, H_WRITE_NS, H_READ_ROWS, H_WRITE_ROWS, H_IDLE_NS, H_FIRST_RANK) = range(35)
 NUM_H = 64
 # Status words of one trainer (int64). REQ fields are written by the trainer, DONE by the daemon.
+# C_RD_EMPTY (daemon): 1 when the read it served found the group's mailboxes unwritten since their
+# reset (``MemoryRead.empty``, as ``LocalMemory`` says it).
 (C_PID, C_PID_START, C_STATE, C_RD_REQ, C_RD_KIND, C_RD_RESET, C_RD_LEN, C_RD_SLOT, C_RD_DONE, C_WR_REQ,
- C_WR_OPS, C_WR_DONE, C_CMD_REQ, C_CMD_KIND, C_CMD_DONE, C_CMD_STATUS) = range(16)
-NUM_C = 16
+ C_WR_OPS, C_WR_DONE, C_CMD_REQ, C_CMD_KIND, C_CMD_DONE, C_CMD_STATUS, C_RD_EMPTY) = range(17)
+NUM_C = 17
 MSG_BYTES = 4096
 
 ATTACHED, DETACHED = 1, 2  # C_STATE
@@ -339,6 +341,7 @@ class _Server:
         for k in STATE_KEYS:
             setattr(self.local, k, st[k])
         self.local.num_nodes = sp.num_nodes
+        self.local._mark_unwritten()  # (its mailboxes are now the segment's, empty)
         self.mem, self.mem_ts, self.mail, self.mail_ts = st["mem"], st["mem_ts"], st["mail"], st["mail_ts"]
         self.S = sp.mailbox_size
         if self.S == 1:
@@ -500,6 +503,7 @@ class _Server:
             torch.index_select(self.mem_ts, 0, ids, out=b["rd_mem_ts"][slot, :n])
             torch.index_select(self.mail, 0, ids, out=b["rd_mail"][slot, :n])
             torch.index_select(self.mail_ts, 0, ids, out=b["rd_mail_ts"][slot, :n])
+            c[C_RD_EMPTY] = int(self.local.mail_unwritten())
             self.hdr[H_READ_NS] += time.perf_counter_ns() - t0
             self.hdr[H_READS] += 1
             self.hdr[H_READ_ROWS] += n
@@ -1197,7 +1201,7 @@ class DaemonMemory(MemoryStore):
             out = [t.to(self.device) for t in out]
         elif self.copy_reads:
             out = [t.clone() for t in out]
-        return MemoryRead(*out)
+        return MemoryRead(*out, empty=bool(row[C_RD_EMPTY]))
 
     def _begin_write(self, what: str) -> None:
         if not self.writes:

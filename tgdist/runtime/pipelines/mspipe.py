@@ -800,7 +800,7 @@ class MSPipe(Pipeline):
             mem = mitigate(r.mem, updated, now, similar, self.gamma, self.pipe.mitigation_lambda)
             self._stale_read += len(rows)
             self._mitigated += int((mem != r.mem).any(1).sum())
-            p.read = MemoryRead(mem, r.mem_ts, r.mail, r.mail_ts)
+            p.read = MemoryRead(mem, r.mem_ts, r.mail, r.mail_ts, r.empty)  # (mails unchanged)
         return p
 
     def _choose_staleness(self) -> None:
