@@ -5,7 +5,7 @@ gather their shards), the byte counter, the rows each read and write touched, an
 rank 0's metrics after evaluating alone. Each rank saves ``OUT.<rank>``; used by test_sven.py under
 torchrun (``python partitioned_probe.py OUT [runs=a,b:k=v;k=v] OVERRIDES...``); ``PROBE_READ_DELAY=S[:R,R...]``
 holds every batch's read back S seconds (on ranks R only), so a read that the loop does not wait for
-comes late."""
+comes late; ``PROBE_SYNC_FREE=1`` runs the memory updaters as on a GPU (``use_sync_free``)."""
 
 import os
 import sys
@@ -17,6 +17,7 @@ from tgdist.distributed import collectives
 from tgdist.distributed.schedule import Layout
 from tgdist.distributed.world import ProcessGroups, detect
 from tgdist.memory.store import MemoryRead
+from tgdist.models.modules import use_sync_free
 from tgdist.runtime.build import build_trainer, compose
 from tgdist.runtime.run import Run
 from tgdist.runtime.trainer import occurrences as occurrences_of
@@ -41,6 +42,8 @@ def run(backend: str, cfg, layout: Layout, world, groups) -> dict:
     driver = Run(cfg, run_dir, trainer=build_trainer(cfg, progress=False), groups=groups)
     tr, store = driver.trainer, driver.trainer.memory
     m = tr.model
+    if os.environ.get("PROBE_SYNC_FREE"):  # the updaters as a GPU runs them (with model.cpu_kernels=false)
+        use_sync_free(m, True)
     rec = {"losses": [], "grads": [], "states": [], "counters": [], "links": [], "reads": [], "occurrences": [],
            "uses": [], "events": [], "mem_writes": [], "mail_writes": [], "read_values": {}}
     reads, occurrences, uses, events, mem_writes, mail_writes = [], [], [], [], [], []

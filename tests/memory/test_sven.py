@@ -227,11 +227,12 @@ def test_sven_below_depcache_exactly_when_m_exceeds_t_plus_2():
 # Whole runs under torchrun: DepCache, Sven and DepComm on the same data
 
 
-def _probe(tmp_path, nproc: int, *overrides: str, runs: str = RUNS) -> list[dict]:
+def _probe(tmp_path, nproc: int, *overrides: str, runs: str = RUNS, env: dict | None = None) -> list[dict]:
     out = tmp_path / "probe"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
            "--rdzv-endpoint", f"127.0.0.1:{free_port()}", PROBE, str(out), runs, *SMALL, *overrides]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
     assert r.returncode == 0, r.stderr[-3000:]
     assert "still referenced after destroy" not in r.stderr
     return [torch.load(f"{out}.{rank}", weights_only=False) for rank in range(nproc)]
@@ -412,6 +413,18 @@ def test_2x1x1_sven_is_depcache_bit_for_bit_and_depcomm_within_rounding(tmp_path
     sent = {run: sum(ranks[r][run]["counters"][-1]["remote_dispatch.payload"]["bytes_sent"] for r in range(2))
             for run in (f"depcomm:{DEPCOMM_LR}", distinct)}
     assert sent[f"depcomm:{DEPCOMM_LR}"] > 1.5 * sent[distinct] > 0  # the occurrences are the many
+
+
+@pytest.mark.distributed
+def test_2x1x1_sven_is_depcache_bit_for_bit_on_the_gpus_updater_path(tmp_path):
+    """The updaters as a GPU runs them (no reads of device values) go by whether a read's
+    mailboxes are unwritten since the reset (``MemoryRead.empty``): Sven's dispatch learns it from
+    every owner, with the row counts, so it says what DepCache's replica says, and the two train
+    bit for bit (without it, the first batch of each epoch gave the updater zero gradients under
+    Sven and none under DepCache)."""
+    ranks = _probe(tmp_path, 2, "parallel.i=2", "train.epochs=2", "train.lr=1e-3", "model.cpu_kernels=false",
+                   runs="runs=depcache,sven", env={"PROBE_SYNC_FREE": "1"})
+    _check_runs(ranks, [[0, 1]], formulas=True, depcomm=False)
 
 
 @pytest.mark.distributed

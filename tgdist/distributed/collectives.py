@@ -167,6 +167,7 @@ class Handle:
     def __init__(self, works: Sequence[Any], finish: Callable[[], Any], deadline: float):
         self._works, self._finish, self._deadline = list(works), finish, deadline
         self._done, self._result = False, None
+        self.words: list[int] | None = None  # (``all_to_all_parts_async``'s ``word`` of every rank)
 
     @classmethod
     def completed(cls, result: Any) -> "Handle":
@@ -561,24 +562,36 @@ def all_to_all_rows(parts: dict[str, Sequence[torch.Tensor]], group=None, name: 
 
 
 def all_to_all_parts_async(parts: dict[str, Sequence[torch.Tensor]], group=None, name: str = "all_to_all_rows",
-                           counter: ByteCounter | None = None, index: Sequence[str] = ()) -> Handle:
+                           counter: ByteCounter | None = None, index: Sequence[str] = (),
+                           word: int | None = None) -> Handle:
     """``all_to_all_rows`` issued without waiting for the rows: the counts travel now (a small
     blocking exchange), the packed rows asynchronously; ``wait()`` returns ``out`` (Sven's
-    micro-batches keep the dispatch of the next micro-batch in flight this way)."""
+    micro-batches keep the dispatch of the next micro-batch in flight this way). ``word``: one
+    integer this rank sends every peer with its counts (8 bytes more per peer, counted in
+    ``NAME.sizes``); the handle's ``words`` are every group rank's, in rank order, on the host at
+    once, as the counts are (a fact of each rank that the receivers need before the rows)."""
     issued = time.perf_counter()
     counter = DEFAULT_COUNTER if counter is None else counter
     n = group_size(group) if _active(group) else 1
     specs = _part_specs(parts, n)
     if n == 1:
-        return Handle.completed({p: [tensors[0]] for p, tensors in parts.items()})
+        handle = Handle.completed({p: [tensors[0]] for p, tensors in parts.items()})
+        handle.words = [int(word)] if word is not None else None
+        return handle
     me, dev = group_rank(group), comm_device(group)
     names = list(parts)
     out_dev = parts[names[0]][me].device
-    counts = torch.tensor([[parts[p][d].shape[0] if d != me else 0 for p in names] for d in range(n)],
+    extra = [] if word is None else [int(word)]
+    counts = torch.tensor([[parts[p][d].shape[0] if d != me else 0 for p in names] + extra for d in range(n)],
                           dtype=torch.int64, device=dev)
     got = torch.empty_like(counts)
     dist.all_to_all_single(got, counts, group=group)
     counts, got = counts.cpu(), got.cpu()
+    words = None
+    if word is not None:
+        words = got[:, -1].tolist()
+        words[me] = int(word)
+        counts, got = counts[:, :-1], got[:, :-1]
     row_bytes = torch.tensor([specs[p][2] for p in names], dtype=torch.int64)
     send = torch.cat([_as_bytes(parts[p][d]) for d in range(n) if d != me for p in names]).to(dev) \
         if len(names) else torch.zeros(0, dtype=torch.uint8, device=dev)
@@ -604,8 +617,10 @@ def all_to_all_parts_async(parts: dict[str, Sequence[torch.Tensor]], group=None,
 
     deadline = _count_parts(issued, "all_to_all", group, counter, name, index, specs,
                             dict(zip(names, counts.sum(0).tolist())), dict(zip(names, got.sum(0).tolist())),
-                            (n - 1) * len(names) * 8)
-    return Handle([work], finish, deadline)
+                            (n - 1) * (len(names) + len(extra)) * 8)
+    handle = Handle([work], finish, deadline)
+    handle.words = words
+    return handle
 
 
 def all_gather_parts(parts: dict[str, torch.Tensor], group=None, name: str = "all_gather_parts",

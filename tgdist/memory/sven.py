@@ -324,8 +324,10 @@ class PartitionedMemory(MemoryStore):
             got = [h.wait() for _, h in fetched]
             order = torch.argsort(nodes)
             pos = order.index_select(0, torch.searchsorted(nodes.index_select(0, order), ids))
+            said = {g.empty for g in got}  # (the same state, nothing written between the dispatches)
             return MemoryRead(**{k: torch.cat([getattr(g, k) for g in got]).index_select(0, pos)
-                                 for k in ("mem", "mem_ts", "mail", "mail_ts")})
+                                 for k in ("mem", "mem_ts", "mail", "mail_ts")},
+                              empty=said.pop() if len(said) == 1 else None)
 
         return fetched[-1][1].then(assemble)
 
@@ -336,13 +338,20 @@ class PartitionedMemory(MemoryStore):
         self._count_links("dispatch", [r.numel() for r in requests])
         rows = {k: [getattr(r, k) for r in served] for k in ("mem", "mem_ts", "mail", "mail_ts")}
 
+        # each owner says, with its row counts, whether its mailboxes are unwritten since the reset:
+        # all of them are exactly when the group's are, which LocalMemory says of a read
+        # (``MemoryRead.empty``), so that an updater on a GPU skips its reads here as there
+        handle = collectives.all_to_all_parts_async(rows, self.group, name="dispatch", counter=self.counter,
+                                                    word=int(self.shard.mail_unwritten()))
+        empty = all(handle.words)
+
         def arrived(got: dict) -> MemoryRead:
             rows = {k: _unsort(torch.cat(v), order) for k, v in got.items()}
             if psi is not None:  # Psi restores the repeats
                 rows = {k: v.index_select(0, psi) for k, v in rows.items()}
-            return MemoryRead(**rows)
+            return MemoryRead(**rows, empty=empty)
 
-        return collectives.all_to_all_parts_async(rows, self.group, name="dispatch", counter=self.counter).then(arrived)
+        return handle.then(arrived)
 
     def _count_links(self, phase: str, rows_to: list[int]) -> None:
         for d, n in enumerate(rows_to):
