@@ -620,6 +620,7 @@ def test_flags_with_bad_overrides_fail_with_one_line(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow  # (the sweep's jobs, folders and summaries: test_a_sweep_composes_each_config_once, in-process)
 def test_sweep_runs_one_job_per_value(tmp_path):
     sweep = tmp_path / "sweep"
     r = tgdist("train", "--multirun", "model=tgn,jodie", *QUICK, f"hydra.sweep.dir={sweep}", cwd=tmp_path)
