@@ -382,6 +382,8 @@ def test_state_dict_round_trip():
         m1.begin(0)
         r = m1.read(torch.tensor([4, 1]))  # served at once: reads do not wait for each other
         assert torch.equal(r.mem, ref.mem[[4, 1]]) and torch.equal(r.mail_ts, ref.mail_ts[[4, 1]])
+        # the load was another process's write of the segment: its mails are known to be there
+        assert r.empty is False and ref.read(torch.tensor([4, 1])).empty is False
         m1.end()
         with pytest.raises(TgdistError, match=r"trainer rank\(s\) 1 already read"):
             m0.load_state_dict(ref.state_dict())

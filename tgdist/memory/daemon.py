@@ -570,6 +570,8 @@ class _Server:
                                    f"that position; load the state before the other trainers post (behind a barrier)")
             else:
                 self.held_by = r
+                if kind == HOLD_LOAD:  # the holder copies a state into the segment: a write this process
+                    self.local.mark_written()  # does not see (its tensors' versions do not move)
         elif kind == RELEASE:
             if self.held_by == r:
                 self.held_by = -1

@@ -235,6 +235,11 @@ class LocalMemory(MemoryStore):
     def _mark_unwritten(self) -> None:
         self._unwritten = (self.mail_ts, self.mail_ts._version)
 
+    def mark_written(self) -> None:
+        """Say the mailboxes were written, by a writer this object does not see (another process
+        writing the shared tensors: the memory daemon's loads), as ``load_state_dict`` would say."""
+        self._unwritten = (None, -1)
+
     def mail_unwritten(self) -> bool:
         t, version = self._unwritten
         return self.mail_ts is t and t._version == version
