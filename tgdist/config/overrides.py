@@ -200,8 +200,7 @@ def precheck_sweep(command: str, config_name: str, overrides: list[str], validat
     params = [f"{k}={v}" for k, v in (master.hydra.sweeper.get("params") or {}).items()]
     jobs, swept = _expand(command, config_name, params + list(overrides))
     if params:  # the sweep's own fixed values were not composed with the sweep's config
-        _compose_or_exit(command, config_name, [a for a in jobs[0] if a.partition("=")[0] not in swept],
-                         source=source)
+        _compose_shared(command, config_name, jobs, swept, source)
     composed = check_jobs(command, config_name, jobs, swept, validate, source, return_hydra_config=True)
     return Sweep(str(master.hydra.sweep.dir), jobs, swept, master, composed)
 
@@ -213,10 +212,16 @@ def sweep_jobs(command: str, config_name: str, overrides: list[str], validate: C
     composed and validated first (``check_jobs``), after the values the jobs share."""
     jobs, swept = _expand(command, config_name, overrides)
     if validate is not None:
-        _compose_or_exit(command, config_name, [a for a in jobs[0] if a.partition("=")[0] not in swept],
-                         source=source)
+        _compose_shared(command, config_name, jobs, swept, source)
         check_jobs(command, config_name, jobs, swept, validate, source)
     return jobs, swept
+
+
+def _compose_shared(command: str, config_name: str, jobs: list[list[str]], swept: list[str],
+                    source: ConfigSource | None) -> None:
+    """Compose the values every job shares (a job without its swept keys): an error in them is
+    one line that names no job."""
+    _compose_or_exit(command, config_name, [a for a in jobs[0] if a.partition("=")[0] not in swept], source=source)
 
 
 def _expand(command: str, config_name: str, overrides: list[str]) -> tuple[list[list[str]], list[str]]:
