@@ -87,3 +87,26 @@ def test_nan_scores_give_nan_metrics_not_perfect_ones():
     assert np.isnan(average_precision(y, one)) and np.isnan(roc_auc(y, one))
     rr = reciprocal_ranks(np.array([0.5, np.nan, 0.5]), np.array([[0.1, 0.9], [0.1, 0.2], [np.nan, 0.1]]))
     assert rr[0] == 0.5 and np.isnan(rr[1]) and np.isnan(rr[2])
+
+
+def test_the_tensor_metrics_are_the_numpy_ones():
+    """``*_t`` (evaluation on the device) against the NumPy functions on the same scores: random
+    and heavily tied scores, all-positive and all-negative labels, NaN scores."""
+    import torch
+
+    from tgdist.runtime.metrics import average_precision_t, reciprocal_ranks_t, roc_auc_t
+
+    rng = np.random.default_rng(1)
+    for trial in range(300):
+        n = int(rng.integers(1, 80))
+        y = rng.random(n) < (0.0 if trial % 23 == 0 else 1.0 if trial % 29 == 0 else rng.random())
+        s = (rng.integers(0, int(rng.integers(1, 8)), n) if trial % 2 else rng.normal(size=n)).astype(np.float32)
+        if trial % 17 == 0:
+            s[int(rng.integers(0, n))] = np.nan
+        neg = rng.integers(0, 4, (n, 5)).astype(np.float32)
+        yt, st = torch.from_numpy(y), torch.from_numpy(s)
+        for numpy_fn, torch_fn in ((average_precision, average_precision_t), (roc_auc, roc_auc_t)):
+            want, got = numpy_fn(y, s), torch_fn(yt, st)
+            assert got.dtype == torch.float64 and got.shape == ()
+            assert got.item() == pytest.approx(want, abs=1e-12, nan_ok=True), (numpy_fn.__name__, y, s)
+        np.testing.assert_array_equal(reciprocal_ranks_t(st, torch.from_numpy(neg)).numpy(), reciprocal_ranks(s, neg))

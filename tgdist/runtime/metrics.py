@@ -1,8 +1,9 @@
-"""Evaluation metrics in NumPy (no scikit-learn at run time)."""
+"""Evaluation metrics in NumPy, and as tensor operations (no scikit-learn at run time)."""
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 
 def _ranks(x: np.ndarray) -> np.ndarray:
@@ -74,3 +75,56 @@ def f1_multilabel(y_true: np.ndarray, y_pred: np.ndarray, present_only: bool = F
     if present_only:
         per = per[(y | p).any(0)]
     return {"f1_micro": float(micro), "f1_macro": float(per.mean()) if per.size else float("nan")}
+
+
+# The same metrics as tensor operations on the scores' device (issue 53.4): evaluation keeps its
+# scores where the model made them and reads the metrics back once. No operation here has an
+# output whose size depends on the values (a GPU would wait for the device to learn it); each
+# returns a float64 scalar tensor, NaN where the NumPy version is. ``tests/runtime/test_metrics.py``
+# runs both on the same scores.
+
+
+def _runs(xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """For sorted ``xs``: where each run of equal values starts and where it ends (booleans)."""
+    differs = xs[1:] != xs[:-1]
+    edge = torch.ones(1, dtype=torch.bool, device=xs.device)
+    return torch.cat([edge, differs]), torch.cat([differs, edge])
+
+
+def roc_auc_t(y: torch.Tensor, score: torch.Tensor) -> torch.Tensor:
+    """``roc_auc`` of a boolean ``y`` and ``score``: the positives' average ranks (ties their mean rank)."""
+    s = score.double()
+    n = s.shape[0]
+    npos = y.sum().double()
+    nneg = n - npos
+    order = torch.argsort(s, stable=True)
+    first, last = _runs(s.index_select(0, order))
+    at = torch.arange(n, device=s.device)
+    start = torch.cummax(torch.where(first, at, 0), 0).values
+    end = torch.cummin(torch.where(last, at, n - 1).flip(0), 0).values.flip(0)
+    rank = (start + end).double() / 2 + 1
+    auc = ((rank * y.index_select(0, order)).sum() - npos * (npos + 1) / 2) / (npos * nneg)
+    return torch.where((npos == 0) | (nneg == 0) | s.isnan().any(), torch.nan, auc)
+
+
+def average_precision_t(y: torch.Tensor, score: torch.Tensor) -> torch.Tensor:
+    """``average_precision`` of a boolean ``y`` and ``score``: precision at the last position of
+    each run of equal scores (descending), weighted by the recall the run adds."""
+    s = score.double()
+    npos = y.sum().double()
+    order = torch.argsort(-s, stable=True)
+    yy = y.index_select(0, order)
+    tp = torch.cumsum(yy, 0).double()
+    fp = torch.cumsum(~yy, 0).double()
+    _, last = _runs(s.index_select(0, order))
+    tp_last = torch.where(last, tp, 0.0)
+    before = torch.cat([tp_last.new_zeros(1), torch.cummax(tp_last, 0).values[:-1]])  # tp at the previous run's end
+    ap = torch.where(last, (tp - before) / npos * (tp / (tp + fp)), 0.0).sum()
+    return torch.where((npos == 0) | s.isnan().any(), torch.nan, ap)
+
+
+def reciprocal_ranks_t(pos_score: torch.Tensor, neg_score: torch.Tensor) -> torch.Tensor:
+    """``reciprocal_ranks`` of ``pos [n]`` among ``neg [n, num_neg]``, float64 ``[n]``."""
+    pos = pos_score.unsqueeze(1)
+    rr = 1.0 / (1 + (neg_score > pos).sum(1).double() + 0.5 * (neg_score == pos).sum(1).double())
+    return torch.where(pos_score.isnan() | neg_score.isnan().any(1), torch.nan, rr)
