@@ -9,7 +9,9 @@ alternating, so drift in the machine's speed falls on both alike). The figures a
 ``train_events_per_s`` (kernel compiling left out) and the training events per CPU-second
 (``train_cpu_seconds``: the time the process ran, which another program taking a core away does not
 lengthen, as it lengthens the wall-clock time); the ratio after / before is taken pair by pair and
-its median reported. Prints one JSON object; progress on stderr.
+its median reported. ``--eval`` also reports each run's evaluation seconds (the summary's
+``eval_seconds``: the validation and the final test against ``train.num_neg_eval`` negatives) and
+the speed ratio before / after of those seconds. Prints one JSON object; progress on stderr.
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from pathlib import Path
 from common import DATASETS, at_least, emit, machine, note, run_main
 
 
-def train(tree: Path, data: str, overrides: list[str], run_dir: str, timeout: float) -> tuple[float, float]:
-    """Training events per second and per CPU-second of one run."""
+def train(tree: Path, data: str, overrides: list[str], run_dir: str, timeout: float) -> tuple[float, float, float]:
+    """Training events per second and per CPU-second of one run, and its evaluation seconds."""
     env = {**os.environ, "PYTHONPATH": str(tree), "TGDIST_DATASETS": str(DATASETS)}
     cmd = [sys.executable, "-m", "tgdist", "train", f"data={data}", "train.epochs=1", "train.progress=false",
            f"run_dir={run_dir}", *overrides]
@@ -36,7 +38,8 @@ def train(tree: Path, data: str, overrides: list[str], run_dir: str, timeout: fl
         raise RuntimeError(f"{tree}: exit {r.returncode}: {r.stderr.strip().splitlines()[-1:]}")
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     rate = float(summary["train_events_per_s"])
-    return rate, rate * float(summary["train_seconds"]) / float(summary["train_cpu_seconds"])
+    return (rate, rate * float(summary["train_seconds"]) / float(summary["train_cpu_seconds"]),
+            float(summary.get("eval_seconds") or "nan"))
 
 
 def main():
@@ -46,6 +49,7 @@ def main():
     ap.add_argument("--data", nargs="+", default=["collegemsg", "wikipedia"], help="data= groups")
     ap.add_argument("--reps", type=at_least(1), default=3, help="pairs of runs per data set")
     ap.add_argument("--timeout", type=at_least(1), default=900, help="seconds per run")
+    ap.add_argument("--eval", action="store_true", help="also compare the runs' evaluation seconds")
     ap.add_argument("overrides", nargs="*", help="more tgdist train overrides")
     args = ap.parse_args()
     trees = {"before": args.before.resolve(), "after": args.after.resolve()}
@@ -56,19 +60,24 @@ def main():
            "data": {}}
     with tempfile.TemporaryDirectory(prefix="tgdist-compare-") as tmp:
         for data in args.data:
-            rates, per_cpu = {"before": [], "after": []}, {"before": [], "after": []}
+            rates, per_cpu, evals = ({"before": [], "after": []} for _ in range(3))
             for rep in range(args.reps):
                 order = ("before", "after") if rep % 2 == 0 else ("after", "before")
                 for name in order:
-                    rate, cpu_rate = train(trees[name], data, args.overrides,
-                                           os.path.join(tmp, f"{data}-{rep}-{name}"), args.timeout)
+                    rate, cpu_rate, eval_s = train(trees[name], data, args.overrides,
+                                                   os.path.join(tmp, f"{data}-{rep}-{name}"), args.timeout)
                     rates[name].append(rate)
                     per_cpu[name].append(cpu_rate)
-                    note(f"{data} rep {rep} {name}: {rate:,.0f} events/s, {cpu_rate:,.0f} events/CPU-s")
+                    evals[name].append(eval_s)
+                    note(f"{data} rep {rep} {name}: {rate:,.0f} events/s, {cpu_rate:,.0f} events/CPU-s, "
+                         f"evaluation {eval_s:.2f} s")
             out["data"][data] = {"events_per_s": rates, "events_per_cpu_s": per_cpu,
                                  "median_events_per_s": {k: statistics.median(v) for k, v in rates.items()},
                                  "after_over_before": _ratios(rates),
                                  "after_over_before_per_cpu_s": _ratios(per_cpu)}
+            if args.eval:  # seconds: the speed ratio is before / after
+                out["data"][data].update({"eval_seconds": evals, "eval_speed_after_over_before": _ratios(
+                    {"after": evals["before"], "before": evals["after"]})})
     emit(out)
 
 

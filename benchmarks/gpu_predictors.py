@@ -37,10 +37,20 @@ its mailbox is empty, as local memory does):
   shared machine: the wall time there counts the waits for a core), and ``cpu_by_phase`` that
   CPU time by the phases above (the mean over the timed steps).
 
+- ``evaluation`` (``--eval-neg N``): the validation part evaluated against N negatives an event
+  after the steps above: its host reads (in all, with their sites), its uploads and its aten
+  operations per batch, then the part again timed: wall and CPU milliseconds per batch and the
+  prepare phase's CPU milliseconds.
+
+``--sampler-on-device`` runs the recent sampler as tensor operations (``sampler.on_device=true``,
+a GPU's default where it applies; here its operations compute on the CPU, so its prepare phase's
+milliseconds hold arithmetic that a GPU would do).
+
 The counts are the same in every run with the same torch (they vary from step to step only
 where the data do); the milliseconds move with the machine's load.
 
     python benchmarks/gpu_predictors.py --models tgn jodie apan --batch 600 200
+    python benchmarks/gpu_predictors.py --models tgn --eval-neg 49 --sampler-on-device
 """
 
 from __future__ import annotations
@@ -318,7 +328,8 @@ def measure(model: str, batch: int, args) -> dict:
     cfg = compose([f"data={args.data}", *([f"data.max_events={args.max_events}"] if args.max_events else []),
                    f"model={model}", f"model.mem_dim={args.dim}", f"model.time_dim={args.dim}",
                    "model.cpu_kernels=false", f"train.batch_size={batch}", "train.num_neg_eval=1",
-                   f"train.num_threads={args.threads}", f"sampler.num_threads={args.threads}", "train.progress=false"])
+                   f"train.num_threads={args.threads}", f"sampler.num_threads={args.threads}", "train.progress=false",
+                   f"sampler.on_device={str(args.sampler_on_device).lower()}"])
     tr = build_trainer(cfg, progress=False)
     use_sync_free(tr.model, True)  # the updaters' GPU formulation (a CPU asks the device which rows have a mail)
     steps = list(tr.batches("train"))
@@ -333,7 +344,36 @@ def measure(model: str, batch: int, args) -> dict:
     ops = profiler_counts(tr, steps[at:at + args.count_steps])
     at += args.count_steps
     more_ops, reads = mode_counts(tr, steps[at:at + args.count_steps], args.top)
-    return {"model": model, "batch": batch, "aten_ops": {**ops, **more_ops}, "host_reads": reads, "host_ms": timed}
+    out = {"model": model, "batch": batch, "aten_ops": {**ops, **more_ops}, "host_reads": reads, "host_ms": timed}
+    if args.eval_neg:
+        out["evaluation"] = evaluation(tr, args.eval_neg)
+    return out
+
+
+def evaluation(tr, num_neg: int) -> dict:
+    """The validation part evaluated against ``num_neg`` negatives an event, after the steps above:
+    host reads and aten operations per evaluated batch (and in all, with the reads' sites), then
+    again timed: wall and CPU milliseconds per batch and the prepare phase's CPU share."""
+    batches = len(list(tr.batches("val")))
+    counts = Counts()
+    with HostReads(counts), AtenOps(counts):
+        tr.evaluate("val", num_neg)
+    reads = {k: v for k, v in counts.reads.items() if not k.startswith("to(device)")}
+    phase = Phase(Counts())
+    phase.wrap(trainer.Trainer, "prepare", "prepare")
+    try:
+        t0, c0 = time.perf_counter(), time.process_time()
+        tr.evaluate("val", num_neg)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        phase._enter("forward")
+    finally:
+        phase.restore()
+    return {"num_neg": num_neg, "batches": batches, "host_reads": sum(reads.values()),
+            "host_reads_by_site": {site: n for kind in reads for site, n in counts.sites[kind].items()},
+            "to_device_waiting": counts.reads["to(device)"], "to_device_queued": counts.reads["to(device) queued"],
+            "aten_ops_per_batch": round(sum(counts.ops.values()) / batches, 1),
+            "wall_ms_per_batch": round(1000 * wall / batches, 2), "cpu_ms_per_batch": round(1000 * cpu / batches, 2),
+            "prepare_cpu_ms_per_batch": round(1000 * phase.cpu["prepare"] / batches, 2)}
 
 
 def main():
@@ -349,9 +389,13 @@ def main():
     ap.add_argument("--count-steps", type=at_least(1), default=5, help="steps counted (profiler, then modes)")
     ap.add_argument("--top", type=at_least(0), default=12, help="call sites of host reads listed")
     ap.add_argument("--max-events", type=at_least(1), default=None, help="the data's first events only (tests)")
+    ap.add_argument("--sampler-on-device", action="store_true",
+                    help="sampler.on_device=true: the recent sampler as tensor ops (what a GPU runs by default)")
+    ap.add_argument("--eval-neg", type=at_least(0), default=0,
+                    help="then evaluate the validation part against this many negatives an event (0: not)")
     args = ap.parse_args()
     res = {"machine": machine(), "data": args.data, "dim": args.dim, "threads": args.threads,
-           "cpu_kernels": False, "runs": []}
+           "cpu_kernels": False, "sampler_on_device": args.sampler_on_device, "runs": []}
     for model in args.models:
         for batch in args.batch:
             note(f"{model} at batch {batch}")

@@ -781,15 +781,18 @@ def test_misspelt_keys_get_a_suggestion():
 def test_unknown_key_without_a_close_spelling_lists_its_group(capsys):
     """No key spelt like ``sampler.num_neighbors``: the message lists the keys ``sampler`` has."""
     from tgdist.config.overrides import _compose_or_exit, keys_under
+    from tgdist.runtime.build import load_strategies
 
-    assert keys_under("sampler", "train") == ["strategy", "fanouts", "num_threads", "both_directions", "seed"]
+    load_strategies()  # as the command does first (run alone, the strategies' config classes were missing)
+    assert keys_under("sampler", "train") == ["strategy", "fanouts", "num_threads", "both_directions", "seed",
+                                              "on_device"]
     assert keys_under("nosuchgroup", "train") == [] and keys_under("", "train") == []
     with pytest.raises(SystemExit) as exit_:
         _compose_or_exit("tgdist train", "train", ["sampler.num_neighbors=5"])
     assert exit_.value.code == 2
     assert capsys.readouterr().err == (
         "tgdist train: error: Could not override 'sampler.num_neighbors': Key 'num_neighbors' not in "
-        "'SamplerConfig'; its keys are strategy, fanouts, num_threads, both_directions, seed\n")
+        "'SamplerConfig'; its keys are strategy, fanouts, num_threads, both_directions, seed, on_device\n")
     with pytest.raises(SystemExit):
         _compose_or_exit("tgdist train", "train", ["sampler.fanout=[5]"])  # a close spelling: named alone
     assert capsys.readouterr().err.endswith("did you mean 'sampler.fanouts'?\n")

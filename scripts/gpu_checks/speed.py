@@ -106,7 +106,7 @@ TABLE_SECONDS = float(os.environ.get("GPU_CHECKS_TABLE_SECONDS", "25"))
 # a process start-up ~8 s, a Wikipedia TGN epoch 1.4 s bare and 2.4 s through the command line,
 # the 3M stream's epoch 42 s and its test 41 s); the CPU's for the dry run's tiny data on 2 cores.
 NEEDS = {"bare": (25, 60), "cli": (45, 90), "pyg": (30, 90), "stream": (75, 80), "cli_small": (35, 70),
-         "bare_other": (10, 30), "cli_other": (25, 70)}
+         "bare_other": (10, 30), "cli_other": (25, 70), "stream_host": (75, 80)}
 
 
 def part_sizes() -> dict:
@@ -732,9 +732,10 @@ def main() -> int:
 
             stream = ["data=synthetic", f"data.synthetic.num_events={ps['stream_events']}",
                       f"data.synthetic.num_nodes={ps['stream_nodes']}"]
-            cli_line(cli, "speed:eval_stream", "tgn", ps["stream_batch"], data=stream, extra=["train.eval_every=2"],
-                     beside=beside_stream)
+            stream_run, _ = cli_line(cli, "speed:eval_stream", "tgn", ps["stream_batch"], data=stream,
+                                     extra=["train.eval_every=2"], beside=beside_stream)
         else:
+            stream_run = None
             not_run("speed:eval_stream", budget, "stream")
 
         # 5. small batches through the command line
@@ -760,6 +761,20 @@ def main() -> int:
                                                     if bare.get(m) else None})
             else:
                 not_run(f"speed:cli:{model}", budget, "cli_other")
+        # 8. the stream again with the host's sampler (sampler.on_device=false): what the device's buys
+        if budget.allows("stream_host") and stream_run:
+            def beside_host(f):
+                out = beside_stream(f)
+                device_s = (stream_run.get("val_seconds") or 0.0) + (stream_run.get("final_test_seconds") or 0.0)
+                out.update({"device_sampler_eval_seconds": device_s, "device_sampler_epoch_seconds":
+                            stream_run.get("epoch_seconds"), "goal_met": None,
+                            "host_over_device_eval": out["eval_seconds"] / device_s if device_s else None})
+                return out
+
+            cli_line(cli, "speed:eval_stream:host_sampler", "tgn", ps["stream_batch"], data=stream,
+                     extra=["train.eval_every=2", "sampler.on_device=false"], beside=beside_host)
+        else:
+            not_run("speed:eval_stream:host_sampler", budget, "stream_host")
     finally:
         cli.close()
     done = {**{f"bare {k}": v for k, v in bare.items() if v}, **{f"tgdist train {k}": v for k, v in clis.items() if v}}

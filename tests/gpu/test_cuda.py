@@ -223,3 +223,58 @@ def test_a_training_step_on_the_device_waits_for_nothing(tmp_path, device, model
     run.train()
     assert run_t[0] >= 2 * nb - 1, "the second epoch did not run"
     assert not seen, f"{len(seen)} synchronisations in the second epoch's steps, at: {sorted(set(seen))}"
+
+
+@pytest.mark.parametrize("model", ["tgn", "tgat2"])
+def test_the_device_sampler_on_the_device_scores_as_the_host_sampler(device, model):
+    """Issue 53: the recent sampler on the device (a GPU's default for TGN with local memory)
+    writes the host kernel's slots, and an evaluation from the same state gives the host path's
+    scores to float rounding (on a GPU the kernels differ from one table size to another)."""
+    host = build_trainer(compose(on(device, [f"model={model}", "sampler.on_device=false"])), progress=False)
+    dev = build_trainer(compose(on(device, [f"model={model}", "sampler.on_device=true"])), progress=False)
+    assert dev.device_sampler is not None and dev.device_sampler.key.device.type == torch.device(device).type
+    dev.model.load_state_dict(host.model.state_dict())
+    lo, hi = host.split.range("val")
+    roots = np.r_[host.g.src[lo:hi], host.g.dst[lo:hi]]
+    times = np.r_[host.g.t[lo:hi], host.g.t[lo:hi]]
+    want = host.sampler.sample(roots, times)
+    got = dev.device_sampler.sample(torch.from_numpy(roots).to(device), torch.from_numpy(times).to(device))
+    for w, g in zip(want, got):
+        for name in ("nbr", "eid", "t", "mask", "dt"):
+            assert np.array_equal(getattr(w, name), getattr(g, name).cpu().numpy()), name
+    for s, e in list(host.batches("train"))[:3]:
+        neg = host.negatives.train(e - s, 1)
+        host.step(s, e, neg, train=True)
+    dev.model.load_state_dict(host.model.state_dict())
+    dev.memory.load_state_dict(host.memory.state_dict())
+    a, b = host.evaluate("val"), dev.evaluate("val")
+    assert a == pytest.approx(b, rel=1e-4, abs=1e-5, nan_ok=True)
+
+
+def test_evaluation_on_the_device_waits_once(device):
+    """Issue 53, point 4: the scores stay on the device, the metrics are computed there and read
+    back once a part; everything else in an evaluation (with the device sampler) is queued."""
+    import warnings
+
+    if torch.device(device).type != "cuda":
+        pytest.skip("host-device synchronisation is a CUDA matter")
+    tr = build_trainer(compose(on(device, ["model=tgn"])), progress=False)
+    assert tr.device_sampler is not None
+    tr.evaluate("val")  # warm: kernels compiled, buffers allocated
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            tr.evaluate("test")
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    seen = [f"{w.filename}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
+    assert len(seen) == 1 and seen[0].endswith(("trainer.py:%d" % _line_of("torch.stack(values).tolist()"))), seen
+
+
+def _line_of(text: str) -> int:
+    """The line of tgdist/runtime/trainer.py that holds ``text``."""
+    from tgdist.runtime import trainer
+
+    lines = Path(trainer.__file__).read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line)

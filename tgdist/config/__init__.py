@@ -272,6 +272,10 @@ class SamplerConfig:
     num_threads: int = 0  # numba threads (sampler and CPU kernels); 0 = auto, as train.num_threads
     both_directions: bool = True  # a node's neighbours include events where it is the destination
     seed: int = 0  # uniform sampling's random stream
+    # the recent sampler as tensor ops on the trainer's device, without a node table's dedup
+    # (tgdist.data.device_sampler); null: on a GPU where it applies and train.deterministic is false;
+    # true: required; false: the host's
+    on_device: Optional[bool] = None
 
 
 def register(name: str, node: Any, group: Optional[str] = None) -> None:

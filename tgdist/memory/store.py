@@ -80,6 +80,10 @@ class MemoryStore(nn.Module):
     # every store's collectives as training pays them (``launcher.advisor.measure.exchange_runs``):
     # one store whose dispatch and aggregation are both exchanges of rows says so.
     profiled_exchange = False
+    # Whether its reads take any ids, repeats included, each read row for row in this process: the
+    # device sampler's node table is not deduplicated (``runtime.build.device_sampler``); a store
+    # that sends the ids over the network, or counts them, needs the distinct ones.
+    reads_repeated_ids = False
 
     # Pricing: what the strategy advisor (``tgdist.launcher.advisor.model``) reads of a store to
     # predict an iteration with it, from its class as the capabilities above. ``collectives``: the
@@ -218,6 +222,7 @@ class LocalMemory(MemoryStore):
     """All node memory as tensors of this process (one trainer)."""
 
     placement, auto, trainers_own = "process", True, True
+    reads_repeated_ids = True
 
     def __init__(self, num_nodes: int, mem_dim: int, mail_dim: int, mailbox_size: int = 1):
         super().__init__()

@@ -28,6 +28,7 @@ from tgdist.data.graph import (
     label_ranges,
 )
 from tgdist.data import readers, tgb
+from tgdist.data.device_sampler import DeviceSampler
 from tgdist.data.load import check_data_source, load_data
 from tgdist.data.sampler import TCSR, NegativeSampler, TemporalSampler
 from tgdist.distributed.link import parse_link
@@ -388,10 +389,11 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
     else:
         mem = store(graph, split, model, tuple(sampler.fanouts) if sampler is not None else (), dev)
     try:
+        on_device = device_sampler(cfg, choices, model, sampler, cache, mem, dev)
         tr = Trainer(graph, split, model, mem, sampler, negatives, batch_size=cfg.train.batch_size, lr=cfg.train.lr,
                      num_neg_eval=cfg.train.num_neg_eval, device=dev,
                      progress=cfg.train.progress if progress is None else progress, num_threads=torch_threads,
-                     units_per_second=units_per_second, cache=cache)
+                     units_per_second=units_per_second, cache=cache, device_sampler=on_device)
         if cfg.train.eval == "tgb":  # both files read and matched now, before training (tgb.shipped_negatives)
             tr.shipped = tgb.shipped_negatives(cfg.data.name, tgb.root_of(cfg.data), graph, split)
     except BaseException:
@@ -399,6 +401,36 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
             mem.close()  # the factory's store (a daemon, say) goes with the failed build
         raise
     return tr
+
+
+def device_sampler(cfg: DictConfig, choices: Resolved, model, sampler: TemporalSampler | None, cache, mem,
+                   dev) -> DeviceSampler | None:
+    """The recent sampler on the trainer's device (``sampler.on_device``: null on a GPU wherever it
+    applies, true required, false never), or None. Its batches carry a node table without
+    dedup, so it serves the stores that read repeated ids (``reads_repeated_ids``: local memory) and the steps that
+    need no host copy of the sampled hops: not APAN's deliveries to sampled neighbours, FreshGNN's
+    embedding cache or MSPipe's staleness mitigation, which read them on the host. Null keeps the
+    host's sampler under ``train.deterministic=true``: there every store gives local memory's
+    scores exactly, and the device sampler's table sums the gradients in another order."""
+    wanted = cfg.sampler.get("on_device")
+    if sampler is None or wanted is False or (wanted is None and (torch.device(dev).type != "cuda"
+                                                                  or cfg.train.deterministic)):
+        return None
+    why = [reason for reason, applies in (
+        (f"sampler.strategy={cfg.sampler.strategy} (the device sampler is recent's)", cfg.sampler.strategy == "recent"),
+        (f"model={cfg.model.name} delivers mails to sampled neighbours on the host", not model.deliver_to_neighbors),
+        ("the embedding cache (cache.*) looks up the sampled hops on the host", cache is None),
+        (f"memory.backend={choices.backend} reads distinct ids (across processes)", mem.reads_repeated_ids),
+        ("pipeline.mode=mspipe reads the sampled nodes on the host", choices.pipeline != "mspipe"),
+    ) if not applies]
+    if why:
+        if wanted:
+            raise ConfigError(f"sampler.on_device=true does not apply here: {'; '.join(why)} (drop sampler.on_device)")
+        log.info("the sampler runs on the host: %s", "; ".join(why))
+        return None
+    ds = DeviceSampler(sampler.tcsr, sampler.fanouts, dev)
+    log.info("the recent sampler runs on %s (%.1f MiB of T-CSR there)", dev, ds.nbytes() / 2 ** 20)
+    return ds
 
 
 def compose(overrides: list[str] | None = None, config_name: str = "train",

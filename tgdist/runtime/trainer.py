@@ -21,16 +21,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from tgdist.data.device_sampler import DeviceSampler
 from tgdist.data.graph import Split, TemporalGraph
 from tgdist.data.sampler import NegativeSampler, TemporalSampler
 from tgdist.distributed import collectives
+from tgdist.errors import ConfigError
 from tgdist.kernels import graph as kernels
 from tgdist.kernels import jit
 from tgdist.memory.store import LocalMemory, MemoryStore
 from tgdist.models.modules import EmbedInput, HopTables, TemporalModel
 from tgdist.runtime.cache import EmbeddingCache, prune_nodes
 from tgdist.runtime.features import RelativeTimes, feature_table
-from tgdist.runtime.metrics import average_precision, reciprocal_ranks, roc_auc
+from tgdist.runtime.metrics import average_precision_t, reciprocal_ranks_t, roc_auc_t
 from tgdist.runtime.tgb_eval import one_vs_many
 from tgdist.uploads import upload
 
@@ -222,7 +224,8 @@ class Trainer:
     def __init__(self, graph: TemporalGraph, split: Split, model: TemporalModel, memory: MemoryStore,
                  sampler: TemporalSampler | None, negatives: NegativeSampler, *, batch_size: int = 200,
                  lr: float = 1e-4, num_neg_eval: int = 49, device: str = "cpu", progress: bool = True,
-                 num_threads: int = 0, units_per_second: float = 1.0, cache: EmbeddingCache | None = None):
+                 num_threads: int = 0, units_per_second: float = 1.0, cache: EmbeddingCache | None = None,
+                 device_sampler: DeviceSampler | None = None):
         self.g, self.split, self.model, self.memory = graph, split, model, memory
         self.cache = cache  # FreshGNN's historical embedding cache, consulted by training steps only
         self.sampler, self.negatives = sampler, negatives
@@ -238,6 +241,10 @@ class Trainer:
         self.node_feat = feature_table(graph.node_feat, self.device, "node")
         self.timer = StageTimer()
         self.writes_enabled = True
+        # the recent sampler on the device (build.device_sampler): the events' endpoints and times there too
+        self.device_sampler = device_sampler
+        if device_sampler is not None:
+            self._events = tuple(torch.from_numpy(np.array(a)).to(self.device) for a in (graph.src, graph.dst, graph.t))
         if num_threads > 0:
             torch.set_num_threads(num_threads)
         jit.track_compiles()  # an epoch's events/s leaves out one-time kernel compiles
@@ -268,8 +275,13 @@ class Trainer:
             s, inner = self._look_up(s)
             self.timer.add("features", time.perf_counter() - t1)
         t2 = time.perf_counter()
-        if read is None:  # a read restored from a checkpoint is used as it was
+        if read is None:
             read = self.memory.read(s.ids, **self._uses(s))
+        elif isinstance(getattr(read, "mem", None), torch.Tensor) and read.mem.shape[0] != s.ids.shape[0]:
+            # a read restored from a checkpoint is used as it was, with the node table it was made for
+            raise ConfigError(f"the checkpoint's memory read of batch [{lo}, {hi}) has {read.mem.shape[0]:,} rows where "
+                              f"this sampler gives {s.ids.shape[0]:,} nodes: it was made with sampler.on_device="
+                              f"{str(self.device_sampler is None).lower()}; resume with that setting")
         self.timer.add("memory_read", time.perf_counter() - t2)
         return Prepared(lo, hi, neg.shape[1], s.ids, s.root_idx, s.hop_tables, s.hops, read, neg, inner)
 
@@ -310,6 +322,11 @@ class Trainer:
         ``turn(stage)``: a context manager each phase runs in (MSPipe's per-stage locks)."""
         g = self.g
         num_neg = neg.shape[1]
+        if self.device_sampler is not None:  # the roots gathered on the device; the negatives go up
+            src, dst, t = self._events
+            roots = torch.cat([src[lo:hi], dst[lo:hi], upload(np.ascontiguousarray(neg.T).reshape(-1), self.device)])
+            ids, root_idx, hop_tables, hops = self._sample_and_organize(roots, t[lo:hi].repeat(2 + num_neg), turn)
+            return Sampled(lo, hi, ids, root_idx, hop_tables, hops)
         roots = np.concatenate([g.src[lo:hi], g.dst[lo:hi], neg.T.reshape(-1)])
         ids, root_idx, hop_tables, hops = self._sample_and_organize(roots, np.tile(g.t[lo:hi], 2 + num_neg), turn)
         return Sampled(lo, hi, ids, root_idx, hop_tables, hops)
@@ -321,6 +338,8 @@ class Trainer:
         """Phases sample (the roots' neighbours before their times) and features (unique nodes
         and index tables into them). Returns ``ids, root_idx, hop_tables, hops``."""
         tm, turn = self.timer, turn or _no_turn
+        if self.device_sampler is not None:
+            return self._sample_on_device(roots, root_t, turn)
         with turn("sample"):
             t0 = time.perf_counter()
             hops = self.sampler.sample(roots, root_t) if self.model.num_hops else []
@@ -346,6 +365,49 @@ class Trainer:
         ids = upload(unique, dev)
         tm.add("features", time.perf_counter() - t1)
         return ids, root_idx, hop_tables, hops
+
+    def _sample_on_device(self, roots, root_t, turn):
+        """``_sample_and_organize`` with the device sampler. Its node table is not deduplicated
+        (finding the distinct ids would read their count back from the device): it is every node
+        of the graph, in id order, when the graph has no more nodes than the batch has roots and
+        sampled slots (each node then updated once: evaluation's 50 roots an event on a graph of
+        10,000 nodes update 10,000 rows, not 550,000), else the roots and slots as they are. Each
+        hop's time-gap and event tables have one entry a slot. The model computes what the host's
+        tables give, row for row (a node in two rows is updated twice, the same way); empty slots
+        name node 0 and event 0, masked out as the host's are. ``hops`` stays empty: no step that
+        needs the sampled hops on the host runs with this sampler (``build.device_sampler``)."""
+        dev, tm = self.device, self.timer
+        with turn("sample"):
+            t0 = time.perf_counter()
+            if isinstance(roots, np.ndarray):  # queries from the host (embed, replay)
+                roots, root_t = upload(roots.astype(np.int64), dev), upload(np.asarray(root_t, self.g.t.dtype), dev)
+            hops = self.device_sampler.sample(roots, root_t)
+            tm.add("sample", time.perf_counter() - t0)
+        with turn("features"):
+            t1 = time.perf_counter()
+            every_node = self.g.num_nodes <= roots.shape[0] + sum(h.nbr.numel() for h in hops)
+            if every_node:  # row u is node u
+                ids, root_idx = torch.arange(self.g.num_nodes, device=dev), roots
+            else:  # row i is the i-th of the roots and slots
+                ids = torch.cat([roots] + [h.nbr.reshape(-1) for h in hops]).clamp(min=0)
+                root_idx = torch.arange(roots.shape[0], device=dev)
+            offset = roots.shape[0]
+            tables = []
+            for h in hops:
+                n = h.nbr.numel()
+                own = torch.arange(n, device=dev).view(h.nbr.shape)  # slot i: entry i of its hop's tables
+                dt = h.dt.reshape(-1)
+                if self.units_per_second != 1.0:
+                    dt = dt / self.units_per_second  # float32, as the host's table
+                edge_index = edge_feat = None
+                if self.edge_feat is not None:
+                    edge_index = own
+                    edge_feat = self.edge_feat.index_select(0, torch.where(h.mask, h.eid, 0).reshape(-1))
+                tables.append(HopTables(h.nbr.clamp(min=0) if every_node else own + offset, h.mask, own, dt, edge_index,
+                                        edge_feat))
+                offset += n
+            tm.add("features", time.perf_counter() - t1)
+        return ids, root_idx, tables, []
 
     @torch.no_grad()
     def embed(self, nodes: np.ndarray, times: np.ndarray) -> torch.Tensor:
@@ -610,40 +672,55 @@ class Trainer:
         return self.sampler.side_stream(key) if self.sampler is not None else contextlib.nullcontext()
 
     def _evaluate(self, part: str, lo: int, hi: int, num_neg: int) -> dict:
+        """The metrics of ``[lo, hi)``: the scores stay on the device, where the metrics are computed
+        (``metrics.*_t``), and come back in one read at the end (a read per batch waited for the
+        device each time)."""
         ranked = num_neg > 1
         num_neg = max(1, num_neg)
         pos_all, neg_all, rr_all = [], [], []
         prog = Progress(hi - lo, f"  {part}", self.progress)
         for s, e in self.batches(part):
-            pos, neg = self.eval_step(s, e, self.negatives.fixed(part, s, e, num_neg))
+            pos, neg = self.eval_scores(s, e, self.negatives.fixed(part, s, e, num_neg))
             pos_all.append(pos)
-            neg_all.append(neg[:, 0])  # the one negative of AP and ROC-AUC
+            neg_all.append(neg[:, 0].clone())  # the one negative of AP and ROC-AUC (the rest freed)
             if ranked:
-                rr_all.append(reciprocal_ranks(pos, neg))
+                rr_all.append(reciprocal_ranks_t(pos, neg))
             prog.update(e - s)
-        pos, neg = np.concatenate(pos_all), np.concatenate(neg_all)
-        y = np.r_[np.ones(len(pos)), np.zeros(len(pos))]
-        sc = np.r_[pos, neg]
-        if np.isnan(sc).any():
+        pos, neg = torch.cat(pos_all), torch.cat(neg_all)
+        y = torch.cat([torch.ones_like(pos, dtype=torch.bool), torch.zeros_like(neg, dtype=torch.bool)])
+        sc = torch.cat([pos, neg])
+        new = np.flatnonzero(self.split.new_node_mask[lo:hi])  # events with a node unseen in training (all, maybe)
+        at = upload(new, self.device)
+        none = torch.full((), float("nan"), dtype=torch.float64, device=sc.device)
+        values = [average_precision_t(y, sc), roc_auc_t(y, sc),
+                  torch.cat(rr_all).mean() if ranked else none,
+                  average_precision_t(torch.arange(2 * len(new), device=sc.device) < len(new), torch.cat([pos.index_select(0, at), neg.index_select(0, at)]))
+                  if len(new) else none,
+                  sc.isnan().sum().double(), sc.min().double(), sc.max().double()]
+        ap, auc, mrr, ap_new, nans, low, high = torch.stack(values).tolist()  # the one read
+        if nans:
             log.warning("%s: %d of %d scores are NaN (training diverged: lower train.lr? or features beyond float32's "
-                        "range); its %s metrics are null", part, int(np.isnan(sc).sum()), len(sc), part)
-        elif len(sc) > 2 and sc.min() == sc.max():
+                        "range); its %s metrics are null", part, int(nans), len(sc), part)
+        elif len(sc) > 2 and low == high:
             log.warning("%s: every score is %g, so AP and ROC-AUC are 0.5 whatever the model learnt: it cannot tell "
                         "events apart (edge features of huge magnitude, or a graph with one candidate destination, "
-                        "can do this)", part, sc[0])
-        res = {f"{part}_ap": average_precision(y, sc), f"{part}_auc": roc_auc(y, sc)}
+                        "can do this)", part, low)
+        res = {f"{part}_ap": ap, f"{part}_auc": auc}
         if ranked:
-            res[f"{part}_mrr"] = float(np.mean(np.concatenate(rr_all)))
-        mask = self.split.new_node_mask[lo:hi]  # events with a node unseen in training (all of them, maybe)
-        yi = np.r_[np.ones(mask.sum()), np.zeros(mask.sum())]
-        res[f"{part}_ap_inductive"] = average_precision(yi, np.r_[pos[mask], neg[mask]]) if mask.any() else float("nan")
+            res[f"{part}_mrr"] = mrr
+        res[f"{part}_ap_inductive"] = ap_new
         return res
 
     EVAL_ROOTS = 1 << 17  # roots per forward pass in evaluation, above which the negatives are split
 
     def eval_step(self, lo: int, hi: int, neg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``eval_scores`` read back into NumPy arrays."""
+        pos, scores = self.eval_scores(lo, hi, neg)
+        return pos.cpu().numpy(), scores.cpu().numpy()
+
+    def eval_scores(self, lo: int, hi: int, neg: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Scores of the positives ``[b]`` and of the negatives ``neg [b, num_neg]`` of one
-        evaluation batch, which then writes memory as any batch does. Many negatives (MRR against
+        evaluation batch, on the device, which then writes memory as any batch does. Many negatives (MRR against
         thousands of nodes) are scored in chunks of columns, each a forward pass of at most
         ``EVAL_ROOTS`` roots, so memory stays bounded: negatives never write memory, so every chunk
         sees the same memory and the write follows the last one. (With ``sampler.strategy=uniform``
@@ -654,12 +731,12 @@ class Trainer:
         for c in range(0, num_neg, chunk):
             last = c + chunk >= num_neg
             out = self.compute(self.prepare(lo, hi, neg[:, c:c + chunk]), train=False, write=None if last else False)
-            scores.append(out.neg.cpu().numpy())
+            scores.append(out.neg)
         # the batch ends as a training iteration does, with the store's exchange: a store that
         # holds writes until then (DepCache's, Sven's in a group) would otherwise leave the next
         # batch reading memory without them, and apply them later, after a reset
         self.memory.exchange()
-        return out.pos.cpu().numpy(), np.concatenate(scores, axis=1) if len(scores) > 1 else scores[0]
+        return out.pos, torch.cat(scores, 1) if len(scores) > 1 else scores[0]
 
 
 def _cat(parts: list[torch.Tensor]) -> torch.Tensor:

@@ -143,9 +143,17 @@ def _nbytes(obj, seen=None) -> int:
 
 
 def _rows(tr, p, lo: int, hi: int) -> tuple[float, float, float, float]:
+    """The batch's sampled vertices (roots and filled slots, Sven's N1) and distinct nodes, and
+    its positive roots and their distinct nodes: what the partitioned stores move."""
     g = tr.g
-    sampled = p.root_idx.numel() + sum(int(h.mask.sum()) for h in p.hops)
-    distinct = p.ids.numel()
+    if tr.device_sampler is None:
+        sampled = p.root_idx.numel() + sum(int(h.mask.sum()) for h in p.hops)
+        distinct = p.ids.numel()
+    else:  # its node table is not the distinct nodes (trainer._sample_on_device): the host's sampler counts them
+        roots = np.concatenate([g.src[lo:hi], g.dst[lo:hi], p.neg.T.reshape(-1)])
+        hops = tr.sampler.sample(roots, np.tile(g.t[lo:hi], 2 + p.num_neg))
+        sampled = roots.size + sum(int(h.mask.sum()) for h in hops)
+        distinct = np.unique(np.concatenate([roots] + [h.nbr[h.mask] for h in hops])).size
     roots = 2 * (hi - lo)
     roots_distinct = np.unique(np.concatenate([g.src[lo:hi], g.dst[lo:hi]])).size
     return sampled, distinct, roots, roots_distinct
