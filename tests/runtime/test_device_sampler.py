@@ -211,13 +211,20 @@ def test_null_picks_the_device_sampler_on_a_gpu_unless_deterministic(monkeypatch
     tr = build_trainer(compose([*TINY]), progress=False)  # a CPU trainer: its parts, to ask about others
     cfg = compose([*TINY])
     choices = build.validate(cfg)
-    ask = functools.partial(build.device_sampler, choices=choices, model=tr.model, sampler=tr.sampler, cache=None,
-                            mem=tr.memory)
+    ask = functools.partial(build.device_sampler, choices=choices, graph=tr.g, model=tr.model, sampler=tr.sampler,
+                            cache=None, mem=tr.memory)
     assert ask(cfg, dev="cuda") == ("device sampler", "cuda")
     assert ask(cfg, dev="cpu") is None
     assert ask(compose([*TINY, "train.deterministic=true"]), dev="cuda") is None
     assert ask(compose([*TINY, "sampler.on_device=false"]), dev="cuda") is None
     assert ask(compose([*TINY, "sampler.on_device=true"]), dev="cpu") == ("device sampler", "cpu")
+    # features too large for the device stay in host memory: every slot's rows would be gathered there
+    featured = build_trainer(compose([*TINY, "data.synthetic.edge_dim=4"]), progress=False)
+    monkeypatch.setattr(build, "stays_on_host", lambda a, dev: a is not None and a is featured.g.edge_feat)
+    ask = functools.partial(ask, graph=featured.g)
+    assert ask(cfg, dev="cuda") is None
+    with pytest.raises(ConfigError, match="the features stay in host memory"):
+        ask(compose([*TINY, "sampler.on_device=true"]), dev="cuda")
 
 
 def test_the_advisor_counts_a_batchs_rows_alike_under_either_sampler():

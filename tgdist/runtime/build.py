@@ -40,6 +40,7 @@ from tgdist.models import model_class, names as model_names
 from tgdist.models.modules import build_model, use_cpu_kernels
 from tgdist.runtime import checkpoint, pipelines, tensorboard
 from tgdist.runtime.cache import EmbeddingCache, default_size
+from tgdist.runtime.features import stays_on_host
 from tgdist.runtime.tasks import check_evaluation
 from tgdist.runtime.trainer import Trainer, memory_for, time_scale
 
@@ -389,7 +390,7 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
     else:
         mem = store(graph, split, model, tuple(sampler.fanouts) if sampler is not None else (), dev)
     try:
-        on_device = device_sampler(cfg, choices, model, sampler, cache, mem, dev)
+        on_device = device_sampler(cfg, choices, graph, model, sampler, cache, mem, dev)
         tr = Trainer(graph, split, model, mem, sampler, negatives, batch_size=cfg.train.batch_size, lr=cfg.train.lr,
                      num_neg_eval=cfg.train.num_neg_eval, device=dev,
                      progress=cfg.train.progress if progress is None else progress, num_threads=torch_threads,
@@ -403,8 +404,8 @@ def build_trainer(cfg: DictConfig, graph: TemporalGraph | None = None, device: s
     return tr
 
 
-def device_sampler(cfg: DictConfig, choices: Resolved, model, sampler: TemporalSampler | None, cache, mem,
-                   dev) -> DeviceSampler | None:
+def device_sampler(cfg: DictConfig, choices: Resolved, graph: TemporalGraph, model, sampler: TemporalSampler | None,
+                   cache, mem, dev) -> DeviceSampler | None:
     """The recent sampler on the trainer's device (``sampler.on_device``: null on a GPU wherever it
     applies, true required, false never), or None. Its batches carry a node table without
     dedup, so it serves the stores that read repeated ids (``reads_repeated_ids``: local memory) and the steps that
@@ -422,6 +423,8 @@ def device_sampler(cfg: DictConfig, choices: Resolved, model, sampler: TemporalS
         ("the embedding cache (cache.*) looks up the sampled hops on the host", cache is None),
         (f"memory.backend={choices.backend} reads distinct ids (across processes)", mem.reads_repeated_ids),
         ("pipeline.mode=mspipe reads the sampled nodes on the host", choices.pipeline != "mspipe"),
+        ("the features stay in host memory (too large for the device), where each slot's rows would be gathered",
+         not (stays_on_host(graph.edge_feat, dev) or stays_on_host(graph.node_feat, dev))),
     ) if not applies]
     if why:
         if wanted:

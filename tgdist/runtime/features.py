@@ -47,6 +47,15 @@ class HostRows:
         return self.index_select(0, index.reshape(-1)).reshape(*index.shape, *self.shape[1:])
 
 
+def stays_on_host(a: np.ndarray | None, device: torch.device) -> bool:
+    """Whether a GPU trainer leaves the feature table ``a`` in host memory (``HostRows``): it
+    takes more than ``DEVICE_SHARE`` of the device's free memory."""
+    if a is None or torch.device(device).type != "cuda":
+        return False
+    free, _ = torch.cuda.mem_get_info(device)
+    return a.nbytes > DEVICE_SHARE * free
+
+
 def feature_table(a: np.ndarray | None, device: torch.device, what: str):
     """The table a trainer gathers rows of ``a`` from (None for no features)."""
     if a is None:
@@ -54,9 +63,9 @@ def feature_table(a: np.ndarray | None, device: torch.device, what: str):
     table = host_tensor(a)
     if device.type != "cuda":
         return table
-    free, _ = torch.cuda.mem_get_info(device)
-    if a.nbytes <= DEVICE_SHARE * free:
+    if not stays_on_host(a, device):
         return table.to(device)
+    free, _ = torch.cuda.mem_get_info(device)
     log.info("%s features (%.1f GiB) stay in host memory (the device has %.1f GiB free): each batch's rows are "
              "gathered into pinned memory", what, a.nbytes / 2**30, free / 2**30)
     return HostRows(table, device)
