@@ -59,3 +59,13 @@ def test_cpu_share_splits_a_shared_mask_among_its_machine_s_ranks(monkeypatch, c
         assert distributed.cpu_share(group=None) == expected
     oversubscribed = "16 trainer processes share 8 CPUs on a: each runs one thread, and they take turns"
     assert (oversubscribed in caplog.text) == (len(peers) == 16), caplog.text
+
+
+def test_the_kernels_a_prefetch_thread_runs_release_the_gil():
+    """``pipeline.prefetch`` samples and organises the next batches in a thread while the main one
+    dispatches the step: its numba kernels must not hold the interpreter lock meanwhile."""
+    from tgdist.kernels import graph as kernels
+
+    for fn in (kernels.sample_recent, kernels.sample_recent_serial, kernels.sample_uniform,
+               kernels.sample_uniform_serial, kernels.organize):
+        assert fn.targetoptions.get("nogil") is True, fn.__name__

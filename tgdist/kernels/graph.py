@@ -112,7 +112,7 @@ def _recent_row(indptr, nbr, eid, etime, roots, root_t, k, out_nbr, out_eid, out
         out_mask[r, j] = False
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def sample_recent(indptr, nbr, eid, etime, roots, root_t, k, out_nbr, out_eid, out_t, out_mask):
     """The ``k`` latest neighbours of each root strictly before its time, newest first.
 
@@ -123,7 +123,7 @@ def sample_recent(indptr, nbr, eid, etime, roots, root_t, k, out_nbr, out_eid, o
         _recent_row(indptr, nbr, eid, etime, roots, root_t, k, out_nbr, out_eid, out_t, out_mask, r)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def sample_recent_serial(indptr, nbr, eid, etime, roots, root_t, k, out_nbr, out_eid, out_t, out_mask):
     """``sample_recent`` on the calling thread only: for small hops, where waking the thread pool
     costs more than it saves (and, on a loaded machine, a descheduled worker stalls the join)."""
@@ -155,7 +155,7 @@ def _uniform_row(indptr, nbr, eid, etime, roots, root_t, k, seed, out_nbr, out_e
             out_mask[r, j] = False
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, nogil=True)
 def sample_uniform(indptr, nbr, eid, etime, roots, root_t, k, seed, out_nbr, out_eid, out_t, out_mask):
     """``k`` uniform draws (with replacement) among each root's neighbours strictly before its time.
 
@@ -165,7 +165,7 @@ def sample_uniform(indptr, nbr, eid, etime, roots, root_t, k, seed, out_nbr, out
         _uniform_row(indptr, nbr, eid, etime, roots, root_t, k, seed, out_nbr, out_eid, out_t, out_mask, r)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def sample_uniform_serial(indptr, nbr, eid, etime, roots, root_t, k, seed, out_nbr, out_eid, out_t, out_mask):
     """``sample_uniform`` on the calling thread only (same draws)."""
     for r in range(roots.shape[0]):
@@ -176,7 +176,7 @@ def sample_uniform_serial(indptr, nbr, eid, etime, roots, root_t, k, seed, out_n
 # Redundancy-free organisation (Sven, Algorithm 2), in O(n) expected time
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def organize(ids):
     """Unique ids in first-appearance order, the restore index Psi and the latest index Phi.
 
