@@ -248,3 +248,16 @@ def test_the_stores_that_take_repeated_ids():
 
     load_strategies()
     assert sorted(n for n in memory.names() if memory.store_class(n).reads_repeated_ids) == ["depcache", "local"]
+
+
+def test_a_run_on_the_device_sampler_resumes_mid_epoch_to_the_same_metrics(tmp_path):
+    """A run stopped in its second epoch and resumed from its checkpoint ends with the metrics of
+    the uninterrupted run, both through the device sampler (the resume takes the run's settings)."""
+    from tests.runtime.runs import metrics, run
+
+    over = ["sampler.on_device=true", "train.epochs=2"]
+    full, _ = run(tmp_path, "full", over)
+    stopped, d = run(tmp_path, "part", [*over, "train.checkpoint_every=3", "train.stop_after_batches=18"])
+    assert stopped["stopped"]
+    resumed, _ = run(tmp_path, "resumed", [*over, f"train.resume={d}"])
+    assert metrics(resumed) == metrics(full)
