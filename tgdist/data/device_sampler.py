@@ -13,7 +13,7 @@ whole array, and ``searchsorted(key, u * span + rank(t))`` is the end of ``u``'s
 ``t``, where ``rank(t)`` counts the distinct times below ``t``: an entry's time is below ``t``
 exactly when its rank is below ``rank(t)``. The latest ``K`` are the positions before that end
 that are still in ``u``'s segment, newest first: what ``kernels.sample_recent`` writes, slot for
-slot (``tests/data/test_device_sampler.py`` compares them).
+slot (``tests/runtime/test_device_sampler.py`` compares them).
 """
 
 from __future__ import annotations

@@ -408,9 +408,10 @@ def device_sampler(cfg: DictConfig, choices: Resolved, graph: TemporalGraph, mod
                    cache, mem, dev) -> DeviceSampler | None:
     """The recent sampler on the trainer's device (``sampler.on_device``: null on a GPU wherever it
     applies, true required, false never), or None. Its batches carry a node table without
-    dedup, so it serves the stores that read repeated ids (``reads_repeated_ids``: local memory) and the steps that
-    need no host copy of the sampled hops: not APAN's deliveries to sampled neighbours, FreshGNN's
-    embedding cache or MSPipe's staleness mitigation, which read them on the host. Null keeps the
+    dedup, so it serves the stores that read repeated ids (``reads_repeated_ids``: local memory,
+    DepCache) and the steps that need no host copy of the sampled hops: not APAN's deliveries to
+    sampled neighbours, FreshGNN's embedding cache or MSPipe's staleness mitigation, which read
+    them on the host, and features on the device (not ``stays_on_host``). Null keeps the
     host's sampler under ``train.deterministic=true``: there every store gives local memory's
     scores exactly, and the device sampler's table sums the gradients in another order."""
     wanted = cfg.sampler.get("on_device")

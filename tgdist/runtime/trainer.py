@@ -279,8 +279,8 @@ class Trainer:
             read = self.memory.read(s.ids, **self._uses(s))
         elif isinstance(getattr(read, "mem", None), torch.Tensor) and read.mem.shape[0] != s.ids.shape[0]:
             # a read restored from a checkpoint is used as it was, with the node table it was made for
-            raise ConfigError(f"the checkpoint's memory read of batch [{lo}, {hi}) has {read.mem.shape[0]:,} rows where "
-                              f"this sampler gives {s.ids.shape[0]:,} nodes: it was made with sampler.on_device="
+            raise ConfigError(f"the checkpoint's memory read of batch [{lo}, {hi}) has {read.mem.shape[0]:,} rows "
+                              f"where this sampler gives {s.ids.shape[0]:,} nodes: it was made with sampler.on_device="
                               f"{str(self.device_sampler is None).lower()}; resume with that setting")
         self.timer.add("memory_read", time.perf_counter() - t2)
         return Prepared(lo, hi, neg.shape[1], s.ids, s.root_idx, s.hop_tables, s.hops, read, neg, inner)
@@ -324,12 +324,12 @@ class Trainer:
         num_neg = neg.shape[1]
         if self.device_sampler is not None:  # the roots gathered on the device; the negatives go up
             src, dst, t = self._events
-            roots = torch.cat([src[lo:hi], dst[lo:hi], upload(np.ascontiguousarray(neg.T).reshape(-1), self.device)])
-            ids, root_idx, hop_tables, hops = self._sample_and_organize(roots, t[lo:hi].repeat(2 + num_neg), turn)
-            return Sampled(lo, hi, ids, root_idx, hop_tables, hops)
-        roots = np.concatenate([g.src[lo:hi], g.dst[lo:hi], neg.T.reshape(-1)])
-        ids, root_idx, hop_tables, hops = self._sample_and_organize(roots, np.tile(g.t[lo:hi], 2 + num_neg), turn)
-        return Sampled(lo, hi, ids, root_idx, hop_tables, hops)
+            roots = torch.cat([src[lo:hi], dst[lo:hi], upload(neg.T.reshape(-1), self.device)])
+            root_t = t[lo:hi].repeat(2 + num_neg)
+        else:
+            roots = np.concatenate([g.src[lo:hi], g.dst[lo:hi], neg.T.reshape(-1)])
+            root_t = np.tile(g.t[lo:hi], 2 + num_neg)
+        return Sampled(lo, hi, *self._sample_and_organize(roots, root_t, turn))
 
     def sample_micro(self, lo: int, hi: int, neg: np.ndarray, n: int) -> list[Sampled]:
         return [self.sample(a, b, neg[a - lo:b - lo]) for a, b in micro_bounds(lo, hi, n)]
@@ -686,15 +686,18 @@ class Trainer:
             if ranked:
                 rr_all.append(reciprocal_ranks_t(pos, neg))
             prog.update(e - s)
+        def labelled(p: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            """The labels (the positives first) and the scores of positives ``p`` and negatives ``n``."""
+            return torch.arange(2 * len(p), device=p.device) < len(p), torch.cat([p, n])
+
         pos, neg = torch.cat(pos_all), torch.cat(neg_all)
-        y = torch.cat([torch.ones_like(pos, dtype=torch.bool), torch.zeros_like(neg, dtype=torch.bool)])
-        sc = torch.cat([pos, neg])
-        new = np.flatnonzero(self.split.new_node_mask[lo:hi])  # events with a node unseen in training (all, maybe)
-        at = upload(new, self.device)
+        y, sc = labelled(pos, neg)
+        # the events with a node unseen in training (all of them, maybe): the inductive AP's
+        new = upload(np.flatnonzero(self.split.new_node_mask[lo:hi]), self.device)
         none = torch.full((), float("nan"), dtype=torch.float64, device=sc.device)
         values = [average_precision_t(y, sc), roc_auc_t(y, sc),
                   torch.cat(rr_all).mean() if ranked else none,
-                  average_precision_t(torch.arange(2 * len(new), device=sc.device) < len(new), torch.cat([pos.index_select(0, at), neg.index_select(0, at)]))
+                  average_precision_t(*labelled(pos.index_select(0, new), neg.index_select(0, new)))
                   if len(new) else none,
                   sc.isnan().sum().double(), sc.min().double(), sc.max().double()]
         ap, auc, mrr, ap_new, nans, low, high = torch.stack(values).tolist()  # the one read
